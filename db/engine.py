@@ -1,0 +1,45 @@
+"""The async SQLAlchemy engine, configured for pgvector.
+
+Every connection turns on pgvector's iterative index scan, so a vector search filtered by an access list or a
+source still returns k rows instead of whatever survived the first pass over the index.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine, AsyncSession
+
+from db.embedded import embedded_database_url
+from db.settings import DatabaseSettings
+
+# Candidate lists are up to a few hundred rows long; ef_search must be at least that for HNSW to return them.
+HNSW_EF_SEARCH = 200
+
+
+def database_url(settings: DatabaseSettings | None = None) -> str:
+    """DATABASE_URL if set (normalised to the psycopg 3 driver), else the embedded server's URL."""
+    settings = settings or DatabaseSettings()
+    if not settings.database_url:
+        return embedded_database_url(settings.home)
+    url = settings.database_url
+    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg2://", "postgresql+asyncpg://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def create_engine(url: str) -> AsyncEngine:
+    engine = create_async_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _configure_pgvector(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET hnsw.iterative_scan = relaxed_order")
+        cursor.execute(f"SET hnsw.ef_search = {HNSW_EF_SEARCH}")
+        cursor.close()
+
+    return engine
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)

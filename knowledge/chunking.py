@@ -1,0 +1,147 @@
+"""Structure-aware chunking: split on headings, then paragraphs, then sentences, measured in model tokens.
+
+Every chunk knows its document title and heading breadcrumb. Both are prepended to the text that is embedded and
+searched, because a chunk that says "You get 5 days" only means something under "Leave policy > Sick leave".
+Consecutive chunks of one section overlap by whole sentences, so an answer that straddles a boundary survives.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from knowledge.parsing import Block, ParsedDocument
+
+TokenCounter = Callable[[Sequence[str]], list[int]]
+
+
+@dataclass(frozen=True)
+class ChunkDraft:
+    ordinal: int
+    text: str  # the chunk's own text, as shown in citations
+    heading: str  # "Section > Subsection", empty for text before the first heading
+    search_text: str  # title + heading + text: what is embedded and what BM25 indexes
+    token_count: int  # tokens of search_text
+
+
+@dataclass(frozen=True)
+class _Unit:
+    text: str
+    tokens: int
+    starts_paragraph: bool
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(\[])")
+_LIST_LINE = re.compile(r"^\s*([-*+•]|\d+[.)]|\|)\s*")
+
+
+def chunk_document(
+    document: ParsedDocument, count_tokens: TokenCounter, max_tokens: int = 256, overlap_tokens: int = 40
+) -> list[ChunkDraft]:
+    drafts: list[ChunkDraft] = []
+    for headings, blocks in _sections(document.blocks):
+        heading = " > ".join(headings)
+        prefix = search_prefix(document.title, heading)
+        prefix_tokens = count_tokens([prefix])[0] if prefix else 0
+        budget = max(32, max_tokens - prefix_tokens)
+        units = _units(blocks, count_tokens, budget)
+        for body in _pack(units, budget, min(overlap_tokens, budget // 2)):
+            search_text = f"{prefix}\n{body}" if prefix else body
+            drafts.append(ChunkDraft(len(drafts), body, heading, search_text, 0))
+    if not drafts and document.title:
+        # A document with a title and no body is still findable by its title.
+        drafts.append(ChunkDraft(0, document.title, "", document.title, 0))
+    counts = count_tokens([d.search_text for d in drafts]) if drafts else []
+    return [
+        ChunkDraft(d.ordinal, d.text, d.heading, d.search_text, count) for d, count in zip(drafts, counts, strict=True)
+    ]
+
+
+def search_prefix(title: str, heading: str) -> str:
+    return "\n".join(part for part in (title, heading) if part)
+
+
+def _sections(blocks: Sequence[Block]) -> list[tuple[tuple[str, ...], list[Block]]]:
+    sections: list[tuple[tuple[str, ...], list[Block]]] = []
+    for block in blocks:
+        if sections and sections[-1][0] == block.headings:
+            sections[-1][1].append(block)
+        else:
+            sections.append((block.headings, [block]))
+    return sections
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Sentences of a paragraph; list items and table rows stay one unit each, soft-wrapped lines are joined."""
+    lines: list[str] = []
+    for line in paragraph.splitlines():
+        if not line.strip():
+            continue
+        if lines and not _LIST_LINE.match(line):
+            lines[-1] = f"{lines[-1]} {line.strip()}"
+        else:
+            lines.append(line.strip())
+    sentences: list[str] = []
+    for line in lines:
+        sentences.extend(part.strip() for part in _SENTENCE_END.split(line) if part.strip())
+    return sentences
+
+
+def _units(blocks: Sequence[Block], count_tokens: TokenCounter, budget: int) -> list[_Unit]:
+    """Sentences with token counts; a sentence longer than the budget is cut into word windows."""
+    texts: list[str] = []
+    starts: list[bool] = []
+    for block in blocks:
+        for i, sentence in enumerate(split_sentences(block.text)):
+            texts.append(sentence)
+            starts.append(i == 0)
+    counts = count_tokens(texts) if texts else []
+    units: list[_Unit] = []
+    for text, tokens, start in zip(texts, counts, starts, strict=True):
+        if tokens <= budget:
+            units.append(_Unit(text, tokens, start))
+            continue
+        words = text.split()
+        step = max(1, int(len(words) * budget / tokens * 0.9))
+        for i in range(0, len(words), step):
+            piece = " ".join(words[i : i + step])
+            units.append(_Unit(piece, count_tokens([piece])[0], start and i == 0))
+    return units
+
+
+def _pack(units: Sequence[_Unit], budget: int, overlap_tokens: int) -> list[str]:
+    """Greedy packing of units into chunks of at most `budget` tokens, with trailing-sentence overlap."""
+    chunks: list[str] = []
+    current: list[_Unit] = []
+    size = 0
+    fresh = 0  # units in `current` that no earlier chunk already contains
+    for unit in units:
+        if current and size + unit.tokens > budget:
+            chunks.append(_join(current))
+            carried: list[_Unit] = []
+            carried_size = 0
+            for previous in reversed(current):
+                if carried_size + previous.tokens > overlap_tokens or carried_size + previous.tokens + unit.tokens > budget:
+                    break
+                carried.insert(0, previous)
+                carried_size += previous.tokens
+            current, size, fresh = carried, carried_size, 0
+        current.append(unit)
+        size += unit.tokens
+        fresh += 1
+    if current and fresh:
+        chunks.append(_join(current))
+    return chunks
+
+
+def _join(units: Sequence[_Unit]) -> str:
+    text = ""
+    for i, unit in enumerate(units):
+        if i == 0:
+            text = unit.text
+        elif unit.starts_paragraph:
+            text += "\n\n" + unit.text
+        else:
+            text += " " + unit.text
+    return text

