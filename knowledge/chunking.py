@@ -47,8 +47,7 @@ def chunk_document(
         budget = max(32, max_tokens - prefix_tokens)
         units = _units(blocks, count_tokens, budget)
         for body in _pack(units, budget, min(overlap_tokens, budget // 2)):
-            search_text = f"{prefix}\n{body}" if prefix else body
-            drafts.append(ChunkDraft(len(drafts), body, heading, search_text, 0))
+            drafts.append(ChunkDraft(len(drafts), body, heading, compose_search_text(document.title, heading, body), 0))
     if not drafts and document.title:
         # A document with a title and no body is still findable by its title.
         drafts.append(ChunkDraft(0, document.title, "", document.title, 0))
@@ -60,6 +59,13 @@ def chunk_document(
 
 def search_prefix(title: str, heading: str) -> str:
     return "\n".join(part for part in (title, heading) if part)
+
+
+def compose_search_text(title: str, heading: str, text: str) -> str:
+    """What is embedded and indexed for a chunk. Re-embedding after a model change rebuilds it from stored rows."""
+    if text == title and not heading:
+        return title
+    return "\n".join(part for part in (title, heading, text) if part)
 
 
 def _sections(blocks: Sequence[Block]) -> list[tuple[tuple[str, ...], list[Block]]]:

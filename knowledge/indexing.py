@@ -1,0 +1,246 @@
+"""Sync a source into the index: incremental, batched, and safe to interrupt.
+
+- An item whose bytes (and title) hash the same as last time is skipped; if only its metadata or access list
+  changed, those are updated in place without re-chunking.
+- A changed item is re-parsed and re-chunked; only chunks whose text is new are embedded, the rest come from the
+  embedding cache keyed by (model, hash of the embedded text).
+- Each document is written in its own transaction, so an interrupted sync leaves every document either fully old
+  or fully new. Deletions happen only after a complete listing, so a failed listing never empties the index.
+- A file that cannot be read or parsed is reported and skipped, and its previously indexed version is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from knowledge import store
+from knowledge.chunking import ChunkDraft, chunk_document, compose_search_text
+from knowledge.embedding import Embedder, content_hash
+from knowledge.parsing import CorruptDocument, UnsupportedFormat, parse_document
+from knowledge.settings import KnowledgeSettings
+from knowledge.sources.base import Source, SourceItem
+
+logger = logging.getLogger(__name__)
+
+BATCH_DOCUMENTS = 16
+
+
+class SyncProgress(Protocol):
+    def start(self, total: int) -> None: ...
+    def advance(self, label: str) -> None: ...
+
+
+class _NoProgress:
+    def start(self, total: int) -> None:
+        pass
+
+    def advance(self, label: str) -> None:
+        pass
+
+
+@dataclass
+class SyncReport:
+    source: str
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: int = 0
+    metadata_updated: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # unsupported types: (external id, reason)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # unreadable or corrupt: (external id, reason)
+    chunks_written: int = 0
+    chunks_embedded: int = 0
+    chunks_from_cache: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "source": self.source, "added": self.added, "updated": self.updated, "unchanged": self.unchanged,
+            "metadata_updated": self.metadata_updated, "deleted": self.deleted,
+            "skipped": [{"id": i, "reason": r} for i, r in self.skipped],
+            "failed": [{"id": i, "reason": r} for i, r in self.failed],
+            "chunks_written": self.chunks_written, "chunks_embedded": self.chunks_embedded,
+            "chunks_from_cache": self.chunks_from_cache, "seconds": round(self.seconds, 2),
+        }
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    item: SourceItem
+    hash: str
+    title: str
+    drafts: list[ChunkDraft]
+    is_new: bool
+
+
+def item_hash(item: SourceItem, data: bytes) -> str:
+    digest = hashlib.sha256()
+    digest.update((item.title or "").encode("utf-8") + b"\x00")
+    digest.update(data)
+    return digest.hexdigest()
+
+
+class Indexer:
+    def __init__(self, engine: AsyncEngine, embedder: Embedder, settings: KnowledgeSettings) -> None:
+        self.engine = engine
+        self.embedder = embedder
+        self.settings = settings
+
+    async def sync(self, source: Source, progress: SyncProgress | None = None) -> SyncReport:
+        progress = progress or _NoProgress()
+        started = time.monotonic()
+        report = SyncReport(source=source.spec.name)
+        items = await asyncio.to_thread(lambda: list(source.items()))
+        async with self.engine.begin() as conn:
+            source_id = await store.ensure_source(conn, source.spec.name, source.spec.kind, source.spec.location)
+            stored = await store.stored_documents(conn, source_id)
+        progress.start(len(items))
+        for start in range(0, len(items), BATCH_DOCUMENTS):
+            batch = items[start : start + BATCH_DOCUMENTS]
+            prepared = []
+            for item in batch:
+                result = await self._prepare(item, stored.get(item.external_id), source_id, report)
+                if result is not None:
+                    prepared.append(result)
+                else:
+                    progress.advance(item.external_id)
+            await self._write(prepared, source_id, report, progress)
+        async with self.engine.begin() as conn:
+            if source.complete_listing:
+                report.deleted = await store.delete_documents_not_in(conn, source_id, [i.external_id for i in items])
+            await store.mark_source_synced(conn, source_id)
+        report.seconds = time.monotonic() - started
+        return report
+
+    async def _prepare(
+        self, item: SourceItem, old: store.StoredDocument | None, source_id: int, report: SyncReport
+    ) -> _Prepared | None:
+        try:
+            data = await asyncio.to_thread(item.read)
+        except OSError as exc:
+            report.failed.append((item.external_id, f"could not read: {exc}"))
+            return None
+        digest = item_hash(item, data)
+        if old is not None and old.content_hash == digest:
+            if (old.url, old.path, old.author, old.updated_at, old.access) != (
+                item.url, item.path, item.author, item.updated_at, tuple(item.access)
+            ):
+                async with self.engine.begin() as conn:
+                    await store.update_document_metadata(
+                        conn, old.id, url=item.url, path=item.path, author=item.author,
+                        updated_at=item.updated_at, access=item.access,
+                    )
+                report.metadata_updated.append(item.external_id)
+            else:
+                report.unchanged += 1
+            return None
+        try:
+            parsed = await asyncio.to_thread(parse_document, data, item.filename)
+        except UnsupportedFormat as exc:
+            report.skipped.append((item.external_id, str(exc)))
+            return None
+        except CorruptDocument as exc:
+            report.failed.append((item.external_id, str(exc)))
+            logger.warning("skipping %s: %s", item.external_id, exc)
+            return None
+        title = item.title or parsed.title
+        if item.title:
+            parsed.title = item.title
+        drafts = await asyncio.to_thread(
+            chunk_document, parsed, self.embedder.count_tokens_many, self.settings.chunk_tokens,
+            self.settings.chunk_overlap_tokens,
+        )
+        if not drafts:
+            report.failed.append((item.external_id, "no text found in the file"))
+            return None
+        return _Prepared(item, digest, title, drafts, is_new=old is None)
+
+    async def _write(
+        self, prepared: Sequence[_Prepared], source_id: int, report: SyncReport, progress: SyncProgress
+    ) -> None:
+        texts = {content_hash(d.search_text): d.search_text for p in prepared for d in p.drafts}
+        embeddings = await self.embeddings_for(texts, report)
+        for p in prepared:
+            rows = [
+                store.ChunkRow(d.ordinal, d.text, d.heading, d.token_count, content_hash(d.search_text),
+                               embeddings[content_hash(d.search_text)], d.search_text)
+                for d in p.drafts
+            ]
+            async with self.engine.begin() as conn:
+                await store.replace_document(
+                    conn, source_id=source_id, external_id=p.item.external_id, title=p.title, url=p.item.url,
+                    path=p.item.path, author=p.item.author, updated_at=p.item.updated_at, content_hash=p.hash,
+                    access=p.item.access, chunks=rows, text_search_config=self.settings.text_search_config,
+                )
+            report.chunks_written += len(rows)
+            (report.added if p.is_new else report.updated).append(p.item.external_id)
+            progress.advance(p.item.external_id)
+
+    async def embeddings_for(self, texts: dict[str, str], report: SyncReport | None = None) -> dict[str, str]:
+        """Embeddings (pgvector text form) for {hash: text}, from the cache where possible."""
+        async with self.engine.connect() as conn:
+            found = await store.cached_embeddings(conn, self.embedder.name, list(texts))
+        missing = [h for h in texts if h not in found]
+        if missing:
+            vectors = await self.embedder.embed_async([texts[h] for h in missing])
+            computed = {h: store.vector_literal(v) for h, v in zip(missing, vectors, strict=True)}
+            async with self.engine.begin() as conn:
+                await store.cache_embeddings(conn, self.embedder.name, computed)
+            found.update(computed)
+        if report is not None:
+            report.chunks_embedded += len(missing)
+            report.chunks_from_cache += len(texts) - len(missing)
+        return found
+
+    async def ensure_embedding_space(self) -> bool:
+        """Make the stored embeddings match the configured model. Returns True if chunks were re-embedded.
+
+        Changing EMBEDDING_MODEL re-embeds every chunk (from the cache when it has them) and rebuilds the vector
+        index in one transaction: searches see either the old model's vectors or the new one's, never a mix.
+        """
+        dimension = self.embedder.dimension
+        async with self.engine.begin() as conn:
+            await conn.exec_driver_sql("SELECT pg_advisory_xact_lock(727274002)")
+            model = await store.get_meta(conn, "embedding_model")
+            if model == self.embedder.name:
+                await store.ensure_vector_index(conn, dimension)
+                return False
+            reembedded = False
+            if model is not None:
+                await conn.exec_driver_sql(
+                    "DO $$ DECLARE r record; BEGIN FOR r IN SELECT indexname FROM pg_indexes "
+                    "WHERE tablename = 'chunks' AND indexname LIKE 'chunks_embedding_hnsw_%' "
+                    "LOOP EXECUTE format('DROP INDEX %I', r.indexname); END LOOP; END $$"
+                )
+                await self._reembed_all(conn)
+                reembedded = True
+            await store.set_meta(conn, "embedding_model", self.embedder.name)
+            await store.set_meta(conn, "embedding_dimension", str(dimension))
+            await store.ensure_vector_index(conn, dimension)
+            return reembedded
+
+    async def _reembed_all(self, conn) -> None:  # type: ignore[no-untyped-def]
+        last_id = 0
+        while True:
+            rows = await store.chunks_for_reembedding(conn, last_id, 256)
+            if not rows:
+                return
+            texts = {row[0]: compose_search_text(row[1], row[2], row[3]) for row in rows}
+            by_hash = {content_hash(t): t for t in texts.values()}
+            found = await store.cached_embeddings(conn, self.embedder.name, list(by_hash))
+            missing = [h for h in by_hash if h not in found]
+            if missing:
+                vectors = await self.embedder.embed_async([by_hash[h] for h in missing])
+                computed = {h: store.vector_literal(v) for h, v in zip(missing, vectors, strict=True)}
+                await store.cache_embeddings(conn, self.embedder.name, computed)
+                found.update(computed)
+            ids = list(texts)
+            await store.set_chunk_embeddings(conn, ids, [found[content_hash(texts[i])] for i in ids])
+            last_id = rows[-1][0]

@@ -1,0 +1,154 @@
+"""The knowledge base: one object that owns the database engine, the embedding model and the pipeline stages.
+
+Adapters and the CLI talk only to this class (and the dataclasses it returns); they never see SQL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from db.engine import create_engine, database_url
+from db.migrate import upgrade_to_head
+from db.settings import DatabaseSettings
+from knowledge.embedding import Embedder, get_embedder
+from knowledge.indexing import Indexer, SyncProgress, SyncReport
+from knowledge.retrieval import Mode, Retriever, SearchFilters, SearchResults
+from knowledge.settings import KnowledgeSettings
+from knowledge.sources.base import Source
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    name: str
+    kind: str
+    location: str | None
+    documents: int
+    chunks: int
+    last_synced_at: datetime | None
+
+
+@dataclass(frozen=True)
+class IndexStatus:
+    database: str
+    embedding_model: str | None
+    embedding_dimension: int | None
+    sources: list[SourceStatus]
+    documents: int
+    chunks: int
+    vocabulary: int
+    avg_chunk_length: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "database": self.database,
+            "embedding_model": self.embedding_model,
+            "embedding_dimension": self.embedding_dimension,
+            "documents": self.documents,
+            "chunks": self.chunks,
+            "vocabulary": self.vocabulary,
+            "avg_chunk_length": round(self.avg_chunk_length, 2),
+            "sources": [
+                {"name": s.name, "kind": s.kind, "location": s.location, "documents": s.documents,
+                 "chunks": s.chunks, "last_synced_at": s.last_synced_at.isoformat() if s.last_synced_at else None}
+                for s in self.sources
+            ],
+        }
+
+
+class KnowledgeBase:
+    def __init__(self, engine: AsyncEngine, settings: KnowledgeSettings, embedder: Embedder, url: str) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.embedder = embedder
+        self.url = url
+        self.indexer = Indexer(engine, embedder, settings)
+        self.retriever = Retriever(engine, embedder, settings)
+
+    @classmethod
+    async def open(
+        cls, settings: KnowledgeSettings | None = None, db_settings: DatabaseSettings | None = None
+    ) -> "KnowledgeBase":
+        """Connect (starting the embedded Postgres if DATABASE_URL is unset), migrate, and check the model."""
+        settings = settings or KnowledgeSettings()
+        url = database_url(db_settings)
+        engine = create_engine(url)
+        await upgrade_to_head(engine)
+        embedder = get_embedder(settings.embedding_model, settings.embedding_batch_size)
+        kb = cls(engine, settings, embedder, url)
+        await kb.indexer.ensure_embedding_space()
+        return kb
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def __aenter__(self) -> "KnowledgeBase":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def sync(self, source: Source, progress: SyncProgress | None = None) -> SyncReport:
+        return await self.indexer.sync(source, progress)
+
+    async def search(
+        self, query: str, filters: SearchFilters, *, k: int = 10, mode: Mode = "hybrid",
+        max_per_document: int | None = None, candidates: int | None = None,
+    ) -> SearchResults:
+        return await self.retriever.search(
+            query, filters, k=k, mode=mode, max_per_document=max_per_document, candidates=candidates
+        )
+
+    async def source_names(self) -> list[str]:
+        async with self.engine.connect() as conn:
+            return list((await conn.execute(text("SELECT name FROM sources ORDER BY name"))).scalars())
+
+    async def status(self) -> IndexStatus:
+        async with self.engine.connect() as conn:
+            sources = [
+                SourceStatus(r.name, r.kind, r.location, r.documents, r.chunks, r.last_synced_at)
+                for r in await conn.execute(
+                    text(
+                        """
+                        SELECT s.name, s.kind, s.location, s.last_synced_at,
+                               (SELECT count(*) FROM documents d WHERE d.source_id = s.id) AS documents,
+                               (SELECT count(*) FROM chunks c WHERE c.source_id = s.id) AS chunks
+                        FROM sources s ORDER BY s.name
+                        """
+                    )
+                )
+            ]
+            stats = (
+                await conn.execute(
+                    text(
+                        "SELECT n_chunks, total_len, (SELECT count(*) FROM lexemes WHERE df > 0) AS vocabulary, "
+                        "(SELECT count(*) FROM documents) AS documents, "
+                        "(SELECT value FROM kb_meta WHERE key = 'embedding_model') AS model, "
+                        "(SELECT value FROM kb_meta WHERE key = 'embedding_dimension') AS dimension "
+                        "FROM corpus_stats WHERE id = 1"
+                    )
+                )
+            ).one()
+        return IndexStatus(
+            database=_redact(self.url),
+            embedding_model=stats.model,
+            embedding_dimension=int(stats.dimension) if stats.dimension else None,
+            sources=sources,
+            documents=stats.documents,
+            chunks=stats.n_chunks,
+            vocabulary=stats.vocabulary,
+            avg_chunk_length=stats.total_len / stats.n_chunks if stats.n_chunks else 0.0,
+        )
+
+
+def _redact(url: str) -> str:
+    """A database URL with its password hidden: status output and logs must never show secrets."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "(unparseable database URL)"

@@ -1,0 +1,249 @@
+"""The SQL that writes the index: sources, documents with their chunks, the embedding cache, index metadata.
+
+Replacing a document's chunks happens in one transaction, so a search never sees the document with zero or
+doubled chunks. BM25 statistics need no code here: triggers on `chunks` keep them exact (see the migration).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Sequence
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+
+class SourceConflict(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class StoredDocument:
+    id: int
+    content_hash: str
+    title: str
+    url: str | None
+    path: str | None
+    author: str | None
+    updated_at: datetime | None
+    access: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    ordinal: int
+    text: str
+    heading: str
+    token_count: int
+    content_hash: str
+    embedding: str  # pgvector text form "[0.1,0.2,...]"
+    search_text: str
+
+
+def vector_literal(values: Sequence[float]) -> str:
+    return "[" + ",".join(f"{v:.7g}" for v in values) + "]"
+
+
+async def ensure_source(conn: AsyncConnection, name: str, kind: str, location: str | None) -> int:
+    row = (
+        await conn.execute(text("SELECT id, kind, location FROM sources WHERE name = :name"), {"name": name})
+    ).first()
+    if row is None:
+        return (
+            await conn.execute(
+                text("INSERT INTO sources (name, kind, location) VALUES (:name, :kind, :location) RETURNING id"),
+                {"name": name, "kind": kind, "location": location},
+            )
+        ).scalar_one()
+    if row.kind != kind or (location and row.location and row.location != location):
+        raise SourceConflict(
+            f"source {name!r} already indexes {row.kind} {row.location}; pick another name with --source"
+        )
+    return row.id
+
+
+async def source_id_by_name(conn: AsyncConnection, name: str) -> int | None:
+    return (await conn.execute(text("SELECT id FROM sources WHERE name = :n"), {"n": name})).scalar()
+
+
+async def stored_documents(conn: AsyncConnection, source_id: int) -> dict[str, StoredDocument]:
+    rows = await conn.execute(
+        text(
+            "SELECT id, external_id, content_hash, title, url, path, author, updated_at, access "
+            "FROM documents WHERE source_id = :s"
+        ),
+        {"s": source_id},
+    )
+    return {
+        r.external_id: StoredDocument(
+            r.id, r.content_hash, r.title, r.url, r.path, r.author, r.updated_at, tuple(r.access)
+        )
+        for r in rows
+    }
+
+
+async def update_document_metadata(
+    conn: AsyncConnection, document_id: int, *, url: str | None, path: str | None, author: str | None,
+    updated_at: datetime | None, access: Sequence[str],
+) -> None:
+    """Metadata changed but the content did not: no re-chunking, but chunks take the new access list."""
+    params = {"id": document_id, "url": url, "path": path, "author": author, "updated_at": updated_at,
+              "access": list(access)}
+    await conn.execute(
+        text(
+            "UPDATE documents SET url = :url, path = :path, author = :author, updated_at = :updated_at, "
+            "access = :access, indexed_at = now() WHERE id = :id"
+        ),
+        params,
+    )
+    await conn.execute(
+        text("UPDATE chunks SET access = :access, doc_updated_at = :updated_at WHERE document_id = :id"), params
+    )
+
+
+async def replace_document(
+    conn: AsyncConnection, *, source_id: int, external_id: str, title: str, url: str | None, path: str | None,
+    author: str | None, updated_at: datetime | None, content_hash: str, access: Sequence[str],
+    chunks: Sequence[ChunkRow], text_search_config: str,
+) -> int:
+    """Upsert the document and swap its chunks. Call inside a transaction."""
+    document_id = (
+        await conn.execute(
+            text(
+                """
+                INSERT INTO documents (source_id, external_id, title, url, path, author, updated_at, content_hash,
+                                       access)
+                VALUES (:source_id, :external_id, :title, :url, :path, :author, :updated_at, :content_hash, :access)
+                ON CONFLICT (source_id, external_id) DO UPDATE SET
+                    title = EXCLUDED.title, url = EXCLUDED.url, path = EXCLUDED.path, author = EXCLUDED.author,
+                    updated_at = EXCLUDED.updated_at, content_hash = EXCLUDED.content_hash,
+                    access = EXCLUDED.access, indexed_at = now()
+                RETURNING id
+                """
+            ),
+            {"source_id": source_id, "external_id": external_id, "title": title, "url": url, "path": path,
+             "author": author, "updated_at": updated_at, "content_hash": content_hash, "access": list(access)},
+        )
+    ).scalar_one()
+    await conn.execute(text("DELETE FROM chunks WHERE document_id = :id"), {"id": document_id})
+    if chunks:
+        # One statement for all chunks: the BM25 statistics trigger then runs once per document, not per chunk.
+        await conn.execute(
+            text(
+                """
+                INSERT INTO chunks (document_id, ordinal, text, heading, token_count, content_hash, embedding, tsv,
+                                    lexical_len, access, source_id, doc_updated_at)
+                SELECT :document_id, u.ordinal, u.text, u.heading, u.token_count, u.content_hash,
+                       u.embedding::vector, v.tsv, tsvector_length_in_tokens(v.tsv), :access, :source_id,
+                       :updated_at
+                FROM unnest(CAST(:ordinals AS integer[]), CAST(:texts AS text[]), CAST(:headings AS text[]),
+                            CAST(:token_counts AS integer[]), CAST(:hashes AS text[]),
+                            CAST(:embeddings AS text[]), CAST(:search_texts AS text[]))
+                     AS u(ordinal, text, heading, token_count, content_hash, embedding, search_text)
+                CROSS JOIN LATERAL (SELECT to_tsvector(CAST(:config AS regconfig), u.search_text) AS tsv) v
+                """
+            ),
+            {
+                "document_id": document_id, "access": list(access), "source_id": source_id,
+                "updated_at": updated_at, "config": text_search_config,
+                "ordinals": [c.ordinal for c in chunks], "texts": [c.text for c in chunks],
+                "headings": [c.heading for c in chunks], "token_counts": [c.token_count for c in chunks],
+                "hashes": [c.content_hash for c in chunks], "embeddings": [c.embedding for c in chunks],
+                "search_texts": [c.search_text for c in chunks],
+            },
+        )
+    return document_id
+
+
+async def delete_documents_not_in(conn: AsyncConnection, source_id: int, keep: Sequence[str]) -> list[str]:
+    rows = await conn.execute(
+        text("DELETE FROM documents WHERE source_id = :s AND external_id <> ALL(:keep) RETURNING external_id"),
+        {"s": source_id, "keep": list(keep)},
+    )
+    return sorted(r.external_id for r in rows)
+
+
+async def cached_embeddings(conn: AsyncConnection, model: str, hashes: Sequence[str]) -> dict[str, str]:
+    if not hashes:
+        return {}
+    rows = await conn.execute(
+        text(
+            "SELECT content_hash, embedding::text AS embedding FROM embedding_cache "
+            "WHERE model = :model AND content_hash = ANY(:hashes)"
+        ),
+        {"model": model, "hashes": list(set(hashes))},
+    )
+    return {r.content_hash: r.embedding for r in rows}
+
+
+async def cache_embeddings(conn: AsyncConnection, model: str, entries: dict[str, str]) -> None:
+    if not entries:
+        return
+    await conn.execute(
+        text(
+            """
+            INSERT INTO embedding_cache (model, content_hash, embedding)
+            SELECT :model, h, e::vector FROM unnest(CAST(:hashes AS text[]), CAST(:embeddings AS text[])) AS u(h, e)
+            ON CONFLICT DO NOTHING
+            """
+        ),
+        {"model": model, "hashes": list(entries), "embeddings": list(entries.values())},
+    )
+
+
+async def mark_source_synced(conn: AsyncConnection, source_id: int) -> None:
+    await conn.execute(text("UPDATE sources SET last_synced_at = now() WHERE id = :s"), {"s": source_id})
+
+
+async def get_meta(conn: AsyncConnection, key: str) -> str | None:
+    return (await conn.execute(text("SELECT value FROM kb_meta WHERE key = :k"), {"k": key})).scalar()
+
+
+async def set_meta(conn: AsyncConnection, key: str, value: str) -> None:
+    await conn.execute(
+        text("INSERT INTO kb_meta (key, value) VALUES (:k, :v) ON CONFLICT (key) DO UPDATE SET value = :v"),
+        {"k": key, "v": value},
+    )
+
+
+def vector_index_name(dimension: int) -> str:
+    return f"chunks_embedding_hnsw_{dimension}"
+
+
+async def ensure_vector_index(conn: AsyncConnection, dimension: int) -> None:
+    """The HNSW index is an expression index on `embedding::vector(dim)`, so one untyped column can serve any
+    model; indexes built for another dimension are dropped."""
+    existing = await conn.execute(
+        text("SELECT indexname FROM pg_indexes WHERE tablename = 'chunks' AND indexname LIKE 'chunks_embedding_hnsw_%'")
+    )
+    for (name,) in existing:
+        if name != vector_index_name(dimension):
+            await conn.execute(text(f'DROP INDEX IF EXISTS "{name}"'))
+    await conn.execute(
+        text(
+            f"CREATE INDEX IF NOT EXISTS {vector_index_name(dimension)} ON chunks "
+            f"USING hnsw ((embedding::vector({int(dimension)})) vector_cosine_ops)"
+        )
+    )
+
+
+async def chunks_for_reembedding(conn: AsyncConnection, after_id: int, limit: int) -> list[tuple[int, str, str, str]]:
+    rows = await conn.execute(
+        text(
+            "SELECT c.id, d.title, c.heading, c.text FROM chunks c JOIN documents d ON d.id = c.document_id "
+            "WHERE c.id > :after ORDER BY c.id LIMIT :limit"
+        ),
+        {"after": after_id, "limit": limit},
+    )
+    return [(r.id, r.title, r.heading, r.text) for r in rows]
+
+
+async def set_chunk_embeddings(conn: AsyncConnection, ids: Sequence[int], embeddings: Sequence[str]) -> None:
+    await conn.execute(
+        text(
+            "UPDATE chunks c SET embedding = u.e::vector "
+            "FROM unnest(CAST(:ids AS bigint[]), CAST(:es AS text[])) AS u(id, e) WHERE c.id = u.id"
+        ),
+        {"ids": list(ids), "es": list(embeddings)},
+    )
