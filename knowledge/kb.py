@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Sequence
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -14,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.engine import create_engine, database_url
 from db.migrate import upgrade_to_head
 from db.settings import DatabaseSettings
+from knowledge.answering import Answer, Answerer, make_generator
 from knowledge.embedding import Embedder, get_embedder
 from knowledge.indexing import Indexer, SyncProgress, SyncReport
 from knowledge.retrieval import Mode, Retriever, SearchFilters, SearchResults
@@ -67,6 +69,7 @@ class KnowledgeBase:
         self.url = url
         self.indexer = Indexer(engine, embedder, settings)
         self.retriever = Retriever(engine, embedder, settings)
+        self.answerer = Answerer(self, make_generator(settings))
 
     @classmethod
     async def open(
@@ -83,7 +86,16 @@ class KnowledgeBase:
         return kb
 
     async def close(self) -> None:
+        generator = self.answerer.generator
+        if generator is not None and hasattr(generator, "close"):
+            await generator.close()
         await self.engine.dispose()
+
+    async def answer(
+        self, question: str, principals: Sequence[str], conversation_id: str, *, sources: Sequence[str] | None = None
+    ) -> Answer:
+        """The one entry point the bots use: who asks, in which conversation, and what."""
+        return await self.answerer.answer(question, principals, conversation_id, sources=sources)
 
     async def __aenter__(self) -> "KnowledgeBase":
         return self

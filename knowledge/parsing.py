@@ -8,9 +8,13 @@ pypdf for PDF, python-docx for Word.
 from __future__ import annotations
 
 import io
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+
+# pypdf logs every oddity of a damaged file; the sync reports unreadable files itself.
+logging.getLogger("pypdf").setLevel(logging.ERROR)
 
 SUPPORTED_SUFFIXES = (".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".docx")
 

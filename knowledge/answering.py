@@ -1,0 +1,199 @@
+"""question + asker's principals + conversation id → answer with numbered citations.
+
+The pipeline: hybrid search filtered by the asker's principals → abstain if the best match is weak → pack the
+best chunks, grouped by document, into numbered sources within a token budget → generate (Claude, or offline
+excerpts) → keep only citations the answer really uses, renumbered 1..n in order of first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from sqlalchemy import text
+
+from knowledge.generators.anthropic_client import AnthropicGenerator, GenerationError
+from knowledge.generators.extractive import best_sentences, format_excerpts
+from knowledge.prompts import NO_ANSWER, SYSTEM_PROMPT, PromptSource, build_user_message, cited_numbers, renumber_citations
+from knowledge.retrieval import SearchFilters, SearchHit
+
+logger = logging.getLogger(__name__)
+
+ABSTAIN_MESSAGE = (
+    "I couldn't find this in the documents you have access to, so I won't guess. "
+    "Try rephrasing, or ask the team that owns the topic."
+)
+SNIPPET_CHARS = 240
+
+
+class Generator(Protocol):
+    mode: str
+
+    async def generate(self, system: str, user: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class Citation:
+    n: int
+    title: str
+    url: str | None
+    path: str | None
+    external_id: str
+    source: str
+    heading: str
+    snippet: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"n": self.n, "title": self.title, "url": self.url, "path": self.path,
+                "external_id": self.external_id, "source": self.source, "heading": self.heading,
+                "snippet": self.snippet}
+
+
+@dataclass
+class Answer:
+    text: str
+    mode: str  # "llm" or "extractive"
+    abstained: bool
+    citations: list[Citation]
+    chunks_used: list[SearchHit]
+    timings: dict[str, float] = field(default_factory=dict)
+    note: str | None = None  # e.g. why the LLM was not used this time
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "answer": self.text,
+            "mode": self.mode,
+            "abstained": self.abstained,
+            "citations": [
+                {"n": c.n, "title": c.title, "url": c.url, "path": c.path, "external_id": c.external_id}
+                for c in self.citations
+            ],
+        }
+
+
+@dataclass
+class _SourceGroup:
+    """One numbered source: a document and the chunks of it that made it into the context."""
+
+    n: int
+    hits: list[SearchHit]
+
+    @property
+    def first(self) -> SearchHit:
+        return self.hits[0]
+
+    def prompt_source(self) -> PromptSource:
+        ordered = sorted(self.hits, key=lambda h: h.ordinal)
+        body = "\n[...]\n".join(f"{h.heading}\n{h.text}" if h.heading else h.text for h in ordered)
+        return PromptSource(self.n, self.first.title, self.first.path, body)
+
+    def citation(self, n: int) -> Citation:
+        best = self.first
+        snippet = best.text if len(best.text) <= SNIPPET_CHARS else best.text[: SNIPPET_CHARS - 1].rstrip() + "…"
+        return Citation(n, best.title, best.url, best.path, best.external_id, best.source, best.heading, snippet)
+
+
+def group_into_sources(hits: Sequence[SearchHit], count_tokens, budget: int) -> list[_SourceGroup]:  # type: ignore[no-untyped-def]
+    """Number documents in order of their best hit and fill the token budget with chunks, best first."""
+    groups: dict[int, _SourceGroup] = {}
+    used = 0
+    for hit in hits:
+        tokens = count_tokens([hit.text])[0] + 8
+        if used + tokens > budget and groups:
+            continue
+        used += tokens
+        if hit.document_id not in groups:
+            groups[hit.document_id] = _SourceGroup(len(groups) + 1, [])
+        groups[hit.document_id].hits.append(hit)
+    return list(groups.values())
+
+
+class Answerer:
+    def __init__(self, kb, generator: Generator | None) -> None:  # type: ignore[no-untyped-def]
+        self.kb = kb
+        self.generator = generator
+
+    async def answer(
+        self, question: str, principals: Sequence[str], conversation_id: str, *, sources: Sequence[str] | None = None
+    ) -> Answer:
+        question = question.strip()
+        if not question:
+            raise ValueError("the question is empty")
+        settings = self.kb.settings
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        filters = SearchFilters(tuple(principals), tuple(sources) if sources else None)
+        results = await self.kb.search(question, filters, k=settings.context_chunks)
+        timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
+        mode = self.generator.mode if self.generator else "extractive"
+        best = results.best_similarity
+        if not results.hits or best is None or best < settings.abstain_below_similarity:
+            answer = Answer(ABSTAIN_MESSAGE, mode, True, [], results.hits, timings)
+            await self._remember(conversation_id, question, principals, answer)
+            return answer
+
+        groups = group_into_sources(results.hits, self.kb.embedder.count_tokens_many, settings.context_token_budget)
+        started = time.perf_counter()
+        note = None
+        if self.generator is not None:
+            try:
+                answer = await self._generate(question, groups, results.hits)
+            except GenerationError as exc:
+                logger.warning("LLM unavailable, answering with excerpts: %s", exc)
+                note = str(exc)
+                answer = await self._extract(question, groups, results.hits)
+        else:
+            answer = await self._extract(question, groups, results.hits)
+        timings["generation_ms"] = (time.perf_counter() - started) * 1000
+        answer.timings = timings
+        answer.note = note
+        await self._remember(conversation_id, question, principals, answer)
+        return answer
+
+    async def _generate(self, question: str, groups: list[_SourceGroup], hits: list[SearchHit]) -> Answer:
+        assert self.generator is not None
+        user = build_user_message(question, [g.prompt_source() for g in groups])
+        reply = await self.generator.generate(SYSTEM_PROMPT, user)
+        if not reply or reply.strip().strip(".").upper() == NO_ANSWER or reply.strip().startswith(NO_ANSWER):
+            return Answer(ABSTAIN_MESSAGE, self.generator.mode, True, [], hits)
+        by_number = {g.n: g for g in groups}
+        used = [n for n in cited_numbers(reply) if n in by_number]
+        mapping = {old: new for new, old in enumerate(used, start=1)}
+        text_out = renumber_citations(reply, mapping)
+        citations = [by_number[old].citation(new) for old, new in mapping.items()]
+        return Answer(text_out, self.generator.mode, False, citations, hits)
+
+    async def _extract(self, question: str, groups: list[_SourceGroup], hits: list[SearchHit]) -> Answer:
+        import asyncio
+
+        passages = [(g.n, h.text) for g in groups[:4] for h in g.hits]
+        excerpts = await asyncio.to_thread(best_sentences, question, passages, self.kb.embedder)
+        if not excerpts:
+            return Answer(ABSTAIN_MESSAGE, "extractive", True, [], hits)
+        by_number = {g.n: g for g in groups}
+        mapping: dict[int, int] = {}
+        for excerpt in excerpts:
+            mapping.setdefault(excerpt.source_n, len(mapping) + 1)
+        text_out = renumber_citations(format_excerpts(excerpts), mapping)
+        citations = [by_number[old].citation(new) for old, new in mapping.items()]
+        return Answer(text_out, "extractive", False, citations, hits)
+
+    async def _remember(self, conversation_id: str, question: str, principals: Sequence[str], answer: Answer) -> None:
+        """Keep the turn: follow-up rewriting and thread summaries build on this history."""
+        async with self.kb.engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO conversation_turns (conversation_id, question, answer, principals) "
+                    "VALUES (:c, :q, :a, :p)"
+                ),
+                {"c": conversation_id, "q": question, "a": answer.text, "p": list(principals)},
+            )
+
+
+def make_generator(settings) -> Generator | None:  # type: ignore[no-untyped-def]
+    """Claude when ANTHROPIC_API_KEY is set; otherwise None, meaning offline extractive answers."""
+    if settings.anthropic_api_key is None or not settings.anthropic_api_key.get_secret_value():
+        return None
+    return AnthropicGenerator(settings)

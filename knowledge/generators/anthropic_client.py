@@ -1,0 +1,66 @@
+"""Answers from Anthropic's Claude through the official async SDK (retries, timeouts and backoff are the SDK's)."""
+
+from __future__ import annotations
+
+import logging
+
+from knowledge.settings import KnowledgeSettings
+
+logger = logging.getLogger(__name__)
+
+
+class GenerationError(RuntimeError):
+    """The model could not be reached or refused; the message says what to do, never the API key."""
+
+
+class AnthropicGenerator:
+    mode = "llm"
+
+    def __init__(self, settings: KnowledgeSettings) -> None:
+        from anthropic import AsyncAnthropic
+
+        if settings.anthropic_api_key is None:
+            raise GenerationError("ANTHROPIC_API_KEY is not set")
+        self.model = settings.anthropic_model
+        self.max_tokens = settings.answer_max_tokens
+        self.client = AsyncAnthropic(
+            api_key=settings.anthropic_api_key.get_secret_value(),
+            base_url=settings.anthropic_base_url,
+            timeout=settings.anthropic_timeout_seconds,
+            max_retries=settings.anthropic_max_retries,
+        )
+
+    async def generate(self, system: str, user: str) -> str:
+        import anthropic
+
+        try:
+            message = await self.client.messages.create(
+                model=self.model,
+                max_tokens=self.max_tokens,
+                # The system prompt never changes, so it is marked for prompt caching.
+                system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+                messages=[{"role": "user", "content": user}],
+            )
+        except anthropic.AuthenticationError as exc:
+            raise GenerationError("Anthropic rejected the API key: check ANTHROPIC_API_KEY") from exc
+        except anthropic.NotFoundError as exc:
+            raise GenerationError(f"Anthropic does not know model {self.model!r}: check ANTHROPIC_MODEL") from exc
+        except anthropic.APIStatusError as exc:
+            raise GenerationError(f"Anthropic API error {exc.status_code} after retries: {_error_type(exc)}") from exc
+        except anthropic.APIConnectionError as exc:
+            raise GenerationError(
+                "could not reach the Anthropic API (network or ANTHROPIC_BASE_URL); answering with excerpts"
+            ) from exc
+        return "".join(block.text for block in message.content if getattr(block, "type", "") == "text").strip()
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def _error_type(exc: Exception) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict):
+            return str(error.get("type", "unknown"))
+    return type(exc).__name__
