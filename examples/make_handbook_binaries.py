@@ -163,6 +163,7 @@ Meals with customers are claimed separately under the Expense Reimbursement Poli
 ## Ground transport
 
 - Rail is preferred for journeys under 4 hours where it is practical, for example Portland to Seattle.
+- Rail fares are reimbursable in coach or business class; book them in Navan where available, or expense them with the receipt.
 - Taxis and rideshare (Uber, Lyft) are fine between airports, hotels and meeting locations.
 - Rental vehicles: mid-size or smaller, booked through Navan. Decline the rental company's insurance within the US and Canada; Northwind's policy covers it.
 - Personal vehicle use is reimbursed at the mileage rate in the Expense Reimbursement Policy.
@@ -277,7 +278,7 @@ Employees who started less than 3 months before a cycle opens skip that cycle; t
 
 ## Rating scale (annual cycle only)
 
-| Rating | Label | Typical share |
+| Rating | Label | Typical distribution |
 |---|---|---|
 | 5 | Exceptional impact | About 5% |
 | 4 | Exceeds expectations | About 25% |
@@ -285,7 +286,7 @@ Employees who started less than 3 months before a cycle opens skip that cycle; t
 | 2 | Partially meets expectations | About 12% |
 | 1 | Does not meet expectations | About 3% |
 
-The mid-year cycle has no rating. The typical shares are a reference for calibration, not a quota.
+The mid-year cycle has no rating. The typical distribution is a reference for calibration, not a quota.
 
 ## Calibration
 
@@ -308,7 +309,7 @@ Managers should give clear feedback as soon as concerns arise, not wait for a re
 
 ## Disagreeing with a review
 
-If you disagree with your review or rating, first discuss it with your manager. If that does not resolve it, raise it with your People Partner within 14 days of the review conversation. The People Partner reviews the evidence with your skip-level manager and responds within 10 business days.
+If you disagree with your review or rating, first discuss it with your manager. If that does not resolve it, take it to your People Partner within 14 days of the review conversation. The People Partner reviews the evidence with your skip-level manager and responds within 10 business days.
 
 ## Confidentiality
 
@@ -387,7 +388,7 @@ Besides vacation PTO, sick leave and parental leave, Northwind Labs offers sever
 
 ## Bereavement leave
 
-- Up to 5 paid working days after the death of an immediate family member: spouse or partner, child, parent, sibling, grandparent, grandchild, or the equivalent in-law or step-relation.
+- Up to 5 paid working days after the death of an immediate family member: spouse or partner, child, parent, sibling, grandparent, grandchild, or the equivalent in-law or step-family member.
 - Up to 2 paid working days after the death of another family member or someone in your household.
 - Up to 10 paid working days if you lose a child or a spouse or partner.
 - Days do not need to be consecutive and can be used within 3 months of the death, for example for a memorial service.
@@ -647,7 +648,7 @@ def write_pdf(path: Path, text: str) -> None:
         elif kind == "p":
             story.append(Paragraph(esc(val), body))
         elif kind == "li":
-            story.append(Paragraph(esc(val), bullet, bulletText="\u2022"))
+            story.append(Paragraph(esc(val), bullet, bulletText="-"))
         elif kind == "ol":
             n, item = val
             story.append(Paragraph(esc(item), bullet, bulletText=f"{n}."))

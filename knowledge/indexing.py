@@ -148,7 +148,7 @@ class Indexer:
             return None
         except CorruptDocument as exc:
             report.failed.append((item.external_id, str(exc)))
-            logger.warning("skipping %s: %s", item.external_id, exc)
+            logger.info("skipping %s: %s", item.external_id, exc)
             return None
         title = item.title or parsed.title
         if item.title:

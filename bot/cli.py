@@ -1,0 +1,271 @@
+"""`ragbot`: the command line. Every command is a thin shell over `knowledge.kb.KnowledgeBase`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Awaitable, Callable, Optional, TypeVar
+
+import typer
+
+from bot.settings import BotSettings
+from bot.terminal import (
+    RichSyncProgress, chat_loop, console, err_console, render_answer, render_hits, render_status, render_sync_report,
+)
+
+app = typer.Typer(help="ragbot: answers questions from your documents, with citations.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+T = TypeVar("T")
+
+AsOption = Annotated[
+    Optional[list[str]],
+    typer.Option("--as", help="Search as this principal (repeatable), e.g. user:alice@example.com or group:eng. "
+                              "Documents shared with 'everyone' are always included."),
+]
+SourceOption = Annotated[Optional[list[str]], typer.Option("--source", help="Only this source (repeatable).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def fail(message: str) -> None:
+    """A clear one-line error and exit code 2, for anything the user can fix."""
+    err_console.print(f"[red]Error:[/] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def run_async(factory: Callable[[], Awaitable[T]]) -> T:
+    from knowledge.embedding import EmbeddingModelError
+    from knowledge.evaluation import EvalFileError
+    from knowledge.store import SourceConflict
+
+    try:
+        return asyncio.run(factory())  # type: ignore[arg-type]
+    except (SourceConflict, EvalFileError, EmbeddingModelError, FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+        raise  # unreachable: fail() exits
+
+
+async def open_kb():  # type: ignore[no-untyped-def]
+    from knowledge.kb import KnowledgeBase
+
+    return await KnowledgeBase.open()
+
+
+@app.callback()
+def main() -> None:
+    logging.basicConfig(level=BotSettings().log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Folders or files to index.")],
+    source: Annotated[Optional[str], typer.Option("--source", help="Source name (default: the folder's name).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Index folders of .md, .txt, .html, .pdf and .docx files (incremental: unchanged files are skipped)."""
+    from knowledge.sources.folder import FolderSource
+
+    for path in paths:
+        if not path.exists():
+            fail(f"no such file or folder: {path}")
+
+    async def go() -> list[dict[str, object]]:
+        kb = await open_kb()
+        reports = []
+        try:
+            for path in paths:
+                folder = FolderSource(path, source)
+                with RichSyncProgress(folder.spec.name) as progress:
+                    report = await kb.sync(folder, progress)
+                if not as_json:
+                    render_sync_report(report)
+                reports.append(report.to_dict())
+        finally:
+            await kb.close()
+        return reports
+
+    reports = run_async(go)
+    if as_json:
+        print(json.dumps({"reports": reports}, indent=2))
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="What to search for.")],
+    k: Annotated[int, typer.Option("-k", help="How many results.", min=1, max=200)] = 10,
+    mode: Annotated[str, typer.Option("--mode", help="hybrid, dense or lexical.")] = "hybrid",
+    principals: AsOption = None,
+    sources: SourceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Search the index and show the best chunks."""
+    from knowledge.retrieval import MODES, SearchFilters
+
+    if not query.strip():
+        fail("the search query is empty")
+    if mode not in MODES:
+        fail(f"--mode must be one of {', '.join(MODES)}")
+
+    async def go():  # type: ignore[no-untyped-def]
+        kb = await open_kb()
+        try:
+            await check_sources(kb, sources)
+            filters = SearchFilters(tuple(principals or ()), tuple(sources) if sources else None)
+            return await kb.search(query, filters, k=k, mode=mode)  # type: ignore[arg-type]
+        finally:
+            await kb.close()
+
+    results = run_async(go)
+    if as_json:
+        print(json.dumps({"results": [hit.to_dict() for hit in results.hits]}, indent=2))
+    else:
+        render_hits(results.hits)
+
+
+async def check_sources(kb, sources: Optional[list[str]]) -> None:  # type: ignore[no-untyped-def]
+    if not sources:
+        return
+    known = await kb.source_names()
+    unknown = [s for s in sources if s not in known]
+    if unknown:
+        raise ValueError(f"unknown source {', '.join(unknown)}; indexed sources: {', '.join(known) or 'none yet'}")
+
+
+@app.command()
+def ask(
+    question: Annotated[str, typer.Argument(help="Your question.")],
+    principals: AsOption = None,
+    sources: SourceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Answer a question from the documents, with numbered citations."""
+    if not question.strip():
+        fail("the question is empty")
+
+    async def go():  # type: ignore[no-untyped-def]
+        kb = await open_kb()
+        try:
+            await check_sources(kb, sources)
+            return await kb.answer(question, principals or ["everyone"], "cli:ask", sources=sources)
+        finally:
+            await kb.close()
+
+    answer = run_async(go)
+    if as_json:
+        print(json.dumps(answer.to_dict(), indent=2))
+    else:
+        render_answer(answer)
+
+
+@app.command()
+def chat(principals: AsOption = None, sources: SourceOption = None) -> None:
+    """Chat with the knowledge base in the terminal."""
+
+    async def go() -> None:
+        kb = await open_kb()
+        try:
+            await check_sources(kb, sources)
+            await chat_loop(kb, principals or ["everyone"], sources)
+        finally:
+            await kb.close()
+
+    run_async(go)
+
+
+@app.command()
+def status(as_json: JsonOption = False) -> None:
+    """What is indexed: sources, documents, chunks, model."""
+
+    async def go():  # type: ignore[no-untyped-def]
+        kb = await open_kb()
+        try:
+            return await kb.status()
+        finally:
+            await kb.close()
+
+    result = run_async(go)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        render_status(result)
+
+
+@app.command()
+def run() -> None:
+    """Start the bot. With no chat platform tokens configured, that is the terminal chat."""
+    platforms = BotSettings().chat_platforms
+    if platforms:
+        err_console.print(
+            f"[yellow]{' and '.join(platforms)} token(s) found, but the chat adapters are not part of this build "
+            "yet; starting the terminal chat instead.[/]"
+        )
+    chat(principals=None, sources=None)
+
+
+@app.command(name="eval")
+def evaluate(
+    file: Annotated[Optional[Path], typer.Argument(help="JSONL: {\"question\", \"relevant\": [external ids]} per line.")] = None,
+    beir: Annotated[Optional[Path], typer.Option("--beir", help="A BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.")] = None,
+    mode: Annotated[str, typer.Option("--mode", help="hybrid, dense, lexical, or all.")] = "all",
+    principals: AsOption = None,
+    sources: SourceOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Measure retrieval: precision@5, recall@10, recall@100, MRR@10, MAP@100, nDCG@10 per mode."""
+    from bot.evaluate import run_eval
+
+    if (file is None) == (beir is None):
+        fail("give either an eval FILE.jsonl or --beir DIR")
+    target = file or beir
+    assert target is not None
+    if not target.exists():
+        fail(f"no such file or folder: {target}")
+    modes = ("dense", "lexical", "hybrid") if mode == "all" else (mode,)
+    if any(m not in ("dense", "lexical", "hybrid") for m in modes):
+        fail("--mode must be one of hybrid, dense, lexical, all")
+
+    results = run_async(lambda: run_eval(file, beir, modes, principals or [], sources or []))
+    if as_json:
+        print(json.dumps(results, indent=2))
+    else:
+        from bot.evaluate import render_eval
+
+        render_eval(results)
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Create or upgrade the schema to the newest migration."""
+    from db.engine import create_engine, database_url
+    from db.migrate import current_revision, upgrade_to_head
+
+    async def go() -> str | None:
+        engine = create_engine(database_url())
+        try:
+            await upgrade_to_head(engine)
+            return await current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    console.print(f"Database schema is at revision {run_async(go)}.")
+
+
+@db_app.command("stop")
+def db_stop() -> None:
+    """Stop the embedded Postgres (it is started again by the next command that needs it)."""
+    from db.embedded import stop_embedded
+    from db.settings import DatabaseSettings
+
+    settings = DatabaseSettings()
+    if settings.database_url:
+        fail("DATABASE_URL is set: ragbot is not running an embedded database")
+    console.print("Stopped the embedded database." if stop_embedded(settings.home) else "The embedded database was not running.")
+
+
+if __name__ == "__main__":
+    sys.exit(app())

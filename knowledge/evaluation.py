@@ -1,0 +1,115 @@
+"""Retrieval evaluation over documents: a document ranks where its best chunk ranks.
+
+Two inputs: ragbot's own JSONL (`{"question", "relevant": [external ids]}` per line; questions with no relevant
+documents are unanswerable and are left out of ranking metrics) and the BEIR layout (`corpus.jsonl`,
+`queries.jsonl`, `qrels/test.tsv`), whose corpus is ingested as its own source and searched within it.
+Metrics follow the usual definitions (pytrec_eval's, as BEIR reports them): nDCG@10 with linear gains from the
+qrels' grades, MAP@100 and recall over all relevant documents.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
+
+METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@100", "precision@5", "recall@10")
+
+
+@dataclass(frozen=True)
+class EvalQuestion:
+    id: str
+    question: str
+    relevant: dict[str, int]  # external id -> grade (> 0)
+
+
+class EvalFileError(ValueError):
+    pass
+
+
+def load_jsonl_questions(path: Path) -> list[EvalQuestion]:
+    questions = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            question = str(record["question"]).strip()
+            relevant = [str(r) for r in record.get("relevant", [])]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise EvalFileError(f"{path}:{number}: expected {{\"question\": ..., \"relevant\": [...]}}: {exc}") from exc
+        if not question:
+            raise EvalFileError(f"{path}:{number}: empty question")
+        questions.append(EvalQuestion(str(number), question, {r: 1 for r in relevant}))
+    return questions
+
+
+def _read_jsonl(path: Path) -> Iterable[dict]:  # type: ignore[type-arg]
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                yield json.loads(line)
+
+
+def load_beir(directory: Path, split: str = "test") -> tuple[StaticSource, list[EvalQuestion]]:
+    corpus, queries, qrels_path = directory / "corpus.jsonl", directory / "queries.jsonl", directory / "qrels" / f"{split}.tsv"
+    for required in (corpus, queries, qrels_path):
+        if not required.exists():
+            raise EvalFileError(f"{required} is missing: a BEIR folder has corpus.jsonl, queries.jsonl, qrels/{split}.tsv")
+    items = []
+    for record in _read_jsonl(corpus):
+        body = str(record.get("text", ""))
+        items.append(
+            SourceItem(
+                external_id=str(record["_id"]),
+                filename=f"{record['_id']}.txt",
+                read=(lambda body=body: body.encode("utf-8")),
+                title=str(record.get("title") or "").strip() or None,
+                path=f"beir/{directory.name}",
+            )
+        )
+    relevant: dict[str, dict[str, int]] = {}
+    with qrels_path.open(encoding="utf-8") as handle:
+        for row in csv.reader(handle, delimiter="\t"):
+            if len(row) < 3 or row[0] in ("query-id", "query_id"):
+                continue
+            if int(row[2]) > 0:
+                relevant.setdefault(row[0], {})[row[1]] = int(row[2])
+    texts = {str(r["_id"]): str(r["text"]) for r in _read_jsonl(queries)}
+    questions = [EvalQuestion(qid, texts[qid], rel) for qid, rel in relevant.items() if qid in texts]
+    source = StaticSource(SourceSpec(name=f"beir-{directory.resolve().name}", kind="beir", location=str(directory.resolve())), items)
+    return source, questions
+
+
+def score_ranking(ranked: Sequence[str], relevant: dict[str, int]) -> dict[str, float]:
+    """All metrics for one question, given document ids in rank order."""
+    rel_total = len(relevant)
+    hits = [1 if doc in relevant else 0 for doc in ranked]
+    dcg = sum(relevant.get(doc, 0) / math.log2(i + 2) for i, doc in enumerate(ranked[:10]))
+    ideal = sorted(relevant.values(), reverse=True)[:10]
+    idcg = sum(grade / math.log2(i + 2) for i, grade in enumerate(ideal))
+    first = next((i for i, h in enumerate(hits[:10]) if h), None)
+    precision_sum, found = 0.0, 0
+    for i, hit in enumerate(hits[:100]):
+        if hit:
+            found += 1
+            precision_sum += found / (i + 1)
+    return {
+        "ndcg@10": dcg / idcg if idcg else 0.0,
+        "recall@100": sum(hits[:100]) / rel_total,
+        "mrr@10": 1.0 / (first + 1) if first is not None else 0.0,
+        "map@100": precision_sum / rel_total,
+        "precision@5": sum(hits[:5]) / 5,
+        "recall@10": sum(hits[:10]) / rel_total,
+    }
+
+
+def mean_metrics(per_question: Sequence[dict[str, float]]) -> dict[str, float]:
+    if not per_question:
+        return {metric: 0.0 for metric in METRICS}
+    return {metric: sum(q[metric] for q in per_question) / len(per_question) for metric in METRICS}
