@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -177,53 +178,84 @@ def parse_html(html: str, fallback_title: str) -> ParsedDocument:
 
 
 def parse_pdf(data: bytes, fallback_title: str) -> ParsedDocument:
-    """PDF has no reliable structure; paragraphs come from blank lines, the title from metadata or line one."""
+    """Headings are the lines set in a larger font than the body text (pypdf reports each run's font size);
+    lines repeated on most pages (running headers, footers) and page numbers are dropped."""
     from pypdf import PdfReader
 
     reader = PdfReader(io.BytesIO(data))
     if reader.is_encrypted:
         raise CorruptDocument("PDF is encrypted; export an unencrypted copy to index it")
-    pages = [page.extract_text() or "" for page in reader.pages]
-    text = "\n\n".join(pages)
-    if not text.strip():
+    sizes: dict[str, float] = {}  # line text -> largest font size seen on it
+    weight: Counter[float] = Counter()  # font size -> characters set in it
+    pages: list[list[str]] = []
+
+    for page in reader.pages:
+        current: list[tuple[str, float]] = []
+
+        def visit(text: str, _cm: object, tm: list[float], _font: object, size: float) -> None:
+            effective = round(abs(size * (tm[3] or 1)), 1)
+            current.append((text, effective))
+
+        text = page.extract_text(visitor_text=visit) or ""
+        line, line_size = "", 0.0
+        for fragment, size in current:
+            if fragment.strip():
+                weight[size] += len(fragment.strip())
+                line_size = max(line_size, size)
+            line += fragment
+            if fragment.endswith("\n"):
+                if line.strip():
+                    key = _clean(line)
+                    sizes[key] = max(sizes.get(key, 0.0), line_size)
+                line, line_size = "", 0.0
+        if line.strip():
+            sizes[_clean(line)] = max(sizes.get(_clean(line), 0.0), line_size)
+        pages.append([_clean(raw) for raw in text.splitlines() if raw.strip()])
+
+    if not any(pages):
         raise CorruptDocument("PDF has no extractable text (scanned images need OCR first)")
-    meta_title = (reader.metadata.title if reader.metadata else None) or ""
-    lines = [line.strip() for line in text.splitlines()]
+    body_size = weight.most_common(1)[0][0] if weight else 0.0
+    heading_sizes = sorted({v for v in sizes.values() if body_size and v >= body_size * 1.15}, reverse=True)
+    repeated = _repeated_lines(pages)
+    meta_title = _clean((reader.metadata.title if reader.metadata else None) or "")
+    title = meta_title
+    headings: list[tuple[int, str]] = []
     blocks: list[Block] = []
-    heading: tuple[str, ...] = ()
     paragraph: list[str] = []
-    title = _clean(meta_title)
 
     def flush() -> None:
         if paragraph:
-            blocks.append(Block(heading, _clean(" ".join(paragraph))))
+            blocks.append(Block(tuple(h for _, h in headings), "\n".join(paragraph)))
             paragraph.clear()
 
-    for line in lines:
-        if not line:
+    for line in (line for page in pages for line in page):
+        if line in repeated or _PAGE_NUMBER.match(line) or not any(ch.isalnum() for ch in line):
+            continue
+        size = sizes.get(line, body_size)
+        if size in heading_sizes:
             flush()
-        elif not title:
-            title = line
-        elif _looks_like_heading(line):
-            flush()
-            if line != title:
-                heading = (line,)
+            level = heading_sizes.index(size) + 1
+            if not title:
+                title = line
+                continue
+            if line == title:
+                continue
+            headings = [(lvl, h) for lvl, h in headings if lvl < level] + [(level, line)]
         else:
             paragraph.append(line)
     flush()
     return ParsedDocument(title or fallback_title, blocks)
 
 
-def _looks_like_heading(line: str) -> bool:
-    """A short line that does not end like a sentence and starts with a capital or a section number."""
-    words = line.split()
-    return (
-        0 < len(words) <= 8
-        and len(line) <= 70
-        and not line.endswith((".", ",", ";", ":"))
-        and (line[0].isupper() or line[0].isdigit())
-        and not line.startswith(("-", "•", "*"))
-    )
+_PAGE_NUMBER = re.compile(r"^(page\s*)?\d+(\s*(of|/)\s*\d+)?$", re.IGNORECASE)
+
+
+def _repeated_lines(pages: list[list[str]]) -> set[str]:
+    """Lines on at least half the pages (and at least two): running headers and footers."""
+    if len(pages) < 2:
+        return set()
+    counts = Counter(line for page in pages for line in set(page))
+    return {line for line, n in counts.items() if n >= max(2, len(pages) / 2)}
 
 
 def parse_docx(data: bytes, fallback_title: str) -> ParsedDocument:

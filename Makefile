@@ -1,0 +1,32 @@
+# Two commands for a fresh machine: `make run` and `make test`. Everything else is set up on the way.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: setup run test bench clean-db
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: this CPU build comes from the machine's wheel folder; an unpinned torch pulls CUDA (GBs).
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(BIN)/ragbot db upgrade
+	$(BIN)/ragbot ingest examples/handbook --source handbook
+	$(BIN)/ragbot run
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/retrieval_bench.py
+
+clean-db:
+	-$(BIN)/ragbot db stop
