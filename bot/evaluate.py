@@ -37,7 +37,7 @@ async def run_eval(
             per_question = []
             for q in answerable:
                 found = await kb.search(q.question, filters, k=100, mode=mode, max_per_document=1,  # type: ignore[arg-type]
-                                        candidates=300)
+                                        )
                 per_question.append(score_ranking([h.external_id for h in found.hits], q.relevant))
             results[mode] = {metric: round(value, 4) for metric, value in mean_metrics(per_question).items()}
         return results

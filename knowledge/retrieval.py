@@ -6,8 +6,11 @@ query vector; each chunk stores its document-side BM25 weights as a sparse vecto
 BM25 score. Candidates come from the GIN index with OR semantics over the question's terms, because long
 questions rarely contain every term.
 
-Fusion: convex combination of min-max normalised scores (the default; measured best on the handbook and on
-SciFact) or reciprocal rank fusion. Both lists are filtered by the asker's principals inside their index scans
+Fusion (FUSION): "adaptive" (default) is a convex combination of min-max normalised scores in which the BM25 side
+is scaled by its confidence: the best lexical score as a fraction of the highest score the question's terms could
+reach. A question that shares its key terms with a document keeps BM25's full say; a paraphrase whose only lexical
+matches are incidental words does not let those matches outrank the dense side. "convex" (no scaling) and "rrf"
+(reciprocal rank fusion) are there to compare; the README has the measurements. Both lists are filtered by the asker's principals inside their index scans
 (pgvector's iterative scan keeps a filtered HNSW search returning enough rows).
 """
 
@@ -123,7 +126,7 @@ class Retriever:
             "principals": filters.principal_list(),
             "sources": list(filters.sources) if filters.sources else None,
             "updated_after": filters.updated_after,
-            "n": max(candidates or self.settings.candidates_per_retriever, fetch),
+            "n": max(candidates or self.settings.candidates_per_retriever, k),
             "per_document": per_document,
             "limit": fetch,
             "dense_weight": self.settings.fusion_dense_weight,
@@ -175,17 +178,19 @@ bm25_query AS (
         -- idf weights of the question's terms as a sparse vector: <#> with a chunk's weights is its BM25 score
         ('{' || coalesce(string_agg(t.id || ':' || ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5)), ',' ORDER BY t.id), '')
              || '}/1000000000')::sparsevec AS weights,
+        -- the best score any chunk could reach: every query term at saturated term frequency
+        coalesce(sum(ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5))), 0) * max(s.k1 + 1) AS max_score,
         -- OR-query over the terms that find candidates (in a large corpus, the ones in <= 10% of chunks)
         coalesce(
             string_agg(_q.literal, ' | ') FILTER (WHERE s.n < :rare_corpus OR t.df <= 0.1 * s.n),
             string_agg(_q.literal, ' | ')
         )::tsquery AS candidates
     FROM query_terms t
-    CROSS JOIN (SELECT greatest(n_chunks, 1)::float8 AS n FROM corpus_stats WHERE id = 1) s
+    CROSS JOIN (SELECT greatest(n_chunks, 1)::float8 AS n, k1 FROM corpus_stats WHERE id = 1) s
     CROSS JOIN LATERAL (SELECT '''' || replace(replace(t.lexeme, '\\', '\\\\'), '''', '''''') || '''' AS literal) _q
 ),
 lexical AS MATERIALIZED (
-    SELECT c.id, -(c.bm25 <#> q.weights) AS score
+    SELECT c.id, -(c.bm25 <#> q.weights) AS score, q.max_score
     FROM chunks c, bm25_query q
     WHERE c.tsv @@ q.candidates AND {filters}
     ORDER BY c.bm25 <#> q.weights
@@ -194,7 +199,9 @@ lexical AS MATERIALIZED (
 lexical_ranked AS (
     SELECT id, score, row_number() OVER (ORDER BY score DESC) AS rank,
            CASE WHEN max(score) OVER () > min(score) OVER ()
-                THEN (score - min(score) OVER ()) / (max(score) OVER () - min(score) OVER ()) ELSE 1 END AS norm
+                THEN (score - min(score) OVER ()) / (max(score) OVER () - min(score) OVER ()) ELSE 1 END AS norm,
+           -- how much of the question's term weight the best lexical match covers (0..1)
+           max(score) OVER () / nullif(max_score, 0) AS confidence
     FROM lexical
 )"""
 
@@ -214,6 +221,7 @@ dense_ranked AS (
 )"""
 
 _FUSED = {
+    "adaptive": "coalesce(:dense_weight * d.norm, 0) + coalesce(:lexical_weight * l.norm * l.confidence, 0)",
     "convex": "coalesce(:dense_weight * d.norm, 0) + coalesce(:lexical_weight * l.norm, 0)",
     "rrf": "coalesce(:dense_weight / (:rrf_k + d.rank), 0) + coalesce(:lexical_weight / (:rrf_k + l.rank), 0)",
 }

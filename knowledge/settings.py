@@ -23,7 +23,7 @@ class KnowledgeSettings(BaseSettings):
     text_search_config: str = "english"
 
     # Retrieval.
-    fusion: Literal["convex", "rrf"] = "convex"
+    fusion: Literal["adaptive", "convex", "rrf"] = "adaptive"
     fusion_dense_weight: float = Field(default=0.5, ge=0.0, le=1.0)  # BM25 gets 1 - this
     rrf_k: int = 60
     candidates_per_retriever: int = Field(default=100, ge=1, le=1000)
