@@ -26,6 +26,7 @@ class EvalQuestion:
     id: str
     question: str
     relevant: dict[str, int]  # external id -> grade (> 0)
+    kind: str = ""  # free-form label from the file, e.g. "paraphrased", "off_topic", "near_miss"
 
 
 class EvalFileError(ValueError):
@@ -45,7 +46,7 @@ def load_jsonl_questions(path: Path) -> list[EvalQuestion]:
             raise EvalFileError(f"{path}:{number}: expected {{\"question\": ..., \"relevant\": [...]}}: {exc}") from exc
         if not question:
             raise EvalFileError(f"{path}:{number}: empty question")
-        questions.append(EvalQuestion(str(number), question, {r: 1 for r in relevant}))
+        questions.append(EvalQuestion(str(number), question, {r: 1 for r in relevant}, str(record.get("kind", ""))))
     return questions
 
 

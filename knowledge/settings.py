@@ -42,4 +42,4 @@ class KnowledgeSettings(BaseSettings):
     context_chunks: int = 8
     # Abstain when the best chunk's cosine similarity to the question is below this (measured on the handbook
     # eval set; see the README's "Retrieval quality" section).
-    abstain_below_similarity: float = 0.40
+    abstain_below_similarity: float = 0.20
