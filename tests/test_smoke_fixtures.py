@@ -1,0 +1,4 @@
+async def test_fresh_kb_starts_empty(fresh_kb):
+    status = await fresh_kb.status()
+    assert status.documents == 0 and status.chunks == 0
+    assert status.embedding_model == "all-MiniLM-L6-v2" and status.embedding_dimension == 384
