@@ -185,38 +185,37 @@ def parse_pdf(data: bytes, fallback_title: str) -> ParsedDocument:
     reader = PdfReader(io.BytesIO(data))
     if reader.is_encrypted:
         raise CorruptDocument("PDF is encrypted; export an unencrypted copy to index it")
-    sizes: dict[str, float] = {}  # line text -> largest font size seen on it
-    weight: Counter[float] = Counter()  # font size -> characters set in it
-    pages: list[list[str]] = []
-
+    pages: list[list[tuple[str, float]]] = []  # per page: (line, largest font size on it)
     for page in reader.pages:
-        current: list[tuple[str, float]] = []
+        fragments: list[tuple[str, float]] = []
 
         def visit(text: str, _cm: object, tm: list[float], _font: object, size: float) -> None:
-            effective = round(abs(size * (tm[3] or 1)), 1)
-            current.append((text, effective))
+            fragments.append((text, round(abs(size * (tm[3] or 1)), 1)))
 
-        text = page.extract_text(visitor_text=visit) or ""
+        page.extract_text(visitor_text=visit)
+        lines: list[tuple[str, float]] = []
         line, line_size = "", 0.0
-        for fragment, size in current:
+        for fragment, size in fragments + [("\n", 0.0)]:
             if fragment.strip():
-                weight[size] += len(fragment.strip())
                 line_size = max(line_size, size)
             line += fragment
             if fragment.endswith("\n"):
-                if line.strip():
-                    key = _clean(line)
-                    sizes[key] = max(sizes.get(key, 0.0), line_size)
+                for part in line.splitlines():
+                    if part.strip():
+                        lines.append((_clean(part), line_size))
                 line, line_size = "", 0.0
-        if line.strip():
-            sizes[_clean(line)] = max(sizes.get(_clean(line), 0.0), line_size)
-        pages.append([_clean(raw) for raw in text.splitlines() if raw.strip()])
+        pages.append(lines)
 
     if not any(pages):
         raise CorruptDocument("PDF has no extractable text (scanned images need OCR first)")
+    repeated = _repeated_lines([[text for text, _ in page] for page in pages])
+    weight: Counter[float] = Counter()  # font size -> characters of body text set in it
+    for text, size in (entry for page in pages for entry in page):
+        if text not in repeated:
+            weight[size] += len(text)
     body_size = weight.most_common(1)[0][0] if weight else 0.0
-    heading_sizes = sorted({v for v in sizes.values() if body_size and v >= body_size * 1.15}, reverse=True)
-    repeated = _repeated_lines(pages)
+    heading_sizes = sorted({size for page in pages for _, size in page if body_size and size >= body_size * 1.15},
+                           reverse=True)
     meta_title = _clean((reader.metadata.title if reader.metadata else None) or "")
     title = meta_title
     headings: list[tuple[int, str]] = []
@@ -228,10 +227,9 @@ def parse_pdf(data: bytes, fallback_title: str) -> ParsedDocument:
             blocks.append(Block(tuple(h for _, h in headings), "\n".join(paragraph)))
             paragraph.clear()
 
-    for line in (line for page in pages for line in page):
+    for line, size in (entry for page in pages for entry in page):
         if line in repeated or _PAGE_NUMBER.match(line) or not any(ch.isalnum() for ch in line):
             continue
-        size = sizes.get(line, body_size)
         if size in heading_sizes:
             flush()
             level = heading_sizes.index(size) + 1

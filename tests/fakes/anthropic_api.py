@@ -1,0 +1,172 @@
+"""A fake Anthropic Messages API: a real HTTP server on 127.0.0.1 speaking the real wire format.
+
+The anthropic SDK (>= 1.0) sends its requests through httpx2, which respx cannot intercept, so tests point the SDK's
+`base_url` at this server instead. It runs in a background thread, so it answers while an async test awaits.
+
+    with FakeAnthropicAPI() as fake:
+        fake.rate_limited()                 # next request: 429 rate_limit_error (retry-after-ms: 1)
+        fake.overloaded()                   # then: 529 overloaded_error
+        fake.reply_text("Paris [1].")       # then: 200 with this text
+        ...                                 # afterwards: `fake.default(request)` answers
+        fake.requests[0].body["messages"]   # every request, parsed
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from collections import deque
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+# Tiny waits so the SDK retries at once. (The SDK ignores `retry-after: 0` and backs off ~0.5 s instead.)
+RETRY_NOW = {"retry-after-ms": "1", "retry-after": "0"}
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]  # names lower-cased
+    body: Any  # parsed JSON, or None
+
+    @property
+    def user_text(self) -> str:
+        """The text of the last user message (string content or text blocks)."""
+        content = self.body["messages"][-1]["content"]
+        if isinstance(content, str):
+            return content
+        return "".join(block.get("text", "") for block in content)
+
+    @property
+    def system_text(self) -> str:
+        system = self.body.get("system") or ""
+        if isinstance(system, str):
+            return system
+        return "".join(block.get("text", "") for block in system)
+
+
+@dataclass(frozen=True)
+class ScriptedResponse:
+    status: int
+    body: Any
+    headers: dict[str, str]
+
+
+def error_body(error_type: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+class FakeAnthropicAPI:
+    def __init__(self, default_text: str = "Default fake answer [1].") -> None:
+        self.requests: list[RecordedRequest] = []
+        self._queue: deque[ScriptedResponse] = deque()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        # Answers when nothing is scripted: request -> reply text.
+        self.default: Callable[[RecordedRequest], str] = lambda request: default_text
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    # Scripting: each call queues the response to the next unanswered request.
+
+    def script(self, status: int = 200, body: Any = None, headers: dict[str, str] | None = None) -> None:
+        with self._lock:
+            self._queue.append(ScriptedResponse(status, body, dict(headers or {})))
+
+    def reply_text(self, text: str) -> None:
+        self.script(200, {"text": text})  # filled in as a full message when served
+
+    def rate_limited(self, message: str = "slow down") -> None:
+        self.script(429, error_body("rate_limit_error", message), RETRY_NOW)
+
+    def overloaded(self, message: str = "Overloaded") -> None:
+        self.script(529, error_body("overloaded_error", message), RETRY_NOW)
+
+    def unauthorized(self, message: str = "invalid x-api-key") -> None:
+        self.script(401, error_body("authentication_error", message))
+
+    # Serving.
+
+    def message(self, request: RecordedRequest, text: str) -> dict[str, Any]:
+        model = request.body.get("model", "claude-fake") if isinstance(request.body, dict) else "claude-fake"
+        return {
+            "id": f"msg_fake{next(self._ids):04d}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": len(json.dumps(request.body)) // 4, "output_tokens": max(1, len(text) // 4)},
+        }
+
+    def respond(self, request: RecordedRequest) -> ScriptedResponse:
+        with self._lock:
+            self.requests.append(request)
+            scripted = self._queue.popleft() if self._queue else None
+        if request.method != "POST" or request.path.split("?")[0] != "/v1/messages":
+            return ScriptedResponse(404, error_body("not_found_error", f"no route {request.path}"), {})
+        if scripted is None:
+            return ScriptedResponse(200, self.message(request, self.default(request)), {})
+        if scripted.status == 200 and isinstance(scripted.body, dict) and set(scripted.body) == {"text"}:
+            return ScriptedResponse(200, self.message(request, scripted.body["text"]), scripted.headers)
+        return scripted
+
+    def start(self) -> "FakeAnthropicAPI":
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "FakeAnthropicAPI":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _handler_for(fake: FakeAnthropicAPI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the SDK's connection pool expects
+
+        def _handle(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = None
+            request = RecordedRequest(
+                self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body
+            )
+            response = fake.respond(request)
+            payload = json.dumps(response.body).encode()
+            self.send_response(response.status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(payload)))
+            self.send_header("request-id", f"req_fake{len(fake.requests):04d}")
+            for name, value in response.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_POST = do_GET = _handle
+
+        def log_message(self, format: str, *args: object) -> None:  # keep test output quiet
+            pass
+
+    return Handler
