@@ -1,0 +1,163 @@
+"""Incremental ingest of a folder: what is skipped, re-embedded, replaced, deleted and reported."""
+
+import asyncio
+
+import pytest
+from sqlalchemy import text
+
+from conftest import write
+from knowledge.retrieval import SearchFilters
+from knowledge.sources.folder import FolderSource
+from knowledge.store import SourceConflict
+
+LEAVE = """# Leave policy
+
+## Paid time off
+
+Everyone gets 25 days of paid time off per calendar year, booked in Workday.
+
+## Sick leave
+
+Sick days are unlimited; a doctor's note is needed after 3 consecutive days.
+
+## Jury duty
+
+Jury duty is fully paid for up to 10 working days.
+"""
+
+
+async def chunk_count(kb, external_id: str) -> int:
+    async with kb.engine.connect() as conn:
+        return (
+            await conn.execute(
+                text("SELECT count(*) FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.external_id = :e"),
+                {"e": external_id},
+            )
+        ).scalar_one()
+
+
+async def found(kb, query: str, principals=("everyone",)) -> list[str]:
+    results = await kb.search(query, SearchFilters(tuple(principals)), k=5)
+    return [h.external_id for h in results.hits]
+
+
+@pytest.fixture
+def docs(tmp_path):
+    root = tmp_path / "docs"
+    write(root, "policies/leave.md", LEAVE)
+    write(root, "it/vpn.html", "<h1>VPN</h1><h2>Install</h2><p>Install Tailscale from Self Service and sign in with Okta.</p>")
+    write(root, "notes.txt", "The office wifi network is called northwind-guest.")
+    return root
+
+
+async def test_first_sync_indexes_everything_then_unchanged_files_are_skipped(fresh_kb, docs):
+    first = await fresh_kb.sync(FolderSource(docs))
+    assert sorted(first.added) == ["it/vpn.html", "notes.txt", "policies/leave.md"]
+    assert first.chunks_embedded == first.chunks_written > 0
+
+    second = await fresh_kb.sync(FolderSource(docs))
+    assert second.unchanged == 3
+    assert (second.added, second.updated, second.deleted, second.chunks_embedded) == ([], [], [], 0)
+    assert (await found(fresh_kb, "How do I install the VPN?"))[0] == "it/vpn.html"
+
+
+async def test_editing_one_section_re_embeds_only_that_chunk(fresh_kb, docs):
+    await fresh_kb.sync(FolderSource(docs))
+    chunks_before = await chunk_count(fresh_kb, "policies/leave.md")
+    write(docs, "policies/leave.md", LEAVE.replace("up to 10 working days", "up to 15 working days"))
+
+    report = await fresh_kb.sync(FolderSource(docs))
+    assert report.updated == ["policies/leave.md"] and report.unchanged == 2
+    assert report.chunks_embedded == 1
+    assert report.chunks_from_cache == chunks_before - 1
+    assert await chunk_count(fresh_kb, "policies/leave.md") == chunks_before
+    hits = (await fresh_kb.search("how many days of jury duty are paid", SearchFilters(), k=1)).hits
+    assert "15 working days" in hits[0].text
+
+
+async def test_deleted_file_disappears_from_the_index(fresh_kb, docs):
+    await fresh_kb.sync(FolderSource(docs))
+    (docs / "it" / "vpn.html").unlink()
+    report = await fresh_kb.sync(FolderSource(docs))
+    assert report.deleted == ["it/vpn.html"]
+    assert await chunk_count(fresh_kb, "it/vpn.html") == 0
+    assert "it/vpn.html" not in await found(fresh_kb, "Tailscale Okta VPN install")
+
+
+async def test_corrupt_and_unsupported_files_are_reported_and_the_rest_is_indexed(fresh_kb, docs):
+    write(docs, "finance/broken.pdf", b"%PDF-1.7 this file was truncated")
+    write(docs, "finance/budget.xlsx", b"PK\x03\x04 spreadsheet")
+    report = await fresh_kb.sync(FolderSource(docs))
+    assert sorted(report.added) == ["it/vpn.html", "notes.txt", "policies/leave.md"]
+    assert [i for i, _ in report.failed] == ["finance/broken.pdf"]
+    assert [i for i, _ in report.skipped] == ["finance/budget.xlsx"]
+    assert "unsupported file type .xlsx" in report.skipped[0][1]
+
+
+async def test_a_good_file_that_turns_corrupt_keeps_its_previous_version(fresh_kb, tmp_path):
+    root = tmp_path / "docs"
+    write(root, "guide.docx", b"")  # placeholder so the folder exists
+    import docx
+
+    document = docx.Document()
+    document.add_heading("Parking guide", level=1)
+    document.add_paragraph("Bike racks are in the basement of the Denver office.")
+    document.save(root / "guide.docx")
+    assert (await fresh_kb.sync(FolderSource(root))).added == ["guide.docx"]
+
+    (root / "guide.docx").write_bytes(b"PK\x03\x04 half-written upload")
+    report = await fresh_kb.sync(FolderSource(root))
+    assert [i for i, _ in report.failed] == ["guide.docx"] and report.deleted == []
+    assert await found(fresh_kb, "where are the bike racks") == ["guide.docx"]
+
+
+async def test_access_file_change_updates_permissions_without_re_embedding(fresh_kb, docs):
+    await fresh_kb.sync(FolderSource(docs))
+    assert "it/vpn.html" in await found(fresh_kb, "Tailscale Okta VPN install")
+
+    write(docs, "it/.access", "group:it\n")
+    report = await fresh_kb.sync(FolderSource(docs))
+    assert report.metadata_updated == ["it/vpn.html"] and report.chunks_embedded == 0
+    assert "it/vpn.html" not in await found(fresh_kb, "Tailscale Okta VPN install")
+    assert "it/vpn.html" in await found(fresh_kb, "Tailscale Okta VPN install", ["group:it"])
+
+
+async def test_ingesting_one_file_leaves_the_rest_of_its_source_alone(fresh_kb, docs):
+    await fresh_kb.sync(FolderSource(docs))
+    write(docs, "notes.txt", "The office wifi network is now called northwind-visitors.")
+    report = await fresh_kb.sync(FolderSource(docs / "notes.txt", name="docs"))
+    assert report.updated == ["notes.txt"] and report.deleted == []
+    assert (await fresh_kb.status()).documents == 3
+
+
+async def test_a_source_name_cannot_silently_index_a_second_folder(fresh_kb, docs, tmp_path):
+    await fresh_kb.sync(FolderSource(docs, name="handbook"))
+    other = tmp_path / "other"
+    write(other, "a.md", "# A\n\ntext")
+    with pytest.raises(SourceConflict, match="pick another name with --source"):
+        await fresh_kb.sync(FolderSource(other, name="handbook"))
+
+
+async def test_replacing_a_document_is_atomic_for_readers(fresh_kb, tmp_path):
+    """While a document is rewritten over and over, a reader never sees it with zero or doubled chunks."""
+    root = tmp_path / "docs"
+    short = "# Doc\n\n" + "\n\n".join(f"## Part {i}\n\nSection {i} text." for i in range(3))
+    long = "# Doc\n\n" + "\n\n".join(f"## Part {i}\n\nSection {i} text, revised." for i in range(7))
+    write(root, "doc.md", short)
+    await fresh_kb.sync(FolderSource(root))
+    seen: list[int] = []
+    done = asyncio.Event()
+
+    async def reader() -> None:
+        while not done.is_set():
+            seen.append(await chunk_count(fresh_kb, "doc.md"))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(reader())
+    for i in range(12):
+        write(root, "doc.md", long if i % 2 == 0 else short)
+        await fresh_kb.sync(FolderSource(root))
+    done.set()
+    await task
+    assert len(seen) > 12  # the reader really ran alongside the rewrites
+    assert set(seen) <= {3, 7}
