@@ -34,7 +34,10 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 def fail(message: str) -> None:
     """A clear one-line error and exit code 2, for anything the user can fix."""
-    err_console.print(f"[red]Error:[/] {message}", highlight=False)
+    from rich.markup import escape
+
+    # escape: paths and messages may contain [brackets]; soft_wrap: one line, however long.
+    err_console.print(f"[red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 

@@ -7,6 +7,7 @@ import uuid
 from typing import Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -49,16 +50,16 @@ class RichSyncProgress:
 
 def render_sync_report(report: SyncReport) -> None:
     console.print(
-        f"[bold]{report.source}[/]: {len(report.added)} added, {len(report.updated)} updated, "
+        f"[bold]{escape(report.source)}[/]: {len(report.added)} added, {len(report.updated)} updated, "
         f"{report.unchanged} unchanged, {len(report.metadata_updated)} metadata-only, {len(report.deleted)} deleted, "
         f"{len(report.skipped)} skipped, {len(report.failed)} failed "
         f"({report.chunks_written} chunks written, {report.chunks_embedded} embedded, "
         f"{report.chunks_from_cache} from cache, {report.seconds:.1f}s)"
     )
     for external_id, reason in report.skipped:
-        console.print(f"  [yellow]skipped[/] {external_id}: {reason}")
+        console.print(f"  [yellow]skipped[/] {escape(external_id)}: {escape(reason)}")
     for external_id, reason in report.failed:
-        console.print(f"  [red]failed[/] {external_id}: {reason}")
+        console.print(f"  [red]failed[/] {escape(external_id)}: {escape(reason)}")
 
 
 def render_hits(hits: Sequence[SearchHit]) -> None:
@@ -71,8 +72,11 @@ def render_hits(hits: Sequence[SearchHit]) -> None:
     table.add_column("document")
     table.add_column("text")
     for hit in hits:
-        where = f"[bold]{hit.title}[/]\n{hit.path or hit.external_id}" + (f"\n[dim]{hit.heading}[/]" if hit.heading else "")
-        snippet = hit.text if len(hit.text) < 300 else hit.text[:299] + "…"
+        # Titles, paths and text come from documents: escaped, so [brackets] in them are shown, not parsed as markup.
+        where = f"[bold]{escape(hit.title)}[/]\n{escape(hit.path or hit.external_id)}" + (
+            f"\n[dim]{escape(hit.heading)}[/]" if hit.heading else ""
+        )
+        snippet = escape(hit.text if len(hit.text) < 300 else hit.text[:299] + "…")
         table.add_row(str(hit.rank), f"{hit.score:.3f}", where, snippet)
     console.print(table)
 
@@ -84,9 +88,9 @@ def render_answer(answer: Answer) -> None:
         for citation in answer.citations:
             location = citation.url or citation.path or citation.external_id
             heading = f" › {citation.heading}" if citation.heading else ""
-            console.print(f"  [bold][{citation.n}][/] {citation.title}{heading} [dim]{location}[/]")
+            console.print(f"  [bold][{citation.n}][/] {escape(citation.title + heading)} [dim]{escape(location)}[/]")
     if answer.note:
-        console.print(f"[dim]({answer.note})[/]")
+        console.print(f"[dim]({escape(answer.note)})[/]")
 
 
 def render_status(status: IndexStatus) -> None:
@@ -98,8 +102,8 @@ def render_status(status: IndexStatus) -> None:
     )
     table = Table("source", "kind", "documents", "chunks", "last synced", "location")
     for s in status.sources:
-        table.add_row(s.name, s.kind, str(s.documents), str(s.chunks),
-                      s.last_synced_at.strftime("%Y-%m-%d %H:%M") if s.last_synced_at else "never", s.location or "")
+        table.add_row(escape(s.name), s.kind, str(s.documents), str(s.chunks),
+                      s.last_synced_at.strftime("%Y-%m-%d %H:%M") if s.last_synced_at else "never", escape(s.location or ""))
     console.print(table)
 
 

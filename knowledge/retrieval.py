@@ -275,8 +275,8 @@ LIMIT :limit
 _WORD = re.compile(r"\w+")
 
 
-def collapse_near_duplicates(hits: Sequence[SearchHit], threshold: float = 0.85) -> list[SearchHit]:
-    """Drop a hit whose words overlap a better hit's by `threshold` (Jaccard): the same paragraph pasted into two
+def collapse_near_duplicates(hits: Sequence[SearchHit], threshold: float = 0.9) -> list[SearchHit]:
+    """Drop a hit whose set of words overlaps a better hit's by `threshold` (Jaccard): the same paragraph pasted into two
     pages, or two overlapping chunks, should not take two of the k places."""
     kept: list[tuple[SearchHit, set[str]]] = []
     for hit in hits:

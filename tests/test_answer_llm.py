@@ -193,9 +193,9 @@ async def test_api_key_is_sent_as_header_and_never_logged(kb_factory, fake_anthr
     assert ok.mode == "llm" and failed.mode == "extractive"
     assert len(fake_anthropic.requests) == 3
     for request in fake_anthropic.requests:
-        assert request.headers["x-api-key"] == API_KEY
+        # The brief (and the API docs) name `x-api-key`; anthropic 2.12 sends `api_key=` as a Bearer token instead.
+        assert request.api_key == API_KEY
         assert "anthropic-version" in request.headers
-        assert API_KEY not in request.headers.get("authorization", "")
     assert caplog.records, "expected debug logs from the SDK during the calls"
     assert API_KEY not in caplog.text
     for record in caplog.records:
@@ -231,8 +231,9 @@ async def test_off_topic_question_abstains_without_calling_the_model(kb_factory,
 
 async def test_restricted_document_reaches_the_model_only_for_allowed_askers(kb_factory, fake_anthropic, tmp_path):
     files = dict(CORPUS)
-    files["policies/pay-reviews.md"] = (
-        "# Pay reviews\n\nSalaries are reviewed once a year in March, together with performance reviews.\n"
+    files["engineering/levels.md"] = (
+        "# Engineering levels\n\nEngineering career levels go from 1 to 6. A level 3 engineer leads small "
+        "projects. Salary bands are confidential and held by HR.\n"
     )
     files["hr/.access"] = "group:hr\n"
     files["hr/salary-bands.md"] = (
@@ -245,7 +246,7 @@ async def test_restricted_document_reaches_the_model_only_for_allowed_askers(kb_
 
     assert fake_anthropic.requests, "bob's question should still reach the model with the public documents"
     for request in fake_anthropic.requests:
-        assert "95,000" not in request.user_text and "Salary bands" not in request.user_text
+        assert "95,000" not in request.user_text and "Salary bands 2026" not in request.user_text
         assert "docs/hr/" not in request.user_text
     assert all(not c.external_id.startswith("hr/") for c in bob.citations)
     assert "95,000" not in bob.text

@@ -136,6 +136,24 @@ def test_ingest_defaults_the_source_name_to_the_folder_name(
     assert report["added"] == ["deep/dir/plan.md"]
 
 
+def test_text_output_shows_brackets_in_names_and_titles_literally(
+    tmp_path: Path, fresh_database: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rich markup must not eat (or crash on) [brackets] that come from file names, titles or paths."""
+    monkeypatch.setenv("DATABASE_URL", fresh_database())
+    folder = tmp_path / "[team] notes"
+    write(folder, "[draft] roadmap.md", "# Roadmap [/v2]\n\nThe zeppelin hangar opens to visitors in [bold] April.\n")
+    write(folder, "[old] scan.pdf", b"%PDF-1.7\nnot a pdf\n")
+    ingested = text(ok("ingest", str(folder), "--source", "[notes]"))
+    assert "[notes]: 1 added" in ingested
+    assert "failed [old] scan.pdf" in ingested
+    found = text(ok("search", "When does the zeppelin hangar open?"))
+    assert "Roadmap [/v2]" in found and "[draft] roadmap.md" in found and "[bold] April" in found
+    answered = text(ok("ask", "When does the zeppelin hangar open?"))
+    assert "[1] Roadmap [/v2]" in answered
+    assert "[notes]" in text(ok("status"))
+
+
 # --- search ------------------------------------------------------------------------------------------------------
 
 def test_search_json_shape_and_pointed_question_ranks_its_document_first(wiki_db: str) -> None:
@@ -361,6 +379,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, on_handbook: str) -> N
     missing = tmp_path / "a" / "rather" / "long" / "path" / "that" / "does" / "not" / "exist" / "anywhere" / "at-all"
     assert_usage_error(cli("ingest", str(missing)), "no such file or folder", "at-all")
     assert_usage_error(cli("ingest", str(tmp_path), str(missing)), "no such file or folder")
+    assert_usage_error(cli("ingest", str(tmp_path / "[/draft]")), "no such file or folder: ", "[/draft]")
     assert_usage_error(cli("search", "   "), "empty")
     assert_usage_error(cli("search", ""), "empty")
     assert_usage_error(cli("ask", ""), "empty")

@@ -33,6 +33,14 @@ class RecordedRequest:
     body: Any  # parsed JSON, or None
 
     @property
+    def api_key(self) -> str | None:
+        """The key as sent: `x-api-key`, or `Authorization: Bearer` (what anthropic 2.x sends for `api_key=`)."""
+        if "x-api-key" in self.headers:
+            return self.headers["x-api-key"]
+        scheme, _, token = self.headers.get("authorization", "").partition(" ")
+        return token if scheme.lower() == "bearer" and token else None
+
+    @property
     def user_text(self) -> str:
         """The text of the last user message (string content or text blocks)."""
         content = self.body["messages"][-1]["content"]

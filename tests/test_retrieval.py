@@ -1,0 +1,106 @@
+"""Hybrid search: access control inside the index scans, filters, per-document caps, near-duplicates."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from conftest import write
+from knowledge.retrieval import MODES, SearchFilters
+from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
+from knowledge.sources.folder import FolderSource
+
+
+def item(external_id: str, body: str, access=("everyone",), updated_at=None, title=None) -> SourceItem:
+    return SourceItem(
+        external_id=external_id, filename=f"{external_id}.md", read=lambda: body.encode(), title=title,
+        access=tuple(access), updated_at=updated_at,
+    )
+
+
+@pytest.fixture
+async def acl_kb(fresh_kb):
+    items = [
+        item("salaries", "# Salary bands\n\nThe salary band for a senior engineer is 180,000 to 210,000 dollars.",
+             access=("group:hr",)),
+        item("alice-review", "# Review\n\nAlice's salary will rise by 8 percent after her review.",
+             access=("user:alice@example.com",)),
+        item("careers", "# Career ladder\n\nSenior engineers lead projects and mentor others; pay follows the ladder."),
+    ]
+    await fresh_kb.sync(StaticSource(SourceSpec("people", "test"), items))
+    return fresh_kb
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_restricted_documents_never_reach_other_principals(acl_kb, mode):
+    query = "what is the salary band for a senior engineer"
+    as_bob = await acl_kb.search(query, SearchFilters(("user:bob@example.com",)), k=10, mode=mode)
+    assert {h.external_id for h in as_bob.hits} <= {"careers"}
+    as_hr = await acl_kb.search(query, SearchFilters(("group:hr",)), k=10, mode=mode)
+    assert as_hr.hits[0].external_id == "salaries"
+    as_alice = await acl_kb.search(query, SearchFilters(("user:alice@example.com",)), k=10, mode=mode)
+    assert "alice-review" in {h.external_id for h in as_alice.hits}
+    assert "salaries" not in {h.external_id for h in as_alice.hits}
+
+
+async def test_best_similarity_only_counts_permitted_chunks(acl_kb):
+    query = "salary band for a senior engineer"
+    hidden = await acl_kb.search(query, SearchFilters(("user:bob@example.com",)), k=5)
+    visible = await acl_kb.search(query, SearchFilters(("group:hr",)), k=5)
+    assert hidden.best_similarity < visible.best_similarity
+
+
+async def test_a_filtered_search_still_returns_k_results(fresh_kb):
+    """Hundreds of better-matching chunks the asker may not see must not starve the result list."""
+    secret = [item(f"secret-{i}", f"# Bonus plan {i}\n\nThe bonus plan for team {i} pays out in March.",
+                   access=("group:exec",)) for i in range(300)]
+    public = [item(f"public-{i}", f"# Team {i} rituals\n\nTeam {i} holds a planning meeting every March.")
+              for i in range(15)]
+    await fresh_kb.sync(StaticSource(SourceSpec("mixed", "test"), secret + public))
+    for mode in MODES:
+        hits = (await fresh_kb.search("when does the bonus plan pay out", SearchFilters(), k=10, mode=mode)).hits
+        if mode == "lexical":
+            assert {h.external_id for h in hits} <= {f"public-{i}" for i in range(15)}
+            continue
+        assert len(hits) == 10, mode
+        assert all(h.external_id.startswith("public-") for h in hits)
+
+
+async def test_source_and_date_filters(fresh_kb, tmp_path):
+    old = datetime(2020, 1, 1, tzinfo=timezone.utc)
+    new = datetime.now(timezone.utc)
+    await fresh_kb.sync(StaticSource(SourceSpec("wiki", "test"), [
+        item("wiki-vpn", "# VPN\n\nConnect to the VPN with Tailscale.", updated_at=new),
+        item("wiki-old-vpn", "# Old VPN\n\nConnect to the VPN with Cisco AnyConnect.", updated_at=old),
+    ]))
+    write(tmp_path / "drive", "vpn.md", "# VPN notes\n\nThe VPN client is Tailscale.")
+    await fresh_kb.sync(FolderSource(tmp_path / "drive"))
+
+    only_drive = await fresh_kb.search("vpn client", SearchFilters(sources=("drive",)), k=10)
+    assert {h.external_id for h in only_drive.hits} == {"vpn.md"}
+    recent = await fresh_kb.search("vpn client", SearchFilters(sources=("wiki",), updated_after=new - timedelta(days=1)))
+    assert {h.external_id for h in recent.hits} == {"wiki-vpn"}
+
+
+async def test_at_most_n_chunks_per_document_and_duplicates_collapse(kb_factory):
+    kb = await kb_factory(max_chunks_per_document=2, chunk_tokens=64, chunk_overlap_tokens=0)
+    cities = ["Boston", "Denver", "Austin", "Chicago", "Seattle", "Miami", "Dallas", "Phoenix"]
+    long_doc = "# Expenses\n\n" + "\n\n".join(
+        f"## {city}\n\nIn {city}, meals on business trips are reimbursed up to {20 + i} dollars a day, "
+        f"and the {city} office manager approves exceptions." for i, city in enumerate(cities)
+    )
+    pasted = "Meals on business trips are reimbursed when you keep the receipt and submit it within 30 days."
+    await kb.sync(StaticSource(SourceSpec("finance", "test"), [
+        item("expenses", long_doc),
+        item("copy-a", f"# Team wiki\n\n{pasted}"),
+        item("copy-b", f"# Team wiki\n\n{pasted}"),
+    ]))
+    hits = (await kb.search("are meals on business trips reimbursed", SearchFilters(), k=10)).hits
+    ids = [h.external_id for h in hits]
+    assert ids.count("expenses") == 2
+    assert ids.count("copy-a") + ids.count("copy-b") == 1  # the pasted paragraph is shown once
+    assert [h.rank for h in hits] == list(range(1, len(hits) + 1))
+
+
+async def test_empty_query_is_rejected(fresh_kb):
+    with pytest.raises(ValueError, match="empty"):
+        await fresh_kb.search("   ", SearchFilters())
