@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from knowledge import store
@@ -207,18 +208,14 @@ class Indexer:
         """
         dimension = self.embedder.dimension
         async with self.engine.begin() as conn:
-            await conn.exec_driver_sql("SELECT pg_advisory_xact_lock(727274002)")
+            await conn.execute(text("SELECT pg_advisory_xact_lock(727274002)"))
             model = await store.get_meta(conn, "embedding_model")
             if model == self.embedder.name:
                 await store.ensure_vector_index(conn, dimension)
                 return False
             reembedded = False
             if model is not None:
-                await conn.exec_driver_sql(
-                    "DO $$ DECLARE r record; BEGIN FOR r IN SELECT indexname FROM pg_indexes "
-                    "WHERE tablename = 'chunks' AND indexname LIKE 'chunks_embedding_hnsw_%' "
-                    "LOOP EXECUTE format('DROP INDEX %I', r.indexname); END LOOP; END $$"
-                )
+                await store.drop_vector_indexes(conn)  # rebuilt once below: faster than updating it row by row
                 await self._reembed_all(conn)
                 reembedded = True
             await store.set_meta(conn, "embedding_model", self.embedder.name)

@@ -73,7 +73,12 @@ def renumber_citations(answer: str, mapping: dict[int, int]) -> str:
     """Rewrite [n] markers through `mapping`; numbers not in it (the model invented them) are removed."""
 
     def replace(match: re.Match[str]) -> str:
-        numbers = [mapping[int(n)] for n in re.split(r"\s*[,;]\s*", match.group(1)) if int(n) in mapping]
-        return "".join(f"[{n}]" for n in dict.fromkeys(numbers))
+        numbers = [mapping[int(n)] for n in re.split(r"\s*[,;]\s*", match.group(2)) if int(n) in mapping]
+        if not numbers:
+            return ""  # drop the marker and the space before it
+        return match.group(1) + "".join(f"[{n}]" for n in dict.fromkeys(numbers))
 
-    return _CITATION.sub(replace, answer)
+    return _CITATION_WITH_SPACE.sub(replace, answer)
+
+
+_CITATION_WITH_SPACE = re.compile(r"([ \t]*)\[(\d+(?:\s*[,;]\s*\d+)*)\]")

@@ -33,7 +33,7 @@ class KnowledgeSettings(BaseSettings):
 
     # Answers.
     anthropic_api_key: SecretStr | None = None
-    anthropic_model: str = "claude-sonnet-4-5"
+    anthropic_model: str = "claude-sonnet-5-5"
     anthropic_base_url: str | None = None
     anthropic_timeout_seconds: float = 60.0
     anthropic_max_retries: int = 3

@@ -211,15 +211,19 @@ def vector_index_name(dimension: int) -> str:
     return f"chunks_embedding_hnsw_{dimension}"
 
 
-async def ensure_vector_index(conn: AsyncConnection, dimension: int) -> None:
-    """The HNSW index is an expression index on `embedding::vector(dim)`, so one untyped column can serve any
-    model; indexes built for another dimension are dropped."""
+async def drop_vector_indexes(conn: AsyncConnection, keep: str | None = None) -> None:
     existing = await conn.execute(
         text("SELECT indexname FROM pg_indexes WHERE tablename = 'chunks' AND indexname LIKE 'chunks_embedding_hnsw_%'")
     )
-    for (name,) in existing:
-        if name != vector_index_name(dimension):
+    for (name,) in existing.all():
+        if name != keep:
             await conn.execute(text(f'DROP INDEX IF EXISTS "{name}"'))
+
+
+async def ensure_vector_index(conn: AsyncConnection, dimension: int) -> None:
+    """The HNSW index is an expression index on `embedding::vector(dim)`, so one untyped column can serve any
+    model; indexes built for another dimension are dropped."""
+    await drop_vector_indexes(conn, keep=vector_index_name(dimension))
     await conn.execute(
         text(
             f"CREATE INDEX IF NOT EXISTS {vector_index_name(dimension)} ON chunks "
