@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Callable
 
@@ -245,7 +244,7 @@ def test_ask_abstains_on_an_off_topic_question(on_handbook: str) -> None:
 def test_ask_text_output_lists_citations(on_handbook: str) -> None:
     out = ok("ask", "How many PTO days do I get in my first year?").stdout
     assert "[1]" in out
-    assert "policies/leave.md" in out or "leave" in out.lower()
+    assert "policies/leave.md" in "".join(out.split())  # the citation's location (a file:// URL, maybe wrapped)
 
 
 def test_ask_as_and_source_are_honoured(wiki_db: str) -> None:
@@ -264,7 +263,7 @@ def test_terminal_chat_answers_with_a_citation_until_quit(on_handbook: str, comm
     assert "you>" in out
     assert out.count("ragbot>") == 1  # the question after /quit is never asked
     assert "[1]" in out
-    assert "it/equipment.html" in out or "equipment" in out.lower()
+    assert "it/equipment.html" in "".join(out.split())
 
 
 def test_chat_ends_at_end_of_input(on_handbook: str) -> None:
