@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Awaitable, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Awaitable, Callable, Optional, TypeVar
 
 import typer
 
@@ -20,6 +20,11 @@ app = typer.Typer(help="ragbot: answers questions from your documents, with cita
                   add_completion=False, pretty_exceptions_enable=False)
 db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+
+if TYPE_CHECKING:
+    from knowledge.answering import Answer
+    from knowledge.kb import KnowledgeBase
+    from knowledge.retrieval import SearchResults
 
 T = TypeVar("T")
 
@@ -53,10 +58,18 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
         raise  # unreachable: fail() exits
 
 
-async def open_kb():  # type: ignore[no-untyped-def]
+def with_kb(action: Callable[["KnowledgeBase"], Awaitable[T]]) -> T:
+    """Open the knowledge base (starting the embedded database if needed), run `action`, always close."""
     from knowledge.kb import KnowledgeBase
 
-    return await KnowledgeBase.open()
+    async def go() -> T:
+        kb = await KnowledgeBase.open()
+        try:
+            return await action(kb)
+        finally:
+            await kb.close()
+
+    return run_async(go)
 
 
 @app.callback()
@@ -77,22 +90,18 @@ def ingest(
         if not path.exists():
             fail(f"no such file or folder: {path}")
 
-    async def go() -> list[dict[str, object]]:
-        kb = await open_kb()
+    async def sync_all(kb: KnowledgeBase) -> list[dict[str, object]]:
         reports = []
-        try:
-            for path in paths:
-                folder = FolderSource(path, source)
-                with RichSyncProgress(folder.spec.name) as progress:
-                    report = await kb.sync(folder, progress)
-                if not as_json:
-                    render_sync_report(report)
-                reports.append(report.to_dict())
-        finally:
-            await kb.close()
+        for path in paths:
+            folder = FolderSource(path, source)
+            with RichSyncProgress(folder.spec.name) as progress:
+                report = await kb.sync(folder, progress)
+            if not as_json:
+                render_sync_report(report)
+            reports.append(report.to_dict())
         return reports
 
-    reports = run_async(go)
+    reports = with_kb(sync_all)
     if as_json:
         print(json.dumps({"reports": reports}, indent=2))
 
@@ -114,23 +123,19 @@ def search(
     if mode not in MODES:
         fail(f"--mode must be one of {', '.join(MODES)}")
 
-    async def go():  # type: ignore[no-untyped-def]
-        kb = await open_kb()
-        try:
-            await check_sources(kb, sources)
-            filters = SearchFilters(tuple(principals or ()), tuple(sources) if sources else None)
-            return await kb.search(query, filters, k=k, mode=mode)  # type: ignore[arg-type]
-        finally:
-            await kb.close()
+    async def run_search(kb: KnowledgeBase) -> SearchResults:
+        await check_sources(kb, sources)
+        filters = SearchFilters(tuple(principals or ()), tuple(sources) if sources else None)
+        return await kb.search(query, filters, k=k, mode=mode)  # type: ignore[arg-type]
 
-    results = run_async(go)
+    results = with_kb(run_search)
     if as_json:
         print(json.dumps({"results": [hit.to_dict() for hit in results.hits]}, indent=2))
     else:
         render_hits(results.hits)
 
 
-async def check_sources(kb, sources: Optional[list[str]]) -> None:  # type: ignore[no-untyped-def]
+async def check_sources(kb: KnowledgeBase, sources: Optional[list[str]]) -> None:
     if not sources:
         return
     known = await kb.source_names()
@@ -150,15 +155,11 @@ def ask(
     if not question.strip():
         fail("the question is empty")
 
-    async def go():  # type: ignore[no-untyped-def]
-        kb = await open_kb()
-        try:
-            await check_sources(kb, sources)
-            return await kb.answer(question, principals or ["everyone"], "cli:ask", sources=sources)
-        finally:
-            await kb.close()
+    async def run_ask(kb: KnowledgeBase) -> Answer:
+        await check_sources(kb, sources)
+        return await kb.answer(question, principals or ["everyone"], "cli:ask", sources=sources)
 
-    answer = run_async(go)
+    answer = with_kb(run_ask)
     if as_json:
         print(json.dumps(answer.to_dict(), indent=2))
     else:
@@ -169,29 +170,18 @@ def ask(
 def chat(principals: AsOption = None, sources: SourceOption = None) -> None:
     """Chat with the knowledge base in the terminal."""
 
-    async def go() -> None:
-        kb = await open_kb()
-        try:
-            await check_sources(kb, sources)
-            await chat_loop(kb, principals or ["everyone"], sources)
-        finally:
-            await kb.close()
+    async def run_chat(kb: KnowledgeBase) -> None:
+        await check_sources(kb, sources)
+        await chat_loop(kb, principals or ["everyone"], sources)
 
-    run_async(go)
+    with_kb(run_chat)
 
 
 @app.command()
 def status(as_json: JsonOption = False) -> None:
     """What is indexed: sources, documents, chunks, model."""
 
-    async def go():  # type: ignore[no-untyped-def]
-        kb = await open_kb()
-        try:
-            return await kb.status()
-        finally:
-            await kb.close()
-
-    result = run_async(go)
+    result = with_kb(lambda kb: kb.status())
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -232,7 +222,7 @@ def evaluate(
     if any(m not in ("dense", "lexical", "hybrid") for m in modes):
         fail("--mode must be one of hybrid, dense, lexical, all")
 
-    results = run_async(lambda: run_eval(file, beir, modes, principals or [], sources or []))
+    results = with_kb(lambda kb: run_eval(kb, file, beir, modes, principals or [], sources or []))
     if as_json:
         print(json.dumps(results, indent=2))
     else:

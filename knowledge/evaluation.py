@@ -114,3 +114,18 @@ def mean_metrics(per_question: Sequence[dict[str, float]]) -> dict[str, float]:
     if not per_question:
         return {metric: 0.0 for metric in METRICS}
     return {metric: sum(q[metric] for q in per_question) / len(per_question) for metric in METRICS}
+
+
+async def evaluate_retrieval(
+    kb, questions: Sequence[EvalQuestion], modes: Sequence[str], filters  # type: ignore[no-untyped-def]
+) -> dict[str, dict[str, float]]:
+    """Mean metrics per mode over the answerable questions; each document ranks where its best chunk ranks."""
+    answerable = [q for q in questions if q.relevant]
+    results: dict[str, dict[str, float]] = {}
+    for mode in modes:
+        per_question = []
+        for question in answerable:
+            found = await kb.search(question.question, filters, k=100, mode=mode, max_per_document=1)
+            per_question.append(score_ranking([hit.external_id for hit in found.hits], question.relevant))
+        results[mode] = {metric: round(value, 4) for metric, value in mean_metrics(per_question).items()}
+    return results

@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import HANDBOOK
-from knowledge.evaluation import load_jsonl_questions, mean_metrics, score_ranking
+from knowledge.evaluation import evaluate_retrieval, load_jsonl_questions
 from knowledge.retrieval import SearchFilters
 
 QUESTIONS = load_jsonl_questions(HANDBOOK / "eval.jsonl")
@@ -32,10 +32,8 @@ async def test_hybrid_recall_at_5_is_at_least_0_9(handbook_kb):
 
 
 async def test_hybrid_beats_dense_and_bm25_alone(handbook_kb):
-    ndcg = {}
-    for mode in ("dense", "lexical", "hybrid"):
-        per_question = [score_ranking(await ranked_documents(handbook_kb, q.question, mode), q.relevant) for q in ANSWERABLE]
-        ndcg[mode] = mean_metrics(per_question)["ndcg@10"]
+    metrics = await evaluate_retrieval(handbook_kb, QUESTIONS, ("dense", "lexical", "hybrid"), SearchFilters())
+    ndcg = {mode: values["ndcg@10"] for mode, values in metrics.items()}
     assert ndcg["hybrid"] > ndcg["dense"] and ndcg["hybrid"] > ndcg["lexical"], ndcg
 
 
