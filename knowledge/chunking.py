@@ -29,7 +29,7 @@ class ChunkDraft:
 class _Unit:
     text: str
     tokens: int
-    starts_paragraph: bool
+    separator: str  # what joins it to the unit before: "\n\n" new paragraph, "\n" new line, " " same line
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(\[])")
@@ -80,39 +80,44 @@ def _sections(blocks: Sequence[Block]) -> list[tuple[tuple[str, ...], list[Block
 
 def split_sentences(paragraph: str) -> list[str]:
     """Sentences of a paragraph; list items and table rows stay one unit each, soft-wrapped lines are joined."""
+    return [sentence for sentence, _ in _sentences_with_line_starts(paragraph)]
+
+
+def _sentences_with_line_starts(paragraph: str) -> list[tuple[str, bool]]:
     lines: list[str] = []
     for line in paragraph.splitlines():
-        if not line.strip():
-            continue
+        if not any(ch.isalnum() for ch in line):
+            continue  # blank lines, and table rules such as |---|---|
         if lines and not _LIST_LINE.match(line):
             lines[-1] = f"{lines[-1]} {line.strip()}"
         else:
             lines.append(line.strip())
-    sentences: list[str] = []
+    sentences: list[tuple[str, bool]] = []
     for line in lines:
-        sentences.extend(part.strip() for part in _SENTENCE_END.split(line) if part.strip())
+        parts = [part.strip() for part in _SENTENCE_END.split(line) if part.strip()]
+        sentences.extend((part, i == 0) for i, part in enumerate(parts))
     return sentences
 
 
 def _units(blocks: Sequence[Block], count_tokens: TokenCounter, budget: int) -> list[_Unit]:
     """Sentences with token counts; a sentence longer than the budget is cut into word windows."""
     texts: list[str] = []
-    starts: list[bool] = []
+    separators: list[str] = []
     for block in blocks:
-        for i, sentence in enumerate(split_sentences(block.text)):
+        for i, (sentence, starts_line) in enumerate(_sentences_with_line_starts(block.text)):
             texts.append(sentence)
-            starts.append(i == 0)
+            separators.append("\n\n" if i == 0 else "\n" if starts_line else " ")
     counts = count_tokens(texts) if texts else []
     units: list[_Unit] = []
-    for text, tokens, start in zip(texts, counts, starts, strict=True):
+    for text, tokens, separator in zip(texts, counts, separators, strict=True):
         if tokens <= budget:
-            units.append(_Unit(text, tokens, start))
+            units.append(_Unit(text, tokens, separator))
             continue
         words = text.split()
         step = max(1, int(len(words) * budget / tokens * 0.9))
         for i in range(0, len(words), step):
             piece = " ".join(words[i : i + step])
-            units.append(_Unit(piece, count_tokens([piece])[0], start and i == 0))
+            units.append(_Unit(piece, count_tokens([piece])[0], separator if i == 0 else " "))
     return units
 
 
@@ -142,12 +147,4 @@ def _pack(units: Sequence[_Unit], budget: int, overlap_tokens: int) -> list[str]
 
 
 def _join(units: Sequence[_Unit]) -> str:
-    text = ""
-    for i, unit in enumerate(units):
-        if i == 0:
-            text = unit.text
-        elif unit.starts_paragraph:
-            text += "\n\n" + unit.text
-        else:
-            text += " " + unit.text
-    return text
+    return units[0].text + "".join(unit.separator + unit.text for unit in units[1:])

@@ -31,6 +31,9 @@ from knowledge.sources.base import Source, SourceItem
 logger = logging.getLogger(__name__)
 
 BATCH_DOCUMENTS = 16
+# Bump when parsing or chunking changes what a file turns into: every document is then re-chunked on its next sync
+# (the embedding cache still spares re-embedding chunks whose text came out the same).
+PIPELINE_VERSION = "2"
 
 
 class SyncProgress(Protocol):
@@ -81,8 +84,11 @@ class _Prepared:
     is_new: bool
 
 
-def item_hash(item: SourceItem, data: bytes) -> str:
+def item_hash(item: SourceItem, data: bytes, settings: KnowledgeSettings) -> str:
+    """What decides whether a document must be re-chunked: its bytes, its title, and how chunks are made."""
     digest = hashlib.sha256()
+    recipe = f"{PIPELINE_VERSION}|{settings.chunk_tokens}|{settings.chunk_overlap_tokens}|{settings.text_search_config}"
+    digest.update(recipe.encode("utf-8") + b"\x00")
     digest.update((item.title or "").encode("utf-8") + b"\x00")
     digest.update(data)
     return digest.hexdigest()
@@ -128,7 +134,7 @@ class Indexer:
         except OSError as exc:
             report.failed.append((item.external_id, f"could not read: {exc}"))
             return None
-        digest = item_hash(item, data)
+        digest = item_hash(item, data, self.settings)
         if old is not None and old.content_hash == digest:
             if (old.url, old.path, old.author, old.updated_at, old.access) != (
                 item.url, item.path, item.author, item.updated_at, tuple(item.access)

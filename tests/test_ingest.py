@@ -161,3 +161,13 @@ async def test_replacing_a_document_is_atomic_for_readers(fresh_kb, tmp_path):
     await task
     assert len(seen) > 12  # the reader really ran alongside the rewrites
     assert set(seen) <= {3, 7}
+
+
+async def test_changing_chunk_size_re_chunks_without_re_embedding_identical_text(kb_factory, fresh_database, docs):
+    url = fresh_database()
+    first = await kb_factory(url)
+    await first.sync(FolderSource(docs))
+    second = await kb_factory(url, chunk_tokens=64, chunk_overlap_tokens=0)
+    report = await second.sync(FolderSource(docs))
+    assert sorted(report.updated) == ["it/vpn.html", "notes.txt", "policies/leave.md"]
+    assert report.chunks_from_cache > 0  # short sections come out the same and are not embedded again
