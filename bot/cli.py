@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Awaitable, Callable, Optional, TypeVar
 
@@ -51,11 +52,17 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
     from knowledge.evaluation import EvalFileError
     from knowledge.store import SourceConflict
 
+    from sqlalchemy.exc import DBAPIError
+
+    from db.errors import DatabaseUnavailable
+
     try:
         return asyncio.run(factory())  # type: ignore[arg-type]
-    except (SourceConflict, EvalFileError, EmbeddingModelError, FileNotFoundError, ValueError) as exc:
+    except (SourceConflict, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError) as exc:
         fail(str(exc))
-        raise  # unreachable: fail() exits
+    except DBAPIError as exc:
+        fail(f"database error: {exc.orig or exc}".splitlines()[0])
+    raise AssertionError("unreachable: fail() exits")
 
 
 def with_kb(action: Callable[["KnowledgeBase"], Awaitable[T]]) -> T:
@@ -113,6 +120,9 @@ def search(
     mode: Annotated[str, typer.Option("--mode", help="hybrid, dense or lexical.")] = "hybrid",
     principals: AsOption = None,
     sources: SourceOption = None,
+    updated_after: Annotated[
+        Optional[datetime], typer.Option("--updated-after", help="Only documents updated on or after this date.")
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Search the index and show the best chunks."""
@@ -125,7 +135,8 @@ def search(
 
     async def run_search(kb: KnowledgeBase) -> SearchResults:
         await check_sources(kb, sources)
-        filters = SearchFilters(tuple(principals or ()), tuple(sources) if sources else None)
+        since = updated_after.replace(tzinfo=updated_after.tzinfo or timezone.utc) if updated_after else None
+        filters = SearchFilters(tuple(principals or ()), tuple(sources) if sources else None, since)
         return await kb.search(query, filters, k=k, mode=mode)  # type: ignore[arg-type]
 
     results = with_kb(run_search)

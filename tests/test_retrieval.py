@@ -104,3 +104,24 @@ async def test_at_most_n_chunks_per_document_and_duplicates_collapse(kb_factory)
 async def test_empty_query_is_rejected(fresh_kb):
     with pytest.raises(ValueError, match="empty"):
         await fresh_kb.search("   ", SearchFilters())
+
+
+async def test_rerank_model_reorders_hits_by_its_scores(kb_factory):
+    """RERANK_MODEL wiring: hits come back in the cross-encoder's order, scored by it. No trained cross-encoder
+    ships offline, so this loads the bundled MiniLM checkpoint as one (its scoring head is untrained)."""
+    from knowledge.embedding import resolve_model_path
+    from knowledge.retrieval import _cross_encoders
+
+    model = resolve_model_path("all-MiniLM-L6-v2")
+    kb = await kb_factory(rerank_model=model)
+    await kb.sync(StaticSource(SourceSpec("it", "test"), [
+        item("vpn", "# VPN\n\nInstall Tailscale and sign in with Okta."),
+        item("laptops", "# Laptops\n\nLaptops are refreshed every three years."),
+        item("badges", "# Badges\n\nLost badges are replaced at the front desk."),
+    ]))
+    query = "how do I get on the VPN"
+    hits = (await kb.search(query, SearchFilters(), k=3)).hits
+    expected = [float(s) for s in _cross_encoders[model].predict([(query, h.text) for h in hits])]
+    assert [h.score for h in hits] == pytest.approx(expected, rel=1e-5)
+    assert expected == sorted(expected, reverse=True)
+    assert [h.rank for h in hits] == [1, 2, 3]
