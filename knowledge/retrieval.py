@@ -7,8 +7,8 @@ BM25 score. Candidates come from the GIN index with OR semantics over the questi
 questions rarely contain every term.
 
 Fusion (FUSION): "adaptive" (default) is a convex combination of min-max normalised scores in which the BM25 side
-is scaled by its confidence: the best lexical score as a fraction of the highest score the question's terms could
-reach. A question that shares its key terms with a document keeps BM25's full say; a paraphrase whose only lexical
+is scaled by its confidence: the best lexical score as a fraction of the score an average-length chunk containing
+every question term once would get (capped at 1). A question that shares its key terms with a document keeps BM25's full say; a paraphrase whose only lexical
 matches are incidental words does not let those matches outrank the dense side. "convex" (no scaling) and "rrf"
 (reciprocal rank fusion) are there to compare; the README has the measurements. Both lists are filtered by the asker's principals inside their index scans
 (pgvector's iterative scan keeps a filtered HNSW search returning enough rows).
@@ -178,19 +178,19 @@ bm25_query AS (
         -- idf weights of the question's terms as a sparse vector: <#> with a chunk's weights is its BM25 score
         ('{' || coalesce(string_agg(t.id || ':' || ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5)), ',' ORDER BY t.id), '')
              || '}/1000000000')::sparsevec AS weights,
-        -- the best score any chunk could reach: every query term at saturated term frequency
-        coalesce(sum(ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5))), 0) * max(s.k1 + 1) AS max_score,
+        -- the score of an average-length chunk that contains every question term once (the sum of the idfs)
+        coalesce(sum(ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5))), 0) AS full_match_score,
         -- OR-query over the terms that find candidates (in a large corpus, the ones in <= 10% of chunks)
         coalesce(
             string_agg(_q.literal, ' | ') FILTER (WHERE s.n < :rare_corpus OR t.df <= 0.1 * s.n),
             string_agg(_q.literal, ' | ')
         )::tsquery AS candidates
     FROM query_terms t
-    CROSS JOIN (SELECT greatest(n_chunks, 1)::float8 AS n, k1 FROM corpus_stats WHERE id = 1) s
+    CROSS JOIN (SELECT greatest(n_chunks, 1)::float8 AS n FROM corpus_stats WHERE id = 1) s
     CROSS JOIN LATERAL (SELECT '''' || replace(replace(t.lexeme, '\\', '\\\\'), '''', '''''') || '''' AS literal) _q
 ),
 lexical AS MATERIALIZED (
-    SELECT c.id, -(c.bm25 <#> q.weights) AS score, q.max_score
+    SELECT c.id, -(c.bm25 <#> q.weights) AS score, q.full_match_score
     FROM chunks c, bm25_query q
     WHERE c.tsv @@ q.candidates AND {filters}
     ORDER BY c.bm25 <#> q.weights
@@ -200,8 +200,8 @@ lexical_ranked AS (
     SELECT id, score, row_number() OVER (ORDER BY score DESC) AS rank,
            CASE WHEN max(score) OVER () > min(score) OVER ()
                 THEN (score - min(score) OVER ()) / (max(score) OVER () - min(score) OVER ()) ELSE 1 END AS norm,
-           -- how much of the question's term weight the best lexical match covers (0..1)
-           max(score) OVER () / nullif(max_score, 0) AS confidence
+           -- how fully the best lexical match covers the question's terms (0..1)
+           least(1.0, max(score) OVER () / nullif(full_match_score, 0)) AS confidence
     FROM lexical
 )"""
 
