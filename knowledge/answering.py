@@ -7,13 +7,13 @@ excerpts) → keep only citations the answer really uses, renumbered 1..n in ord
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-from sqlalchemy import text
-
+from knowledge import store
 from knowledge.generators.anthropic_client import AnthropicGenerator, GenerationError
 from knowledge.generators.extractive import best_sentences, format_excerpts
 from knowledge.prompts import NO_ANSWER, SYSTEM_PROMPT, PromptSource, build_user_message, cited_numbers, renumber_citations
@@ -135,17 +135,18 @@ class Answerer:
             return answer
 
         groups = group_into_sources(results.hits, self.kb.embedder.count_tokens_many, settings.context_token_budget)
+        in_context = [hit for group in groups for hit in group.hits]
         started = time.perf_counter()
         note = None
         if self.generator is not None:
             try:
-                answer = await self._generate(question, groups, results.hits)
+                answer = await self._generate(question, groups, in_context)
             except GenerationError as exc:
                 logger.warning("LLM unavailable, answering with excerpts: %s", exc)
                 note = str(exc)
-                answer = await self._extract(question, groups, results.hits)
+                answer = await self._extract(question, groups, in_context)
         else:
-            answer = await self._extract(question, groups, results.hits)
+            answer = await self._extract(question, groups, in_context)
         timings["generation_ms"] = (time.perf_counter() - started) * 1000
         answer.timings = timings
         answer.note = note
@@ -166,8 +167,6 @@ class Answerer:
         return Answer(text_out, self.generator.mode, False, citations, hits)
 
     async def _extract(self, question: str, groups: list[_SourceGroup], hits: list[SearchHit]) -> Answer:
-        import asyncio
-
         passages = [(g.n, h.text) for g in groups[:4] for h in g.hits]
         excerpts = await asyncio.to_thread(best_sentences, question, passages, self.kb.embedder)
         if not excerpts:
@@ -183,13 +182,7 @@ class Answerer:
     async def _remember(self, conversation_id: str, question: str, principals: Sequence[str], answer: Answer) -> None:
         """Keep the turn: follow-up rewriting and thread summaries build on this history."""
         async with self.kb.engine.begin() as conn:
-            await conn.execute(
-                text(
-                    "INSERT INTO conversation_turns (conversation_id, question, answer, principals) "
-                    "VALUES (:c, :q, :a, :p)"
-                ),
-                {"c": conversation_id, "q": question, "a": answer.text, "p": list(principals)},
-            )
+            await store.record_turn(conn, conversation_id, question, answer.text, principals)
 
 
 def make_generator(settings) -> Generator | None:  # type: ignore[no-untyped-def]

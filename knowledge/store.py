@@ -251,3 +251,15 @@ async def set_chunk_embeddings(conn: AsyncConnection, ids: Sequence[int], embedd
         ),
         {"ids": list(ids), "es": list(embeddings)},
     )
+
+
+async def record_turn(
+    conn: AsyncConnection, conversation_id: str, question: str, answer: str, principals: Sequence[str]
+) -> None:
+    await conn.execute(
+        text(
+            "INSERT INTO conversation_turns (conversation_id, question, answer, principals) "
+            "VALUES (:c, :q, :a, :p)"
+        ),
+        {"c": conversation_id, "q": question, "a": answer, "p": list(principals)},
+    )
