@@ -10,6 +10,7 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine, AsyncSession
 
 from db.embedded import embedded_database_url
+from db.errors import DatabaseUnavailable
 from db.settings import DatabaseSettings
 
 # Candidate lists are up to a few hundred rows long; ef_search must be at least that for HNSW to return them.
@@ -22,6 +23,12 @@ def database_url(settings: DatabaseSettings | None = None) -> str:
     if not settings.database_url:
         return embedded_database_url(settings.home)
     url = settings.database_url
+    authority = url.partition("://")[2].partition("/")[0]
+    if authority.count("@") > 1:
+        raise DatabaseUnavailable(
+            "DATABASE_URL has more than one '@' before the host: URL-encode special characters in the password "
+            "('@' is %40, '#' is %23, '/' is %2F)"
+        )
     for prefix in ("postgres://", "postgresql://", "postgresql+psycopg2://", "postgresql+asyncpg://"):
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
@@ -37,6 +44,9 @@ def create_engine(url: str) -> AsyncEngine:
         cursor.execute("SET hnsw.iterative_scan = relaxed_order")
         cursor.execute(f"SET hnsw.ef_search = {HNSW_EF_SEARCH}")
         cursor.close()
+        # Commit: the SETs ran in the driver's implicit transaction, and a read-only first use of the connection
+        # ends in a rollback, which would silently undo them.
+        dbapi_connection.commit()
 
     return engine
 

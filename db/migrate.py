@@ -33,13 +33,15 @@ async def upgrade_to_head(engine: AsyncEngine) -> None:
     from sqlalchemy.exc import DBAPIError, OperationalError
 
     from db.errors import DatabaseUnavailable
+    from db.settings import redact_url
 
     try:
         async with engine.begin() as connection:
             await connection.run_sync(_upgrade)
     except OperationalError as exc:
         raise DatabaseUnavailable(
-            f"cannot connect to {engine.url.render_as_string(hide_password=True)}: {str(exc.orig).strip().splitlines()[0]}. "
+            f"cannot connect to {redact_url(engine.url.render_as_string(hide_password=False))}: "
+            f"{str(exc.orig).strip().splitlines()[0]}. "
             "Check DATABASE_URL, or unset it to use the embedded database."
         ) from exc
     except DBAPIError as exc:

@@ -18,3 +18,17 @@ class DatabaseSettings(BaseSettings):
     @property
     def home(self) -> Path:
         return self.ragbot_home.expanduser()
+
+
+def redact_url(url: str) -> str:
+    """A database URL with its password replaced by ***. The credentials end at the last `@` before the path, so a
+    password that was not URL-encoded (`p@ss`) is still hidden: a typo in DATABASE_URL never prints the secret."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return url
+    authority, slash, tail = rest.partition("/")
+    credentials, at, host = authority.rpartition("@")
+    if not at:
+        return url
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}{slash}{tail}"

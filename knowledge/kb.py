@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import create_engine, database_url
 from db.migrate import upgrade_to_head
-from db.settings import DatabaseSettings
+from db.settings import DatabaseSettings, redact_url
 from knowledge.answering import Answer, Answerer, make_generator
 from knowledge.embedding import Embedder, get_embedder
 from knowledge.indexing import Indexer, SyncProgress, SyncReport
@@ -145,7 +145,7 @@ class KnowledgeBase:
                 )
             ).one()
         return IndexStatus(
-            database=_redact(self.url),
+            database=redact_url(self.url),
             embedding_model=stats.model,
             embedding_dimension=int(stats.dimension) if stats.dimension else None,
             sources=sources,
@@ -154,13 +154,3 @@ class KnowledgeBase:
             vocabulary=stats.vocabulary,
             avg_chunk_length=stats.total_len / stats.n_chunks if stats.n_chunks else 0.0,
         )
-
-
-def _redact(url: str) -> str:
-    """A database URL with its password hidden: status output and logs must never show secrets."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "(unparseable database URL)"

@@ -428,3 +428,11 @@ def test_search_updated_after_filters_old_documents(fresh_database, monkeypatch,
     result = runner.invoke(app, ["search", "vpn client", "--updated-after", "2020-01-01", "--json"])
     assert result.exit_code == 0
     assert [r["document"]["external_id"] for r in json.loads(result.stdout)["results"]] == ["new.md"]
+
+
+def test_a_password_that_is_not_url_encoded_gets_a_fix_and_is_not_printed(monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql://bob:p@ss#word@127.0.0.1:1/ragbot")
+    result = runner.invoke(app, ["status"])
+    assert result.exit_code == 2
+    assert "URL-encode" in result.stderr
+    assert "ss#word" not in result.stderr + result.stdout
