@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Awaitable, Callable, Optional, TypeVar
 
 import typer
+from rich.markup import escape
 
 from bot.settings import BotSettings
 from bot.terminal import (
@@ -40,7 +41,6 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 def fail(message: str) -> None:
     """A clear one-line error and exit code 2, for anything the user can fix."""
-    from rich.markup import escape
 
     # escape: paths and messages may contain [brackets]; soft_wrap: one line, however long.
     err_console.print(f"[red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
@@ -91,8 +91,6 @@ def ingest(
     as_json: JsonOption = False,
 ) -> None:
     """Index folders of .md, .txt, .html, .pdf and .docx files (incremental: unchanged files are skipped)."""
-    from knowledge.sources.folder import FolderSource
-
     for path in paths:
         if not path.exists():
             fail(f"no such file or folder: {path}")
@@ -100,7 +98,7 @@ def ingest(
     async def sync_all(kb: KnowledgeBase) -> list[dict[str, object]]:
         reports = []
         for path in paths:
-            folder = FolderSource(path, source)
+            folder = await kb.folder_source(path, source)
             with RichSyncProgress(folder.spec.name) as progress:
                 report = await kb.sync(folder, progress)
             if not as_json:
@@ -197,6 +195,13 @@ def status(as_json: JsonOption = False) -> None:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         render_status(result)
+
+
+@app.command("remove-source")
+def remove_source(name: Annotated[str, typer.Argument(help="The source to forget.")]) -> None:
+    """Remove a source and everything indexed from it (the files themselves are not touched)."""
+    removed = with_kb(lambda kb: kb.remove_source(name))
+    console.print(f"Removed source {escape(name)} and its {removed} documents.")
 
 
 @app.command()

@@ -60,6 +60,8 @@ def render_sync_report(report: SyncReport) -> None:
         console.print(f"  [yellow]skipped[/] {escape(external_id)}: {escape(reason)}")
     for external_id, reason in report.failed:
         console.print(f"  [red]failed[/] {escape(external_id)}: {escape(reason)}")
+    for warning in report.warnings:
+        console.print(f"  [yellow]warning[/] {escape(warning)}")
 
 
 def render_hits(hits: Sequence[SearchHit]) -> None:

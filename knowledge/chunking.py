@@ -41,7 +41,7 @@ def chunk_document(
 ) -> list[ChunkDraft]:
     drafts: list[ChunkDraft] = []
     for headings, blocks in _sections(document.blocks):
-        heading = " > ".join(headings)
+        heading = _shorten(" > ".join(headings), MAX_HEADING_CHARS)
         prefix = search_prefix(document.title, heading)
         prefix_tokens = count_tokens([prefix])[0] if prefix else 0
         budget = max(32, max_tokens - prefix_tokens)
@@ -57,15 +57,24 @@ def chunk_document(
     ]
 
 
+# Titles and breadcrumbs are repeated in every chunk; a runaway one must not eat the chunk's token budget.
+MAX_TITLE_CHARS = 150
+MAX_HEADING_CHARS = 200
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
 def search_prefix(title: str, heading: str) -> str:
-    return "\n".join(part for part in (title, heading) if part)
+    return "\n".join(part for part in (_shorten(title, MAX_TITLE_CHARS), heading) if part)
 
 
 def compose_search_text(title: str, heading: str, text: str) -> str:
     """What is embedded and indexed for a chunk. Re-embedding after a model change rebuilds it from stored rows."""
     if text == title and not heading:
         return title
-    return "\n".join(part for part in (title, heading, text) if part)
+    return "\n".join(part for part in (search_prefix(title, heading), text) if part)
 
 
 def _sections(blocks: Sequence[Block]) -> list[tuple[tuple[str, ...], list[Block]]]:
@@ -113,12 +122,26 @@ def _units(blocks: Sequence[Block], count_tokens: TokenCounter, budget: int) -> 
         if tokens <= budget:
             units.append(_Unit(text, tokens, separator))
             continue
-        words = text.split()
-        step = max(1, int(len(words) * budget / tokens * 0.9))
-        for i in range(0, len(words), step):
-            piece = " ".join(words[i : i + step])
-            units.append(_Unit(piece, count_tokens([piece])[0], separator if i == 0 else " "))
+        for i, (piece, piece_tokens) in enumerate(_split_to_budget(text, tokens, count_tokens, budget)):
+            units.append(_Unit(piece, piece_tokens, separator if i == 0 else " "))
     return units
+
+
+def _split_to_budget(text: str, tokens: int, count_tokens: TokenCounter, budget: int) -> list[tuple[str, int]]:
+    """Halve an over-long sentence until every piece fits: at the space nearest the middle, or mid-text for
+    scripts written without spaces (Chinese, Japanese) and for long URLs or base64."""
+    if tokens <= budget or len(text) < 2:
+        return [(text, tokens)]
+    middle = len(text) // 2
+    left_space, right_space = text.rfind(" ", 0, middle), text.find(" ", middle)
+    candidates = [i for i in (left_space, right_space) if i > 0]
+    cut = min(candidates, key=lambda i: abs(i - middle)) if candidates else middle
+    halves = [text[:cut].strip(), text[cut:].strip()]
+    pieces: list[tuple[str, int]] = []
+    for half, half_tokens in zip(halves, count_tokens(halves), strict=True):
+        if half:
+            pieces.extend(_split_to_budget(half, half_tokens, count_tokens, budget))
+    return pieces
 
 
 def _pack(units: Sequence[_Unit], budget: int, overlap_tokens: int) -> list[str]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from knowledge import store
@@ -59,6 +60,7 @@ class SyncReport:
     deleted: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # unsupported types: (external id, reason)
     failed: list[tuple[str, str]] = field(default_factory=list)  # unreadable or corrupt: (external id, reason)
+    warnings: list[str] = field(default_factory=list)
     chunks_written: int = 0
     chunks_embedded: int = 0
     chunks_from_cache: int = 0
@@ -70,6 +72,7 @@ class SyncReport:
             "metadata_updated": self.metadata_updated, "deleted": self.deleted,
             "skipped": [{"id": i, "reason": r} for i, r in self.skipped],
             "failed": [{"id": i, "reason": r} for i, r in self.failed],
+            "warnings": self.warnings,
             "chunks_written": self.chunks_written, "chunks_embedded": self.chunks_embedded,
             "chunks_from_cache": self.chunks_from_cache, "seconds": round(self.seconds, 2),
         }
@@ -84,10 +87,14 @@ class _Prepared:
     is_new: bool
 
 
-def item_hash(item: SourceItem, data: bytes, settings: KnowledgeSettings) -> str:
-    """What decides whether a document must be re-chunked: its bytes, its title, and how chunks are made."""
+def item_hash(item: SourceItem, data: bytes, settings: KnowledgeSettings, model: str) -> str:
+    """What decides whether a document must be re-chunked: its bytes, its title, and how chunks are made (chunks
+    are measured with the embedding model's tokenizer, so the model is part of the recipe)."""
     digest = hashlib.sha256()
-    recipe = f"{PIPELINE_VERSION}|{settings.chunk_tokens}|{settings.chunk_overlap_tokens}|{settings.text_search_config}"
+    recipe = (
+        f"{PIPELINE_VERSION}|{model}|{settings.chunk_tokens}|{settings.chunk_overlap_tokens}|"
+        f"{settings.text_search_config}"
+    )
     digest.update(recipe.encode("utf-8") + b"\x00")
     digest.update((item.title or "").encode("utf-8") + b"\x00")
     digest.update(data)
@@ -120,8 +127,17 @@ class Indexer:
                     progress.advance(item.external_id)
             await self._write(prepared, source_id, report, progress)
         async with self.engine.begin() as conn:
-            if source.complete_listing:
-                report.deleted = await store.delete_documents_not_in(conn, source_id, [i.external_id for i in items])
+            in_scope = [i for i in stored if i.startswith(source.listing_prefix)]
+            if source.complete_listing and not items and in_scope:
+                # An empty listing is far more often an unmounted drive or a wrong path than a deliberate purge.
+                report.warnings.append(
+                    f"the listing is empty, so none of the {len(in_scope)} indexed documents were deleted; "
+                    f"check the path, or run `ragbot remove-source {source.spec.name}` to drop it on purpose"
+                )
+            elif source.complete_listing:
+                report.deleted = await store.delete_documents_not_in(
+                    conn, source_id, [i.external_id for i in items], source.listing_prefix
+                )
             await store.mark_source_synced(conn, source_id)
         report.seconds = time.monotonic() - started
         return report
@@ -132,18 +148,14 @@ class Indexer:
         try:
             data = await asyncio.to_thread(item.read)
         except OSError as exc:
-            report.failed.append((item.external_id, f"could not read: {exc}"))
+            await self._fail(item, old, f"could not read: {exc}", report)
             return None
-        digest = item_hash(item, data, self.settings)
+        if len(data) > self.settings.max_file_mb * 1024 * 1024:
+            await self._fail(item, old, f"larger than MAX_FILE_MB ({self.settings.max_file_mb} MB)", report)
+            return None
+        digest = item_hash(item, data, self.settings, self.embedder.name)
         if old is not None and old.content_hash == digest:
-            if (old.url, old.path, old.author, old.updated_at, old.access) != (
-                item.url, item.path, item.author, item.updated_at, tuple(item.access)
-            ):
-                async with self.engine.begin() as conn:
-                    await store.update_document_metadata(
-                        conn, old.id, url=item.url, path=item.path, author=item.author,
-                        updated_at=item.updated_at, access=item.access,
-                    )
+            if await self._update_metadata_if_changed(item, old):
                 report.metadata_updated.append(item.external_id)
             else:
                 report.unchanged += 1
@@ -154,20 +166,34 @@ class Indexer:
             report.skipped.append((item.external_id, str(exc)))
             return None
         except CorruptDocument as exc:
-            report.failed.append((item.external_id, str(exc)))
-            logger.info("skipping %s: %s", item.external_id, exc)
+            await self._fail(item, old, str(exc), report)
             return None
-        title = item.title or parsed.title
         if item.title:
             parsed.title = item.title
         drafts = await asyncio.to_thread(
             chunk_document, parsed, self.embedder.count_tokens_many, self.settings.chunk_tokens,
             self.settings.chunk_overlap_tokens,
         )
-        if not drafts:
-            report.failed.append((item.external_id, "no text found in the file"))
-            return None
-        return _Prepared(item, digest, title, drafts, is_new=old is None)
+        return _Prepared(item, digest, parsed.title, drafts, is_new=old is None)
+
+    async def _fail(self, item: SourceItem, old: store.StoredDocument | None, reason: str, report: SyncReport) -> None:
+        """Report the item and keep its previous version, but with its current access list and metadata: a file
+        that was restricted and broken in the same change must not stay visible under its old permissions."""
+        report.failed.append((item.external_id, reason))
+        logger.info("skipping %s: %s", item.external_id, reason)
+        if old is not None:
+            await self._update_metadata_if_changed(item, old)
+
+    async def _update_metadata_if_changed(self, item: SourceItem, old: store.StoredDocument) -> bool:
+        current = (item.url, item.path, item.author, item.updated_at, tuple(item.access))
+        if (old.url, old.path, old.author, old.updated_at, old.access) == current:
+            return False
+        async with self.engine.begin() as conn:
+            await store.update_document_metadata(
+                conn, old.id, url=item.url, path=item.path, author=item.author, updated_at=item.updated_at,
+                access=item.access,
+            )
+        return True
 
     async def _write(
         self, prepared: Sequence[_Prepared], source_id: int, report: SyncReport, progress: SyncProgress
@@ -180,31 +206,40 @@ class Indexer:
                                embeddings[content_hash(d.search_text)], d.search_text)
                 for d in p.drafts
             ]
-            async with self.engine.begin() as conn:
-                await store.replace_document(
-                    conn, source_id=source_id, external_id=p.item.external_id, title=p.title, url=p.item.url,
-                    path=p.item.path, author=p.item.author, updated_at=p.item.updated_at, content_hash=p.hash,
-                    access=p.item.access, chunks=rows, text_search_config=self.settings.text_search_config,
-                )
+            try:
+                async with self.engine.begin() as conn:
+                    await store.replace_document(
+                        conn, source_id=source_id, external_id=p.item.external_id, title=p.title, url=p.item.url,
+                        path=p.item.path, author=p.item.author, updated_at=p.item.updated_at, content_hash=p.hash,
+                        access=p.item.access, chunks=rows, text_search_config=self.settings.text_search_config,
+                    )
+            except DBAPIError as exc:  # e.g. text Postgres cannot store; the rest of the sync goes on
+                report.failed.append((p.item.external_id, f"could not store: {str(exc.orig).splitlines()[0]}"))
+                progress.advance(p.item.external_id)
+                continue
             report.chunks_written += len(rows)
             (report.added if p.is_new else report.updated).append(p.item.external_id)
             progress.advance(p.item.external_id)
 
     async def embeddings_for(self, texts: dict[str, str], report: SyncReport | None = None) -> dict[str, str]:
         """Embeddings (pgvector text form) for {hash: text}, from the cache where possible."""
-        async with self.engine.connect() as conn:
-            found = await store.cached_embeddings(conn, self.embedder.name, list(texts))
+        async with self.engine.begin() as conn:
+            found, embedded = await self._embed_with_cache(conn, texts)
+        if report is not None:
+            report.chunks_embedded += embedded
+            report.chunks_from_cache += len(texts) - embedded
+        return found
+
+    async def _embed_with_cache(self, conn, texts: dict[str, str]) -> tuple[dict[str, str], int]:  # type: ignore[no-untyped-def]
+        """Look {hash: text} up in the cache, embed what is missing and cache it. Returns (embeddings, embedded)."""
+        found = await store.cached_embeddings(conn, self.embedder.name, list(texts))
         missing = [h for h in texts if h not in found]
         if missing:
             vectors = await self.embedder.embed_async([texts[h] for h in missing])
             computed = {h: store.vector_literal(v) for h, v in zip(missing, vectors, strict=True)}
-            async with self.engine.begin() as conn:
-                await store.cache_embeddings(conn, self.embedder.name, computed)
+            await store.cache_embeddings(conn, self.embedder.name, computed)
             found.update(computed)
-        if report is not None:
-            report.chunks_embedded += len(missing)
-            report.chunks_from_cache += len(texts) - len(missing)
-        return found
+        return found, len(missing)
 
     async def ensure_embedding_space(self) -> bool:
         """Make the stored embeddings match the configured model. Returns True if chunks were re-embedded.
@@ -236,14 +271,7 @@ class Indexer:
             if not rows:
                 return
             texts = {row[0]: compose_search_text(row[1], row[2], row[3]) for row in rows}
-            by_hash = {content_hash(t): t for t in texts.values()}
-            found = await store.cached_embeddings(conn, self.embedder.name, list(by_hash))
-            missing = [h for h in by_hash if h not in found]
-            if missing:
-                vectors = await self.embedder.embed_async([by_hash[h] for h in missing])
-                computed = {h: store.vector_literal(v) for h, v in zip(missing, vectors, strict=True)}
-                await store.cache_embeddings(conn, self.embedder.name, computed)
-                found.update(computed)
+            found, _ = await self._embed_with_cache(conn, {content_hash(t): t for t in texts.values()})
             ids = list(texts)
             await store.set_chunk_embeddings(conn, ids, [found[content_hash(texts[i])] for i in ids])
             last_id = rows[-1][0]

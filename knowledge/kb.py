@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Sequence
 
 from sqlalchemy import text
@@ -20,7 +21,9 @@ from knowledge.embedding import Embedder, get_embedder
 from knowledge.indexing import Indexer, SyncProgress, SyncReport
 from knowledge.retrieval import Mode, Retriever, SearchFilters, SearchResults
 from knowledge.settings import KnowledgeSettings
+from knowledge import store
 from knowledge.sources.base import Source
+from knowledge.sources.folder import FolderSource
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,30 @@ class KnowledgeBase:
         return await self.retriever.search(
             query, filters, k=k, mode=mode, max_per_document=max_per_document, candidates=candidates
         )
+
+    async def folder_source(self, path: Path, name: str | None = None) -> FolderSource:
+        """How to index `path`: a folder or file inside an already indexed folder source joins that source (ids
+        stay relative to its root, and only the part listed can be deleted); anything else is a new source."""
+        resolved = path.resolve()
+        async with self.engine.connect() as conn:
+            roots = await store.folder_source_roots(conn)
+        containing = [
+            (source_name, Path(location)) for source_name, location in roots
+            if (name is None or name == source_name)
+            and (resolved == Path(location) or Path(location) in resolved.parents)
+        ]
+        if containing:
+            source_name, root = max(containing, key=lambda pair: len(pair[1].parts))  # the most specific root
+            return FolderSource(resolved, source_name, root=root)
+        return FolderSource(resolved, name)
+
+    async def remove_source(self, name: str) -> int:
+        """Forget a source and all its documents. Raises ValueError for an unknown source."""
+        async with self.engine.begin() as conn:
+            removed = await store.delete_source(conn, name)
+        if removed is None:
+            raise ValueError(f"unknown source {name!r}; indexed sources: {', '.join(await self.source_names()) or 'none'}")
+        return removed
 
     async def source_names(self) -> list[str]:
         async with self.engine.connect() as conn:

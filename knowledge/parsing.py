@@ -7,6 +7,7 @@ pypdf for PDF, python-docx for Word.
 
 from __future__ import annotations
 
+import codecs
 import io
 import logging
 import re
@@ -49,23 +50,22 @@ class ParsedDocument:
 def parse_document(data: bytes, filename: str) -> ParsedDocument:
     """Parse `data` according to `filename`'s suffix. Raises UnsupportedFormat or CorruptDocument."""
     suffix = PurePosixPath(filename).suffix.lower()
-    fallback_title = _title_from_filename(filename)
+    parser = _PARSERS.get(suffix)
+    if parser is None:
+        raise UnsupportedFormat(
+            f"unsupported file type {suffix or '(none)'}; ragbot reads {', '.join(SUPPORTED_SUFFIXES)}"
+        )
     try:
-        if suffix in (".md", ".markdown"):
-            return parse_markdown(_decode(data), fallback_title)
-        if suffix == ".txt":
-            return parse_plain_text(_decode(data), fallback_title)
-        if suffix in (".html", ".htm"):
-            return parse_html(_decode(data), fallback_title)
-        if suffix == ".pdf":
-            return parse_pdf(data, fallback_title)
-        if suffix == ".docx":
-            return parse_docx(data, fallback_title)
+        parsed = parser(data, _title_from_filename(filename))
     except (UnsupportedFormat, CorruptDocument):
         raise
     except Exception as exc:  # each library raises its own zoo of errors on a damaged file
         raise CorruptDocument(f"could not read {suffix} file: {exc}") from exc
-    raise UnsupportedFormat(f"unsupported file type {suffix or '(none)'}; ragbot reads {', '.join(SUPPORTED_SUFFIXES)}")
+    # Postgres text cannot hold NUL characters; they carry no meaning in a document anyway.
+    return ParsedDocument(
+        parsed.title.replace("\x00", ""),
+        [Block(b.headings, b.text.replace("\x00", "")) for b in parsed.blocks if b.text.replace("\x00", "").strip()],
+    )
 
 
 def _title_from_filename(filename: str) -> str:
@@ -74,12 +74,17 @@ def _title_from_filename(filename: str) -> str:
 
 
 def _decode(data: bytes) -> str:
+    """UTF-8 (with or without BOM), UTF-16 with a BOM, else Windows-1252, the usual legacy encoding."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return data.decode("utf-16")
     if b"\x00" in data[:4096]:
         raise CorruptDocument("file looks binary (contains NUL bytes), not text")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        return data.decode("latin-1")
+    for encoding in ("utf-8-sig", "cp1252"):
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+    return data.decode("latin-1")
 
 
 def _clean(text: str) -> str:
@@ -136,45 +141,79 @@ def parse_plain_text(text: str, fallback_title: str) -> ParsedDocument:
 
 
 _HTML_HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
-_HTML_TEXT_BLOCKS = ("p", "li", "pre", "blockquote", "tr", "dt", "dd", "figcaption")
+# Elements whose text is one block. Text directly inside a container (a <div> of a Confluence export, a <section>)
+# becomes a block of its own; table cells join their row.
+_HTML_BLOCKS = frozenset(
+    ("p", "li", "pre", "blockquote", "tr", "dt", "dd", "figcaption", "caption", "summary", "div", "section",
+     "article", "main", "aside", "header", "body", "table", "ul", "ol", "dl", "details", "form", "address")
+    + _HTML_HEADINGS
+)
+_HTML_DROP = ("script", "style", "noscript", "nav", "footer", "template", "svg")
 
 
 def parse_html(html: str, fallback_title: str) -> ParsedDocument:
-    """Walk the body in document order: headings open sections, block elements become blocks."""
-    from bs4 import BeautifulSoup
+    """Walk every text node in document order, grouped by its nearest block element: headings open sections,
+    everything else becomes blocks, so no text is lost whatever tags a page uses."""
+    from bs4 import BeautifulSoup, Comment, NavigableString, Tag
 
     soup = BeautifulSoup(html, "html.parser")
-    for tag in soup(["script", "style", "noscript", "nav", "footer", "header", "template"]):
+    for tag in soup(list(_HTML_DROP)):
         tag.decompose()
     title = _clean(soup.title.get_text()) if soup.title else ""
     if soup.title:
         soup.title.decompose()
+    root = soup.body or soup
+
+    def block_of(node: NavigableString) -> tuple[Tag | None, Tag | None]:
+        """The node's block element, and its table cell when it is in one."""
+        cell = None
+        for parent in node.parents:
+            if parent.name in ("td", "th") and cell is None:
+                cell = parent
+            elif parent.name in _HTML_BLOCKS or parent is root:
+                return parent, cell
+        return None, cell
+
+    groups: list[tuple[Tag | None, list[tuple[Tag | None, str]]]] = []
+    for node in root.find_all(string=True):
+        if isinstance(node, Comment) or not node.strip():
+            continue
+        block, cell = block_of(node)
+        if groups and groups[-1][0] is block:
+            groups[-1][1].append((cell, str(node)))
+        else:
+            groups.append((block, [(cell, str(node))]))
+
     headings: list[tuple[int, str]] = []
     blocks: list[Block] = []
-    root = soup.body or soup
-    for element in root.find_all(list(_HTML_HEADINGS) + list(_HTML_TEXT_BLOCKS)):
-        if element.find_parent(list(_HTML_TEXT_BLOCKS)) is not None:
-            continue  # nested: the outer block already holds this text
-        if element.name in _HTML_HEADINGS:
-            level, name = int(element.name[1]), _clean(element.get_text(" "))
-            if level == 1 and not title:
-                title = name
-                continue
-            if level == 1 and name == title:
-                continue
-            headings = [(lvl, h) for lvl, h in headings if lvl < level] + [(level, name)]
+    for block, parts in groups:
+        text = _join_html_parts(parts)
+        if not text:
             continue
-        if element.name == "tr":
-            text = " | ".join(_clean(cell.get_text(" ")) for cell in element.find_all(["th", "td"]))
-        else:
-            text = _clean(element.get_text(" "))
-        if text:
-            blocks.append(Block(tuple(h for _, h in headings), text))
-    if not blocks:  # a page with bare text and no block elements
-        text = _clean(root.get_text(" "))
-        if text:
-            blocks.append(Block((), text))
+        name = block.name if block is not None else ""
+        if name in _HTML_HEADINGS:
+            level = int(name[1])
+            if level == 1 and (not title or text == title):
+                title = title or text
+                continue
+            headings = [(lvl, h) for lvl, h in headings if lvl < level] + [(level, text)]
+            continue
+        blocks.append(Block(tuple(h for _, h in headings), text))
     return ParsedDocument(title or fallback_title, blocks)
+
+
+def _join_html_parts(parts: list[tuple[object, str]]) -> str:
+    """Join a block's text nodes: inline pieces run together, different table cells are separated by ' | '."""
+    cells: list[str] = []
+    current_cell: object = object()
+    for cell, text in parts:
+        if cell is not current_cell and cell is not None:
+            cells.append("")
+            current_cell = cell
+        elif not cells:
+            cells.append("")
+        cells[-1] += text
+    return " | ".join(c for c in (_clean(cell) for cell in cells) if c)
 
 
 def parse_pdf(data: bytes, fallback_title: str) -> ParsedDocument:
@@ -289,3 +328,14 @@ def parse_docx(data: bytes, fallback_title: str) -> ParsedDocument:
             continue
         blocks.append(Block(tuple(h for _, h in headings), text))
     return ParsedDocument(title or fallback_title, blocks)
+
+
+_PARSERS = {
+    ".md": lambda data, title: parse_markdown(_decode(data), title),
+    ".markdown": lambda data, title: parse_markdown(_decode(data), title),
+    ".txt": lambda data, title: parse_plain_text(_decode(data), title),
+    ".html": lambda data, title: parse_html(_decode(data), title),
+    ".htm": lambda data, title: parse_html(_decode(data), title),
+    ".pdf": lambda data, title: parse_pdf(data, title),
+    ".docx": lambda data, title: parse_docx(data, title),
+}

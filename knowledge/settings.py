@@ -19,6 +19,9 @@ class KnowledgeSettings(BaseSettings):
     chunk_tokens: int = Field(default=256, ge=32)
     chunk_overlap_tokens: int = Field(default=40, ge=0)
 
+    # Files larger than this are reported and skipped.
+    max_file_mb: int = Field(default=50, ge=1)
+
     # Postgres text search configuration used to tokenise and stem for BM25.
     text_search_config: str = "english"
 

@@ -63,6 +63,24 @@ async def ensure_source(conn: AsyncConnection, name: str, kind: str, location: s
     return row.id
 
 
+async def delete_source(conn: AsyncConnection, name: str) -> int | None:
+    """Delete a source and everything indexed from it. Returns how many documents went, None if no such source."""
+    await lock_index_for_writing(conn)
+    source_id = await source_id_by_name(conn, name)
+    if source_id is None:
+        return None
+    documents = (
+        await conn.execute(text("SELECT count(*) FROM documents WHERE source_id = :s"), {"s": source_id})
+    ).scalar_one()
+    await conn.execute(text("DELETE FROM sources WHERE id = :s"), {"s": source_id})
+    return documents
+
+
+async def folder_source_roots(conn: AsyncConnection) -> list[tuple[str, str]]:
+    rows = await conn.execute(text("SELECT name, location FROM sources WHERE kind = 'folder' AND location IS NOT NULL"))
+    return [(r.name, r.location) for r in rows]
+
+
 async def source_id_by_name(conn: AsyncConnection, name: str) -> int | None:
     return (await conn.execute(text("SELECT id FROM sources WHERE name = :n"), {"n": name})).scalar()
 
@@ -90,6 +108,7 @@ async def update_document_metadata(
     """Metadata changed but the content did not: no re-chunking, but chunks take the new access list."""
     params = {"id": document_id, "url": url, "path": path, "author": author, "updated_at": updated_at,
               "access": list(access)}
+    await lock_index_for_writing(conn)
     await conn.execute(
         text(
             "UPDATE documents SET url = :url, path = :path, author = :author, updated_at = :updated_at, "
@@ -108,6 +127,7 @@ async def replace_document(
     chunks: Sequence[ChunkRow], text_search_config: str,
 ) -> int:
     """Upsert the document and swap its chunks. Call inside a transaction."""
+    await lock_index_for_writing(conn)
     document_id = (
         await conn.execute(
             text(
@@ -156,10 +176,24 @@ async def replace_document(
     return document_id
 
 
-async def delete_documents_not_in(conn: AsyncConnection, source_id: int, keep: Sequence[str]) -> list[str]:
+async def lock_index_for_writing(conn: AsyncConnection) -> None:
+    """Serialise writers until the transaction ends. The BM25 triggers lock vocabulary rows and the statistics
+    row in an order that two concurrent syncs could interleave into a deadlock; one writer at a time cannot.
+    Searches never take this lock."""
+    await conn.execute(text("SELECT pg_advisory_xact_lock(727274003)"))
+
+
+async def delete_documents_not_in(
+    conn: AsyncConnection, source_id: int, keep: Sequence[str], prefix: str = ""
+) -> list[str]:
+    """Delete the source's documents under `prefix` (all when "") whose external id is not in `keep`."""
+    await lock_index_for_writing(conn)
     rows = await conn.execute(
-        text("DELETE FROM documents WHERE source_id = :s AND external_id <> ALL(:keep) RETURNING external_id"),
-        {"s": source_id, "keep": list(keep)},
+        text(
+            "DELETE FROM documents WHERE source_id = :s AND left(external_id, length(:prefix)) = :prefix "
+            "AND external_id <> ALL(:keep) RETURNING external_id"
+        ),
+        {"s": source_id, "keep": list(keep), "prefix": prefix},
     )
     return sorted(r.external_id for r in rows)
 

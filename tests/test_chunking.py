@@ -54,3 +54,18 @@ def test_list_items_are_units_and_soft_wrapped_lines_are_joined():
         "- your badge.",
         "Then go to the desk.",
     ]
+
+
+def test_text_without_spaces_is_still_cut_to_the_model_limit(embedder):
+    cjk = "年假申请需要提前两周提交给经理审批并在系统中登记" * 60  # one "sentence", no spaces
+    parsed = parse_document(f"# 政策\n\n{cjk}\n".encode(), "policy.md")
+    chunks = chunk_document(parsed, embedder.count_tokens_many, max_tokens=256, overlap_tokens=0)
+    assert len(chunks) > 2
+    assert all(c.token_count <= 256 for c in chunks)
+    assert "".join(c.text for c in chunks).replace(" ", "") == cjk
+
+
+def test_a_runaway_title_does_not_eat_the_budget(embedder):
+    parsed = parse_document((f"# {'Very long title ' * 80}\n\nThe actual policy text.\n").encode(), "t.md")
+    (chunk,) = chunk_document(parsed, embedder.count_tokens_many, max_tokens=256, overlap_tokens=0)
+    assert chunk.token_count < 100 and chunk.text == "The actual policy text."

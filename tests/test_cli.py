@@ -436,3 +436,14 @@ def test_a_password_that_is_not_url_encoded_gets_a_fix_and_is_not_printed(monkey
     assert result.exit_code == 2
     assert "URL-encode" in result.stderr
     assert "ss#word" not in result.stderr + result.stdout
+
+
+def test_remove_source_forgets_its_documents(fresh_database, monkeypatch, tmp_path):
+    monkeypatch.setenv("DATABASE_URL", fresh_database())
+    write(tmp_path / "old-wiki", "page.md", "# Page\n\nArchived content.")
+    assert runner.invoke(app, ["ingest", str(tmp_path / "old-wiki")]).exit_code == 0
+    result = runner.invoke(app, ["remove-source", "old-wiki"])
+    assert result.exit_code == 0 and "1 documents" in result.stdout
+    assert json.loads(runner.invoke(app, ["status", "--json"]).stdout)["documents"] == 0
+    missing = runner.invoke(app, ["remove-source", "old-wiki"])
+    assert missing.exit_code == 2 and "unknown source" in missing.stderr

@@ -171,3 +171,84 @@ async def test_changing_chunk_size_re_chunks_without_re_embedding_identical_text
     report = await second.sync(FolderSource(docs))
     assert sorted(report.updated) == ["it/vpn.html", "notes.txt", "policies/leave.md"]
     assert report.chunks_from_cache > 0  # short sections come out the same and are not embedded again
+
+
+async def test_ingesting_a_subfolder_or_file_keeps_restrictions_set_above_it(fresh_kb, tmp_path):
+    root = tmp_path / "company"
+    write(root, "hr/.access", "group:hr\n")
+    write(root, "hr/private/salaries.md", "# Salaries\n\nThe CEO salary is 450,000 dollars.")
+    write(root, "public/wifi.md", "# Wifi\n\nThe guest network is northwind-guest.")
+    await fresh_kb.sync(await fresh_kb.folder_source(root))
+
+    # Re-index one file and one subfolder on their own: they join the source and keep the hr restriction.
+    write(root, "hr/private/salaries.md", "# Salaries\n\nThe CEO salary is 475,000 dollars.")
+    report = await fresh_kb.sync(await fresh_kb.folder_source(root / "hr" / "private" / "salaries.md"))
+    assert report.updated == ["hr/private/salaries.md"]
+    report = await fresh_kb.sync(await fresh_kb.folder_source(root / "hr"))
+    assert report.unchanged == 1 and report.deleted == []
+    assert (await fresh_kb.status()).documents == 2  # no second copy under another source
+    assert "hr/private/salaries.md" not in await found(fresh_kb, "CEO salary", ["user:mallory@example.com"])
+    assert (await found(fresh_kb, "CEO salary", ["group:hr"]))[0] == "hr/private/salaries.md"
+
+
+async def test_a_subfolder_sync_only_deletes_inside_that_subfolder(fresh_kb, tmp_path):
+    root = tmp_path / "company"
+    write(root, "a/one.md", "# One\n\nFirst.")
+    write(root, "a/two.md", "# Two\n\nSecond.")
+    write(root, "b/three.md", "# Three\n\nThird.")
+    await fresh_kb.sync(await fresh_kb.folder_source(root))
+    (root / "a" / "two.md").unlink()
+    report = await fresh_kb.sync(await fresh_kb.folder_source(root / "a"))
+    assert report.deleted == ["a/two.md"]
+    assert (await fresh_kb.status()).documents == 2
+
+
+async def test_restricting_a_file_that_also_broke_still_hides_it(fresh_kb, docs):
+    await fresh_kb.sync(FolderSource(docs))
+    write(docs, "it/.access", "group:it\n")
+    write(docs, "it/vpn.html", b"<html>" + b"\x00" * 5000)  # now binary garbage
+    report = await fresh_kb.sync(FolderSource(docs))
+    assert [i for i, _ in report.failed] == ["it/vpn.html"]
+    assert "it/vpn.html" not in await found(fresh_kb, "Tailscale Okta VPN install")
+    assert "it/vpn.html" in await found(fresh_kb, "Tailscale Okta VPN install", ["group:it"])  # old text kept
+
+
+async def test_an_empty_listing_deletes_nothing_and_warns(fresh_kb, docs):
+    await fresh_kb.sync(FolderSource(docs))
+    for path in [p for p in docs.rglob("*") if p.is_file() and p.name != ".access"]:
+        path.unlink()
+    report = await fresh_kb.sync(FolderSource(docs))
+    assert report.deleted == [] and "listing is empty" in report.warnings[0]
+    assert (await fresh_kb.status()).documents == 3
+
+
+async def test_nul_bytes_legacy_encodings_and_undecodable_names_are_indexed(fresh_kb, tmp_path):
+    import os
+
+    root = tmp_path / "odd"
+    write(root, "late-nul.txt", "Normal text at the start. " * 200 + "\x00 and a NUL later on.")
+    write(root, "utf16.txt", "Café opening hours are 8 to 17.".encode("utf-16"))
+    write(root, "cp1252.txt", "The café menu costs € 5.".encode("cp1252"))
+    os.makedirs(root, exist_ok=True)
+    (root / os.fsdecode(b"bad-\xff-name.md")).write_text("# Odd name\n\nStill indexed.")
+    write(root, "fine.md", "# Fine\n\nThis one is fine.")
+    report = await fresh_kb.sync(FolderSource(root))
+    assert report.failed == []
+    assert len(report.added) == 5
+    assert "bad-\ufffd-name.md" in report.added
+    hits = (await fresh_kb.search("cafe menu price", SearchFilters(), k=3)).hits
+    assert any("€" in h.text for h in hits)
+
+
+async def test_two_syncs_at_once_finish_and_leave_statistics_exact(kb_factory, fresh_database, tmp_path):
+    from test_bm25 import assert_statistics_match_chunks
+
+    url = fresh_database()
+    words = [f"word{i}" for i in range(60)]
+    for folder, order in (("a", words), ("b", list(reversed(words)))):
+        for n in range(12):
+            write(tmp_path / folder, f"doc{n}.md", f"# {folder} {n}\n\n" + " ".join(order[n:] + order[:n]))
+    first, second = await kb_factory(url), await kb_factory(url)
+    reports = await asyncio.gather(first.sync(FolderSource(tmp_path / "a")), second.sync(FolderSource(tmp_path / "b")))
+    assert [len(r.added) for r in reports] == [12, 12] and all(not r.failed for r in reports)
+    await assert_statistics_match_chunks(first)

@@ -39,8 +39,10 @@ class SourceSpec:
 
 class Source(Protocol):
     spec: SourceSpec
-    # True when `items()` lists the whole source, so documents it does not list have been deleted.
+    # True when `items()` lists everything under `listing_prefix` (all of the source when it is ""), so documents
+    # there that it does not list have been deleted.
     complete_listing: bool
+    listing_prefix: str
 
     def items(self) -> Iterator[SourceItem]: ...
 
@@ -52,6 +54,7 @@ class StaticSource:
     spec: SourceSpec
     item_list: list[SourceItem] = field(default_factory=list)
     complete_listing: bool = True
+    listing_prefix: str = ""
 
     def items(self) -> Iterator[SourceItem]:
         return iter(self.item_list)

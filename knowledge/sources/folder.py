@@ -1,12 +1,14 @@
-"""A local folder of files. A document's external id is its path relative to the folder.
+"""A local folder of files. A document's external id is its path relative to the source's root folder.
 
 Access lists come from `.access` files: one principal per line (`everyone`, `user:alice@example.com`,
-`group:eng`), applying to the folder they sit in and everything below it; the nearest one wins. No `.access`
-file anywhere above a document means `everyone`.
+`group:eng`), applying to the folder they sit in and everything below it; the nearest one wins, looking all the way
+up the file system (so indexing a subfolder or a single file never loses a restriction set above it). No `.access`
+file anywhere above a document means `everyone`; an `.access` file with no principals means nobody.
 """
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
@@ -17,31 +19,33 @@ ACCESS_FILE = ".access"
 
 
 class FolderSource:
-    complete_listing = True
+    """Index `path` (a folder, or one file) as part of the folder source rooted at `root`.
 
-    def __init__(self, root: Path, name: str | None = None) -> None:
-        if not root.exists():
-            raise FileNotFoundError(f"no such file or folder: {root}")
-        self.root = root.resolve()
-        self.single_file = self.root.is_file()
-        if self.single_file:
-            # One file: it joins its folder's source, and nothing else in that source is touched.
-            self.complete_listing = False
-        base = self.root.parent if self.single_file else self.root
-        self.spec = SourceSpec(name=name or base.name, kind="folder", location=str(base))
+    `root` defaults to `path` itself (or a file's folder). Indexing a subfolder or a file of an existing source
+    passes that source's root, so external ids stay relative to it and only the listed part can be deleted.
+    """
+
+    def __init__(self, path: Path, name: str | None = None, root: Path | None = None) -> None:
+        if not path.exists():
+            raise FileNotFoundError(f"no such file or folder: {path}")
+        self.path = path.resolve()
+        self.root = (root or (self.path.parent if self.path.is_file() else self.path)).resolve()
+        if self.path != self.root and self.root not in self.path.parents:
+            raise ValueError(f"{self.path} is not inside the source folder {self.root}")
+        self.spec = SourceSpec(name=name or self.root.name, kind="folder", location=str(self.root))
+        # A folder listing is complete for that folder: what is no longer there was deleted. One file says nothing
+        # about its neighbours.
+        self.complete_listing = self.path.is_dir()
+        self.listing_prefix = "" if self.path == self.root else self.path.relative_to(self.root).as_posix() + "/"
         self._access_cache: dict[Path, tuple[str, ...]] = {}
-
-    @property
-    def base(self) -> Path:
-        return self.root.parent if self.single_file else self.root
 
     def files(self) -> list[Path]:
         """Every file that is not hidden. Unsupported types are listed too, so the sync can report them."""
-        if self.single_file:
-            return [self.root]
+        if self.path.is_file():
+            return [self.path]
         found = []
-        for path in sorted(self.root.rglob("*")):
-            relative = path.relative_to(self.root)
+        for path in sorted(self.path.rglob("*")):
+            relative = path.relative_to(self.path)
             if any(part.startswith(".") for part in relative.parts) or not path.is_file():
                 continue
             found.append(path)
@@ -49,7 +53,7 @@ class FolderSource:
 
     def items(self) -> Iterator[SourceItem]:
         for path in self.files():
-            relative = path.relative_to(self.base).as_posix()
+            relative = _printable(path.relative_to(self.root).as_posix())
             stat = path.stat()
             yield SourceItem(
                 external_id=relative,
@@ -63,19 +67,20 @@ class FolderSource:
 
     def _access_for(self, folder: Path) -> tuple[str, ...]:
         if folder not in self._access_cache:
-            self._access_cache[folder] = _nearest_access(folder, self.base)
+            self._access_cache[folder] = _nearest_access(folder)
         return self._access_cache[folder]
 
 
-def _nearest_access(folder: Path, base: Path) -> tuple[str, ...]:
-    current = folder
-    while True:
+def _printable(name: str) -> str:
+    """File names that are not valid UTF-8 (undecodable bytes) are kept with a replacement character, so they can
+    be stored and shown; reading still uses the real path."""
+    return os.fsencode(name).decode("utf-8", errors="replace")
+
+
+def _nearest_access(folder: Path) -> tuple[str, ...]:
+    for current in (folder, *folder.parents):
         access_file = current / ACCESS_FILE
         if access_file.is_file():
-            principals = [
-                line.strip() for line in access_file.read_text().splitlines() if line.strip() and not line.startswith("#")
-            ]
-            return tuple(principals) or (EVERYONE,)
-        if current == base or current.parent == current:
-            return (EVERYONE,)
-        current = current.parent
+            lines = access_file.read_text(encoding="utf-8", errors="replace").splitlines()
+            return tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    return (EVERYONE,)
