@@ -41,7 +41,6 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 def fail(message: str) -> None:
     """A clear one-line error and exit code 2, for anything the user can fix."""
-
     # escape: paths and messages may contain [brackets]; soft_wrap: one line, however long.
     err_console.print(f"[red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)

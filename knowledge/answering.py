@@ -175,7 +175,7 @@ class Answerer:
         mapping: dict[int, int] = {}
         for excerpt in excerpts:
             mapping.setdefault(excerpt.source_n, len(mapping) + 1)
-        text_out = renumber_citations(format_excerpts(excerpts), mapping)
+        text_out = format_excerpts(excerpts, mapping)
         citations = [by_number[old].citation(new) for old, new in mapping.items()]
         return Answer(text_out, "extractive", False, citations, hits)
 

@@ -1,7 +1,7 @@
 """The prompt: numbered sources, delimited as data, and the rules for answering from them.
 
 Retrieved text is data, never instructions. It is fenced in <source> elements whose delimiters cannot be forged
-from inside a document (any `<source`/`</source` in the text is escaped), and the system prompt tells the model to
+from inside a document (every `<`, `>` and `&` in the text is escaped), and the system prompt tells the model to
 ignore instructions found there.
 """
 
@@ -33,11 +33,9 @@ class PromptSource:
     text: str
 
 
-_TAG = re.compile(r"<(/?)(source|sources)\b", re.IGNORECASE)
-
-
 def _escape_body(text: str) -> str:
-    return _TAG.sub(lambda m: f"&lt;{m.group(1)}{m.group(2)}", text)
+    """Escape every `<`, `>` and `&`: no spelling of a closing tag survives, however it is spaced or disguised."""
+    return html.escape(text, quote=False)
 
 
 def format_sources(sources: list[PromptSource]) -> str:
@@ -55,30 +53,32 @@ def build_user_message(question: str, sources: list[PromptSource]) -> str:
     return f"{format_sources(sources)}\n\nQuestion: {question.strip()}"
 
 
-_CITATION = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
+# [1], [1, 2], [1; 2], [2-3] / [2–3], with the whitespace before the marker (dropped with a dropped marker).
+_CITATION = re.compile(r"([ \t]*)\[(\d+(?:\s*[,;\-–]\s*\d+)*)\]")
+
+
+def _numbers(marker: str) -> list[int]:
+    """The numbers in a marker's inside: "1, 2" → [1, 2]; "2-4" → [2, 3, 4]."""
+    numbers: list[int] = []
+    for part in re.split(r"\s*[,;]\s*", marker):
+        bounds = [int(n) for n in re.split(r"\s*[-–]\s*", part)]
+        start, end = bounds[0], bounds[-1]
+        numbers.extend(range(start, end + 1) if 0 <= end - start <= 20 else bounds)
+    return numbers
 
 
 def cited_numbers(answer: str) -> list[int]:
-    """Source numbers in the order they are first cited. Handles [1], [1][2] and [1, 2]."""
-    seen: list[int] = []
-    for match in _CITATION.finditer(answer):
-        for number in re.split(r"\s*[,;]\s*", match.group(1)):
-            n = int(number)
-            if n not in seen:
-                seen.append(n)
-    return seen
+    """Source numbers in the order they are first cited."""
+    return list(dict.fromkeys(n for match in _CITATION.finditer(answer) for n in _numbers(match.group(2))))
 
 
 def renumber_citations(answer: str, mapping: dict[int, int]) -> str:
-    """Rewrite [n] markers through `mapping`; numbers not in it (the model invented them) are removed."""
+    """Rewrite citation markers through `mapping`; numbers not in it (the model invented them) are removed."""
 
     def replace(match: re.Match[str]) -> str:
-        numbers = [mapping[int(n)] for n in re.split(r"\s*[,;]\s*", match.group(2)) if int(n) in mapping]
+        numbers = [mapping[n] for n in _numbers(match.group(2)) if n in mapping]
         if not numbers:
-            return ""  # drop the marker and the space before it
+            return ""
         return match.group(1) + "".join(f"[{n}]" for n in dict.fromkeys(numbers))
 
-    return _CITATION_WITH_SPACE.sub(replace, answer)
-
-
-_CITATION_WITH_SPACE = re.compile(r"([ \t]*)\[(\d+(?:\s*[,;]\s*\d+)*)\]")
+    return _CITATION.sub(replace, answer)

@@ -58,7 +58,9 @@ def best_sentences(
     return sorted(best, key=lambda e: position[(e.source_n, e.sentence)])
 
 
-def format_excerpts(excerpts: list[Excerpt]) -> str:
+def format_excerpts(excerpts: list[Excerpt], numbering: dict[int, int]) -> str:
+    """Quote each sentence as it is, followed by its citation number (source number mapped through
+    `numbering`). The quotes are never rewritten afterwards, so a "[1]" inside a document stays as written."""
     lines = [EXCERPTS_HEADER, ""]
-    lines += [f"> {e.sentence} [{e.source_n}]" for e in excerpts]
+    lines += [f"> {e.sentence} [{numbering[e.source_n]}]" for e in excerpts]
     return "\n".join(lines)
