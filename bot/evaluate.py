@@ -8,7 +8,7 @@ from typing import Sequence
 from rich.table import Table
 
 from bot.terminal import RichSyncProgress, console, err_console
-from knowledge.evaluation import METRICS, evaluate_retrieval, load_beir, load_jsonl_questions
+from knowledge.evaluation import EVAL_PRINCIPAL, METRICS, evaluate_retrieval, load_beir, load_jsonl_questions
 from knowledge.kb import KnowledgeBase
 from knowledge.retrieval import SearchFilters
 
@@ -23,6 +23,7 @@ async def run_eval(
             report = await kb.sync(source, progress)
         err_console.print(f"{source.spec.name}: {len(report.added) + len(report.updated)} indexed, {report.unchanged} cached")
         sources = [source.spec.name]  # a BEIR corpus is searched within itself
+        principals = [*principals, EVAL_PRINCIPAL]
     else:
         assert file is not None
         questions = load_jsonl_questions(file)

@@ -19,6 +19,8 @@ from typing import Iterable, Sequence
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@100", "precision@5", "recall@10")
+# BEIR corpora are indexed for this principal only, so benchmark documents never turn up in anyone's answers.
+EVAL_PRINCIPAL = "group:ragbot-eval"
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ def load_beir(directory: Path, split: str = "test") -> tuple[StaticSource, list[
                 read=(lambda body=body: body.encode("utf-8")),
                 title=str(record.get("title") or "").strip() or None,
                 path=f"beir/{directory.name}",
+                access=(EVAL_PRINCIPAL,),
             )
         )
     relevant: dict[str, dict[str, int]] = {}

@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal, Sequence
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from db.models import BM25_SPARSE_DIM
 from knowledge.embedding import Embedder
 from knowledge.settings import KnowledgeSettings
 from knowledge.sources.base import EVERYONE
@@ -148,16 +149,10 @@ class Retriever:
             started = time.perf_counter()
             hits = await rerank(self.settings.rerank_model, query, hits[: self.settings.rerank_candidates])
             timings["rerank_ms"] = (time.perf_counter() - started) * 1000
-        hits = collapse_near_duplicates(hits)[:k]
-        hits = [SearchHit(i + 1, *_fields_after_rank(h)) for i, h in enumerate(hits)]
+        hits = [replace(hit, rank=i + 1) for i, hit in enumerate(collapse_near_duplicates(hits)[:k])]
         if best is None and hits and mode != "lexical":
             best = max((h.dense_score or 0.0) for h in hits)
         return SearchResults(hits, best, timings)
-
-
-def _fields_after_rank(hit: SearchHit) -> tuple:  # type: ignore[type-arg]
-    return (hit.score, hit.chunk_id, hit.text, hit.heading, hit.ordinal, hit.document_id, hit.external_id,
-            hit.title, hit.url, hit.path, hit.source, hit.dense_score, hit.lexical_score)
 
 
 _FILTERS = """
@@ -177,7 +172,7 @@ bm25_query AS (
     SELECT
         -- idf weights of the question's terms as a sparse vector: <#> with a chunk's weights is its BM25 score
         ('{' || coalesce(string_agg(t.id || ':' || ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5)), ',' ORDER BY t.id), '')
-             || '}/1000000000')::sparsevec AS weights,
+             || '}/{sparse_dim}')::sparsevec AS weights,
         -- the score of an average-length chunk that contains every question term once (the sum of the idfs)
         coalesce(sum(ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5))), 0) AS full_match_score,
         -- OR-query over the terms that find candidates (in a large corpus, the ones in <= 10% of chunks)
@@ -231,7 +226,7 @@ def build_search_sql(mode: Mode, fusion: str, dimension: int) -> str:
     """The whole search as one statement. `dimension` is an int from the model, never user input."""
     ctes: list[str] = []
     if mode in ("hybrid", "lexical"):
-        ctes.append(_LEXICAL_CTES.replace("{filters}", _FILTERS))
+        ctes.append(_LEXICAL_CTES.replace("{filters}", _FILTERS).replace("{sparse_dim}", str(BM25_SPARSE_DIM)))
     if mode in ("hybrid", "dense"):
         ctes.append(_DENSE_CTES.replace("{filters}", _FILTERS).replace("{dim}", str(int(dimension))))
     if mode == "hybrid":
@@ -313,6 +308,4 @@ async def rerank(model_name: str, query: str, hits: Sequence[SearchHit]) -> list
 
     scores = await asyncio.to_thread(_score)
     order = sorted(range(len(hits)), key=lambda i: -scores[i])
-    return [
-        SearchHit(0, scores[i], *_fields_after_rank(hits[i])[1:]) for i in order
-    ]
+    return [replace(hits[i], score=scores[i]) for i in order]

@@ -370,6 +370,9 @@ def test_eval_beir_ingests_its_own_source_and_reuses_the_index(
     assert {s["name"]: (s["kind"], s["documents"]) for s in status["sources"]} == {
         "beir-tinybeir": ("beir", 8), "other": ("folder", 1),
     }
+    # Benchmark documents are indexed for the eval principal only: they never show up in anyone's search.
+    query = BEIR_QUERIES[0][1]
+    assert all(r["document"]["source"] == "other" for r in ok_json("search", query)["results"])
 
 
 # --- bad input ---------------------------------------------------------------------------------------------------

@@ -252,3 +252,10 @@ async def test_two_syncs_at_once_finish_and_leave_statistics_exact(kb_factory, f
     reports = await asyncio.gather(first.sync(FolderSource(tmp_path / "a")), second.sync(FolderSource(tmp_path / "b")))
     assert [len(r.added) for r in reports] == [12, 12] and all(not r.failed for r in reports)
     await assert_statistics_match_chunks(first)
+
+
+async def test_an_access_file_with_no_principals_hides_the_folder_from_everyone(fresh_kb, docs):
+    write(docs, "it/.access", "# nobody yet: HR will fill this in\n")
+    await fresh_kb.sync(FolderSource(docs))
+    assert "it/vpn.html" not in await found(fresh_kb, "Tailscale Okta VPN install")
+    assert "it/vpn.html" not in await found(fresh_kb, "Tailscale Okta VPN install", ["group:it", "group:hr"])
