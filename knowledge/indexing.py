@@ -120,7 +120,7 @@ class Indexer:
             batch = items[start : start + BATCH_DOCUMENTS]
             prepared = []
             for item in batch:
-                result = await self._prepare(item, stored.get(item.external_id), source_id, report)
+                result = await self._prepare(item, stored.get(item.external_id), report)
                 if result is not None:
                     prepared.append(result)
                 else:
@@ -143,7 +143,7 @@ class Indexer:
         return report
 
     async def _prepare(
-        self, item: SourceItem, old: store.StoredDocument | None, source_id: int, report: SyncReport
+        self, item: SourceItem, old: store.StoredDocument | None, report: SyncReport
     ) -> _Prepared | None:
         try:
             data = await asyncio.to_thread(item.read)

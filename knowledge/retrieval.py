@@ -150,8 +150,6 @@ class Retriever:
             hits = await rerank(self.settings.rerank_model, query, hits[: self.settings.rerank_candidates])
             timings["rerank_ms"] = (time.perf_counter() - started) * 1000
         hits = [replace(hit, rank=i + 1) for i, hit in enumerate(collapse_near_duplicates(hits)[:k])]
-        if best is None and hits and mode != "lexical":
-            best = max((h.dense_score or 0.0) for h in hits)
         return SearchResults(hits, best, timings)
 
 
