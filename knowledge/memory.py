@@ -196,6 +196,11 @@ def _sentence_weight(sentence: str, question_terms: set[str]) -> float:
     return len(terms & question_terms) + 0.5 * digits + 0.05 * min(len(terms), 12)
 
 
+def _has_figure(line: str) -> bool:
+    """Does the line state a figure? (In "Asked: … → …" lines, only the answer part counts.)"""
+    return bool(re.search(r"\d", line.split("→", 1)[1] if "→" in line else line))
+
+
 def summarize_offline(previous: str, turns: Sequence[tuple[str, str]], budget_tokens: int, count: CountTokens) -> str:
     """Fold (question, answer) turns into the summary: one line per turn with the question and the answer's key
     sentences (those sharing the question's terms, and figures). Past the budget, the weakest lines go first
@@ -209,7 +214,7 @@ def summarize_offline(previous: str, turns: Sequence[tuple[str, str]], budget_to
         line = f"- Asked: {question.strip()}" + (f" → {' '.join(ordered)}" if ordered else "")
         lines.append(line)
     while len(lines) > 1 and sum(count(lines)) > budget_tokens:
-        weakest = min(range(len(lines)), key=lambda i: (bool(re.search(r"\d", lines[i])), i))
+        weakest = min(range(len(lines)), key=lambda i: (_has_figure(lines[i]), i))
         del lines[weakest]
     summary = "\n".join(lines)
     if lines and count([summary])[0] > budget_tokens:  # one line alone is too long: keep its beginning
