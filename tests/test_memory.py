@@ -255,3 +255,56 @@ async def test_the_offline_summary_keeps_figures_within_its_budget(kb_factory):
     )
     assert "25 days of paid vacation" in lines and "[1]" not in lines and "Excerpts" not in lines
     assert sum(kb.embedder.count_tokens_many([lines])) <= 120
+
+
+# --- the command line ----------------------------------------------------------------------------------------------
+
+
+def test_chat_remembers_and_shows_what_it_searched_for(on_handbook):
+    from test_cli import ok
+
+    out = ok("chat", input="How many sick days do we get per year?\nDo they carry over if I don't use them?\n/quit\n")
+    text = " ".join(out.stdout.split())
+    assert text.count("ragbot>") == 2
+    # Only the follow-up was rewritten, and the rewrite is shown before its answer.
+    assert text.count("searched for:") == 1
+    shown = text.split("searched for:")[1]
+    assert shown.lstrip().startswith("Do they carry over if I don't use them? sick")
+    assert "policies/sick-leave.md" in "".join(shown.split())
+
+
+def test_ask_starts_a_new_conversation_unless_told_to_continue_one(on_handbook):
+    first = ok_json("ask", "How many sick days do we get per year?")
+    fresh = ok_json("ask", "Do they carry over if I don't use them?")
+    assert fresh["conversation_id"] != first["conversation_id"]
+    assert fresh["standalone_query"] == "Do they carry over if I don't use them?"
+
+    thread = f"readme:{uuid.uuid4()}"
+    ok_json("ask", "How many sick days do we get per year?", "--conversation", thread)
+    follow_up = ok_json("ask", "Do they carry over if I don't use them?", "--conversation", thread)
+    assert follow_up["conversation_id"] == thread
+    assert "sick" in follow_up["standalone_query"]
+    assert follow_up["citations"][0]["external_id"] == "policies/sick-leave.md"
+
+
+async def test_turns_stored_before_the_memory_migration_still_serve_as_history(kb_factory, tmp_path):
+    """Rows written by revision 0001 (no standalone query, asker or cited chunks) are read as they are."""
+    from conftest import write
+    from sqlalchemy import text
+
+    from knowledge.sources.folder import FolderSource
+
+    for relative, content in CORPUS.items():
+        write(tmp_path / "docs", relative, content)
+    kb = await kb_factory()
+    await kb.sync(FolderSource(tmp_path / "docs"))
+    async with kb.engine.begin() as conn:
+        await conn.execute(text(
+            "INSERT INTO conversation_turns (conversation_id, question, answer, principals) "
+            "VALUES ('old-thread', 'How many sick days do employees get?', 'Ten a year.', '{everyone}')"
+        ))
+
+    answer = await kb.answer("Do I need a note for them?", EVERYONE, "old-thread")
+
+    assert "sick" in answer.standalone_query
+    assert answer.citations[0].external_id == "policies/sick-leave.md"
