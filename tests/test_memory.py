@@ -311,3 +311,25 @@ async def test_turns_stored_before_the_memory_migration_still_serve_as_history(k
 
     assert "sick" in answer.standalone_query
     assert answer.citations[0].external_id == "policies/sick-leave.md"
+
+
+async def test_a_failing_summary_call_falls_back_to_the_offline_summary(kb_factory, fake_anthropic, tmp_path):
+    kb = await open_kb(kb_factory, fake_anthropic, tmp_path, CORPUS, memory_token_budget=250,
+                       memory_recent_turns=1, anthropic_max_retries=1)
+    fake_anthropic.default = fake_claude
+    fake_anthropic.fail_requests(lambda request: "running summary" in request.system_text)
+    chat = conversation()
+    fake_anthropic.reply_text("Full-time employees get 25 days of paid vacation per year [1].")
+    await kb.answer("How many vacation days do full-time employees get?", EVERYONE, chat)
+    for question in ("How many sick days do employees get?", "When is a doctor's note needed?",
+                     "How do I set up the VPN?", "Why do I need the VPN?"):
+        answer = await kb.answer(question, EVERYONE, chat)
+        assert answer.mode == "llm" and not answer.abstained
+
+    history = await kb.memory.history(chat)  # the next question would fold the older turns now
+
+    assert any("running summary" in r.system_text for r in fake_anthropic.requests)  # Claude was tried
+    # Folded offline: the key sentence of the first answer, in the offline summary's own format.
+    assert "- Asked: How many vacation days do full-time employees get?" in history.summary
+    assert "25 days of paid vacation" in history.summary
+    assert kb.memory.budget_used(history) <= 250
