@@ -89,6 +89,19 @@ async def test_prior_thread_messages_count_only_until_the_bot_has_turns_of_its_o
     assert "laptop" not in later.standalone_query
 
 
+async def test_the_thread_before_the_first_mention_stays_in_view_on_later_turns(handbook_kb):
+    chat = conversation()
+    thread = [ChatMessage("user", "What laptop do engineers get?"),
+              ChatMessage("assistant", "A MacBook Pro 14 inch, from the Equipment & Laptop Policy.")]
+    await handbook_kb.answer("How often are they refreshed?", EVERYONE, chat, prior_messages=thread)
+
+    history = await handbook_kb.memory.history(chat)
+    assert "What laptop do engineers get?" in history.summary
+    answer = await handbook_kb.answer("Who approves an early one?", EVERYONE, chat)
+    assert "refreshed" in answer.standalone_query and "laptop" in answer.standalone_query
+    assert cited_ids(answer)[0] == "it/equipment.html"
+
+
 def test_the_offline_rewrite_leaves_standalone_questions_alone():
     history = History("", [ChatMessage("user", "How many sick days do we get per year?"),
                            ChatMessage("assistant", "10 paid sick days.")])
