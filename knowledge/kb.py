@@ -174,7 +174,7 @@ class KnowledgeBase:
         async with self.engine.begin() as conn:
             removed = await store.delete_source(conn, name)
         if removed is None:
-            raise UnknownSource([name], await self.source_names())
+            raise UnknownSource.named([name], await self.source_names())
         return removed
 
     async def source_names(self) -> list[str]:
@@ -188,7 +188,7 @@ class KnowledgeBase:
         known = await self.source_names()
         unknown = [name for name in names if name not in known]
         if unknown:
-            raise UnknownSource(unknown, known)
+            raise UnknownSource.named(unknown, known)
 
     async def status(self) -> IndexStatus:
         async with self.engine.connect() as conn:
