@@ -185,6 +185,8 @@ def ask(
     else:
         render_searched_for(question, answer)
         render_answer(answer)
+        if conversation is None:  # on stderr, so piping the answer stays clean
+            err_console.print(f"[dim]Follow up with: --conversation {escape(conversation_id)}[/]", highlight=False)
 
 
 @app.command()

@@ -290,6 +290,14 @@ def test_chat_remembers_and_shows_what_it_searched_for(on_handbook):
 
 
 def test_ask_starts_a_new_conversation_unless_told_to_continue_one(on_handbook):
+    from test_cli import ok
+
+    shown = ok("ask", "How many sick days do we get per year?")
+    hint = shown.stderr.strip().splitlines()[-1]
+    assert hint.startswith("Follow up with: --conversation cli:")
+    follow_up = ok("ask", "Do they carry over if I don't use them?", *hint.removeprefix("Follow up with: ").split())
+    assert "searched for: Do they carry over if I don't use them? sick" in " ".join(follow_up.stdout.split())
+
     first = ok_json("ask", "How many sick days do we get per year?")
     fresh = ok_json("ask", "Do they carry over if I don't use them?")
     assert fresh["conversation_id"] != first["conversation_id"]
