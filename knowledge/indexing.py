@@ -37,6 +37,7 @@ BATCH_DOCUMENTS = 16
 VACUUM_AFTER_DELETED_CHUNKS = 1000
 # A chunk token is rarely more than this many characters: bounds the text chunked for MAX_DOCUMENT_CHUNKS.
 CHARS_PER_TOKEN_BOUND = 8
+MIN_DOCUMENT_CHARS = 1_000_000
 # Bump when parsing or chunking changes what a file turns into: every document is then re-chunked on its next sync
 # (the embedding cache still spares re-embedding chunks whose text came out the same).
 PIPELINE_VERSION = "2"
@@ -221,7 +222,11 @@ class Indexer:
         if item.title:
             parsed.title = item.title
         limit = self.settings.max_document_chunks
-        truncated = truncate_blocks(parsed, limit * self.settings.chunk_tokens * CHARS_PER_TOKEN_BOUND)
+        max_chars = max(limit * self.settings.chunk_tokens * CHARS_PER_TOKEN_BOUND, MIN_DOCUMENT_CHARS)
+        if truncate_blocks(parsed, max_chars):
+            report.warnings.append(
+                f"{item.external_id}: only its first {max_chars:,} characters are indexed (MAX_DOCUMENT_CHUNKS)"
+            )
         try:
             drafts = await asyncio.to_thread(
                 chunk_document, parsed, self.embedder.count_tokens_many, self.settings.chunk_tokens,
@@ -232,7 +237,7 @@ class Indexer:
             await self._fail(item, old, f"could not be split into chunks: {type(exc).__name__}: {exc}", report)
             return None
         drafts = unique_chunks(drafts)
-        if truncated or len(drafts) > limit:
+        if len(drafts) > limit:
             drafts = drafts[:limit]
             report.warnings.append(
                 f"{item.external_id}: only its first {limit} chunks are indexed (MAX_DOCUMENT_CHUNKS)"

@@ -53,16 +53,19 @@ def vector_literal(values: Sequence[float]) -> str:
 
 
 async def ensure_source(conn: AsyncConnection, name: str, kind: str, location: str | None) -> int:
+    # ON CONFLICT: two first syncs of one source at once must both get its id, not a unique violation.
+    inserted = (
+        await conn.execute(
+            text("INSERT INTO sources (name, kind, location) VALUES (:name, :kind, :location) "
+                 "ON CONFLICT (name) DO NOTHING RETURNING id"),
+            {"name": name, "kind": kind, "location": location},
+        )
+    ).scalar()
+    if inserted is not None:
+        return inserted
     row = (
         await conn.execute(text("SELECT id, kind, location FROM sources WHERE name = :name"), {"name": name})
-    ).first()
-    if row is None:
-        return (
-            await conn.execute(
-                text("INSERT INTO sources (name, kind, location) VALUES (:name, :kind, :location) RETURNING id"),
-                {"name": name, "kind": kind, "location": location},
-            )
-        ).scalar_one()
+    ).one()
     if row.kind != kind or (location and row.location and row.location != location):
         raise SourceConflict(
             f"source {name!r} already indexes {row.kind} {row.location}; pick another name with --source"
