@@ -121,13 +121,15 @@ class SchedulerHandle:
     def jobs(self) -> list[str]:
         return sorted(job.id for job in self.scheduler.get_jobs())
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 60.0) -> None:
         if self._refresher is not None:
             self._refresher.cancel()
-        self.scheduler.shutdown(wait=False)
-        # Let syncs that already started finish their current document and record their run.
+        # No new runs; let the ones already going finish and record themselves (shutting the executor down
+        # would cancel them: safe, but the run would show as interrupted), then stop.
+        self.scheduler.pause()
         if self._running:
-            await asyncio.wait(list(self._running), timeout=60)
+            await asyncio.wait(list(self._running), timeout=timeout)
+        self.scheduler.shutdown(wait=False)
 
 
 async def start_scheduler(kb: "KnowledgeBase", *, refresh_seconds: float = 60.0,
