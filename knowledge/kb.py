@@ -139,7 +139,9 @@ class KnowledgeBase:
             removed = await store.delete_source(conn, name)
         if removed is None:
             raise ValueError(f"unknown source {name!r}; indexed sources: {', '.join(await self.source_names()) or 'none'}")
-        return removed
+        documents, chunks = removed
+        await self.indexer.after_large_delete(chunks)
+        return documents
 
     async def source_names(self) -> list[str]:
         async with self.engine.connect() as conn:
