@@ -70,6 +70,7 @@ def _quote_safe_strings(value: object) -> object:
 def run_async(factory: Callable[[], Awaitable[T]]) -> T:
     from knowledge.embedding import EmbeddingModelError
     from knowledge.evaluation import EvalFileError
+    from knowledge.errors import KnowledgeError
     from knowledge.store import SourceConflict
 
     from sqlalchemy.exc import DBAPIError
@@ -78,7 +79,8 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(factory())  # type: ignore[arg-type]
-    except (SourceConflict, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError) as exc:
+    except (SourceConflict, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError,
+            KnowledgeError) as exc:
         fail(str(exc))
     except DBAPIError as exc:
         fail(f"database error: {exc.orig or exc}".splitlines()[0])
@@ -297,6 +299,10 @@ def db_stop() -> None:
         fail("DATABASE_URL is set: ragbot is not running an embedded database")
     console.print("Stopped the embedded database." if stop_embedded(settings.home) else "The embedded database was not running.")
 
+
+from bot.cli_sources import register_source_commands  # noqa: E402  (source, sync, sync-runs, scheduler)
+
+register_source_commands(app)
 
 if __name__ == "__main__":
     sys.exit(app())
