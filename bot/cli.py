@@ -17,7 +17,7 @@ from rich.markup import escape
 from bot.settings import BotSettings
 from bot.terminal import (
     RichSyncProgress, chat_loop, console, err_console, render_answer, render_hits, render_searched_for, render_status,
-    render_sync_report,
+    render_sync_report, shown,
 )
 
 app = typer.Typer(help="ragbot: answers questions from your documents, with citations.", no_args_is_help=True,
@@ -43,8 +43,11 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 def fail(message: str) -> None:
     """A clear one-line error and exit code 2, for anything the user can fix."""
+    from knowledge.sanitize import strip_control
+
     # escape: paths and messages may contain [brackets]; soft_wrap: one line, however long.
-    err_console.print(f"[red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    one_line = " ".join(strip_control(message).split("\n"))
+    err_console.print(f"[red]Error:[/] {escape(one_line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -59,6 +62,24 @@ def cli_message(exc: Exception) -> str:
         return (f"unknown source {', '.join(exc.names)}; indexed sources: {', '.join(exc.known) or 'none yet'} "
                 "(check --source)")
     return str(exc)
+
+
+def print_json(payload: object) -> None:
+    """--json output: every string in it passes through quote_safe, like every other surface (document titles,
+    paths and text are data, never mentions, markup or terminal control)."""
+    print(json.dumps(_quote_safe_strings(payload), indent=2))
+
+
+def _quote_safe_strings(value: object) -> object:
+    from knowledge.sanitize import quote_safe
+
+    if isinstance(value, str):
+        return quote_safe(value)
+    if isinstance(value, dict):
+        return {_quote_safe_strings(k): _quote_safe_strings(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_quote_safe_strings(v) for v in value]
+    return value
 
 
 def run_async(factory: Callable[[], Awaitable[T]]) -> T:
@@ -122,7 +143,7 @@ def ingest(
 
     reports = with_kb(sync_all)
     if as_json:
-        print(json.dumps({"reports": reports}, indent=2))
+        print_json({"reports": reports})
 
 
 @app.command()
@@ -153,7 +174,7 @@ def search(
 
     results = with_kb(run_search)
     if as_json:
-        print(json.dumps({"results": [hit.to_dict() for hit in results.hits]}, indent=2))
+        print_json({"results": [hit.to_dict() for hit in results.hits]})
     else:
         render_hits(results.hits)
 
@@ -181,12 +202,12 @@ def ask(
 
     answer = with_kb(run_ask)
     if as_json:
-        print(json.dumps({**answer.to_dict(), "conversation_id": conversation_id}, indent=2))
+        print_json({**answer.to_dict(), "conversation_id": conversation_id})
     else:
         render_searched_for(question, answer)
         render_answer(answer)
         if conversation is None:  # on stderr, so piping the answer stays clean
-            err_console.print(f"[dim]Follow up with: --conversation {escape(conversation_id)}[/]", highlight=False)
+            err_console.print(f"[dim]Follow up with: --conversation {shown(conversation_id)}[/]", highlight=False)
 
 
 @app.command()
@@ -206,7 +227,7 @@ def status(as_json: JsonOption = False) -> None:
 
     result = with_kb(lambda kb: kb.status())
     if as_json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print_json(result.to_dict())
     else:
         render_status(result)
 
@@ -215,7 +236,9 @@ def status(as_json: JsonOption = False) -> None:
 def remove_source(name: Annotated[str, typer.Argument(help="The source to forget.")]) -> None:
     """Remove a source and everything indexed from it (the files themselves are not touched)."""
     removed = with_kb(lambda kb: kb.remove_source(name))
-    console.print(f"Removed source {escape(name)} and its {removed} documents.")
+    from bot.terminal import shown
+
+    console.print(f"Removed source {shown(name)} and its {removed} documents.")
 
 
 @app.command()
@@ -264,7 +287,7 @@ def evaluate(
     results = with_kb(lambda kb: run_eval(kb, file, beir, modes, principals or [], sources or [], corpus=corpus,
                                           memory=not no_memory))
     if as_json:
-        print(json.dumps(results, indent=2))
+        print_json(results)
     else:
         from bot.evaluate import render_eval
 
@@ -299,6 +322,10 @@ def db_stop() -> None:
         fail("DATABASE_URL is set: ragbot is not running an embedded database")
     console.print("Stopped the embedded database." if stop_embedded(settings.home) else "The embedded database was not running.")
 
+
+from bot.cli_sources import register_source_commands  # noqa: E402  (source, sync, sync-runs, scheduler)
+
+register_source_commands(app)
 
 if __name__ == "__main__":
     sys.exit(app())
