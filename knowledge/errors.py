@@ -1,4 +1,4 @@
-"""Typed errors of the knowledge core.
+"""Typed errors the knowledge core raises.
 
 Their messages describe the problem in plain words and never name a CLI flag: the same errors are shown in the
 terminal, in Slack and in Discord. Each surface adds its own wording (the CLI's lives in bot/cli.py).
@@ -10,23 +10,12 @@ from typing import Sequence
 
 
 class KnowledgeError(Exception):
-    """Base class: something the person asking can fix or should know about."""
+    """Base class: something the person asking can fix or should know about (its message says how)."""
 
 
 class EmptyQuestion(KnowledgeError, ValueError):
     def __init__(self) -> None:
         super().__init__("the question is empty")
-
-
-class UnknownSource(KnowledgeError, ValueError):
-    """A source name that is not indexed. `known` lists the ones that are."""
-
-    def __init__(self, names: Sequence[str], known: Sequence[str]) -> None:
-        self.names = tuple(names)
-        self.known = tuple(known)
-        super().__init__(
-            f"unknown source {', '.join(self.names)}; indexed sources: {', '.join(self.known) or 'none yet'}"
-        )
 
 
 class SourceConflict(KnowledgeError, ValueError):
@@ -39,9 +28,48 @@ class SourceConflict(KnowledgeError, ValueError):
         super().__init__(f"source {name!r} already indexes {kind} {location or ''}".rstrip() + "; pick another name")
 
 
-class SourceBusy(KnowledgeError):
-    """Another sync of the same source is running."""
+# --- sources and sync runs -----------------------------------------------------------------------------------
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        super().__init__(f"source {name!r} is being synced right now; try again when that sync has finished")
+
+class SourceError(KnowledgeError):
+    """A source cannot be synced right now. The run fails; the index keeps what it had."""
+
+
+class UnknownSource(SourceError, ValueError):
+    """No stored source has that name. `known` lists the ones that are (when the raiser knew them).
+
+    Raised either as `UnknownSource(names, known)` or with a ready message, `UnknownSource("unknown source 'x'")`.
+    """
+
+    def __init__(self, names: Sequence[str] | str, known: Sequence[str] | None = None) -> None:
+        if isinstance(names, str) and known is None:
+            self.names: tuple[str, ...] = ()
+            self.known: tuple[str, ...] = ()
+            super().__init__(names)
+            return
+        self.names = (names,) if isinstance(names, str) else tuple(names)
+        self.known = tuple(known or ())
+        super().__init__(
+            f"unknown source {', '.join(self.names)}; indexed sources: {', '.join(self.known) or 'none yet'}"
+        )
+
+
+class SourceBusy(SourceError):
+    """Another process (or task) is syncing that source right now."""
+
+
+class SourceConfigError(SourceError, ValueError):
+    """A source's settings are invalid (bad URL, unknown kind, missing option, space not found)."""
+
+
+class SourceAuthError(SourceError):
+    """The credentials were refused (401/403) or are missing."""
+
+
+class SourceUnavailable(SourceError):
+    """The host cannot be reached, or kept answering 429/503 past the retry bound."""
+
+
+class ItemUnavailable(KnowledgeError):
+    """One item cannot be fetched (deleted mid-sync, too large, forbidden): it is skipped and reported, the run
+    goes on."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -24,8 +24,9 @@ from knowledge.memory import ChatMessage, ConversationMemory, MemorySettings
 from knowledge.retrieval import Mode, Retriever, SearchFilters, SearchResults
 from knowledge.settings import KnowledgeSettings
 from knowledge import store
-from knowledge.sources.base import Source
+from knowledge.sources.base import Source, SourceInfo, SyncRun
 from knowledge.sources.folder import FolderSource
+from knowledge.syncing import SyncRunner
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class SourceStatus:
     documents: int
     chunks: int
     last_synced_at: datetime | None
+    last_run: SyncRun | None = None
+    running: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ class IndexStatus:
             "avg_chunk_length": round(self.avg_chunk_length, 2),
             "sources": [
                 {"name": s.name, "kind": s.kind, "location": s.location, "documents": s.documents,
-                 "chunks": s.chunks, "last_synced_at": s.last_synced_at.isoformat() if s.last_synced_at else None}
+                 "chunks": s.chunks, "last_synced_at": s.last_synced_at.isoformat() if s.last_synced_at else None,
+                 "running": s.running, "last_run": s.last_run.to_dict() if s.last_run else None}
                 for s in self.sources
             ],
         }
@@ -91,6 +95,7 @@ class KnowledgeBase(BotStateMethods):
                                          embedder.count_tokens_many, self.generator)
         self.answerer = Answerer(self.retriever, self.memory, self.generator, embedder.count_tokens_many,
                                  AnswerSettings.from_settings(settings), embedder)
+        self.syncs = SyncRunner(engine, self.indexer)
 
     @classmethod
     async def open(
@@ -146,7 +151,37 @@ class KnowledgeBase(BotStateMethods):
         await self.close()
 
     async def sync(self, source: Source, progress: SyncProgress | None = None) -> SyncReport:
-        return await self.indexer.sync(source, progress)
+        """A one-off sync of a source object (`ragbot ingest PATH`): recorded and locked like any run."""
+        return await self.syncs.sync_adhoc(source, progress)
+
+    async def sync_source(
+        self, name: str, *, trigger: str = "cli", full: bool = False, progress: SyncProgress | None = None,
+        prune: bool | None = None,
+    ) -> SyncReport:
+        """THE sync job: the scheduler (trigger "schedule"), `ragbot sync` ("cli") and `/kb reindex` ("chat").
+
+        Syncs the stored source `name` from its checkpoint (everything with `full=True`, which also prunes);
+        prunes when `prune` is True, or, when None, if its prune interval has passed. Records the run. Raises
+        `knowledge.errors.UnknownSource`, `SourceBusy` (another process is syncing it), `SourceAuthError` /
+        `SourceUnavailable` / `SourceConfigError` (the run is recorded as failed; the index is untouched)."""
+        return await self.syncs.sync_stored(name, trigger=trigger, full=full, progress=progress, prune=prune)
+
+    async def list_sources(self) -> list[SourceInfo]:
+        """Stored sources with their schedule, document count, last run and whether a run is live."""
+        return await self.syncs.list_sources()
+
+    async def add_source(
+        self, name: str, kind: str, config: dict[str, Any], *, schedule_seconds: int | None = None,
+        prune_seconds: int | None = None, check: bool = True,
+    ) -> SourceInfo:
+        """Store a source after checking its connection (credentials, space, path). Secrets stay in the
+        environment: `config` holds only the names of the variables."""
+        return await self.syncs.add(name, kind, config, schedule_seconds=schedule_seconds,
+                                    prune_seconds=prune_seconds, check=check)
+
+    async def sync_runs(self, name: str | None = None, limit: int = 20) -> list[SyncRun]:
+        """Recorded runs, newest first (of one source, or of all)."""
+        return await self.syncs.runs(name, limit)
 
     async def search(
         self, query: str, filters: SearchFilters, *, k: int = 10, mode: Mode = "hybrid",
@@ -173,12 +208,15 @@ class KnowledgeBase(BotStateMethods):
         return FolderSource(resolved, name)
 
     async def remove_source(self, name: str) -> int:
-        """Forget a source and all its documents. Raises UnknownSource for a name that is not indexed."""
-        async with self.engine.begin() as conn:
-            removed = await store.delete_source(conn, name)
-        if removed is None:
+        """Forget a source, its documents and its runs. Raises UnknownSource, or SourceBusy while it syncs."""
+        async with self.engine.connect() as conn:
+            source_id = await store.source_id_by_name(conn, name)
+        if source_id is None:
             raise UnknownSource([name], await self.source_names())
-        return removed
+        async with self.syncs.source_lock(source_id, name):
+            async with self.engine.begin() as conn:
+                removed = await store.delete_source(conn, name)
+        return removed or 0
 
     async def source_names(self) -> list[str]:
         async with self.engine.connect() as conn:
@@ -194,9 +232,12 @@ class KnowledgeBase(BotStateMethods):
             raise UnknownSource(unknown, known)
 
     async def status(self) -> IndexStatus:
+        infos = {info.name: info for info in await self.list_sources()}
         async with self.engine.connect() as conn:
             sources = [
-                SourceStatus(s.name, s.kind, s.location, s.documents, s.chunks, s.last_synced_at)
+                SourceStatus(s.name, s.kind, s.location, s.documents, s.chunks, s.last_synced_at,
+                              infos[s.name].last_run if s.name in infos else None,
+                              infos[s.name].running if s.name in infos else False)
                 for s in await store.source_counts(conn)
             ]
             counts = await store.index_counts(conn)

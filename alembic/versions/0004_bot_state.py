@@ -12,14 +12,14 @@ delivered answers and feedback.
 Only new tables: safe on an existing database.
 
 Revision ID: 0004
-Revises: 0001
+Revises: 0003 (0001 in its own branch; chained at merge)
 Create Date: 2026-11-22
 """
 
 from alembic import op
 
 revision = "0004"
-down_revision = "0001"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
