@@ -535,3 +535,28 @@ async def test_a_long_answer_is_split_without_cutting_links_or_citations(llm_kb,
     assert sum(s.count("HR portal") for s in answer_sections) == 60
     assert [any(b["type"] == "context_actions" for b in m.blocks) for m in messages][-1]
     assert last is messages[-1]
+
+
+def test_manifest_and_compose_match_what_the_bot_handles() -> None:
+    import yaml
+
+    repo = Path(__file__).resolve().parent.parent
+    manifest = yaml.safe_load((repo / "slack-manifest.yml").read_text())
+    events = set(manifest["settings"]["event_subscriptions"]["bot_events"])
+    assert {"app_mention", "message.im", "message.channels", "message.groups", "assistant_thread_started"} <= events
+    scopes = set(manifest["oauth_config"]["scopes"]["bot"])
+    assert {"app_mentions:read", "chat:write", "commands", "users:read", "users:read.email", "assistant:write",
+            "channels:history", "im:history"} <= scopes
+    assert [c["command"] for c in manifest["features"]["slash_commands"]] == ["/kb"]
+    assert manifest["settings"]["interactivity"]["is_enabled"] and "assistant_view" in manifest["features"]
+    urls = {manifest["settings"]["event_subscriptions"]["request_url"],
+            manifest["settings"]["interactivity"]["request_url"], manifest["features"]["slash_commands"][0]["url"]}
+    assert len(urls) == 1 and urls.pop().endswith("/slack/events")
+
+    compose = yaml.safe_load((repo / "compose.yaml").read_text())
+    db, bot = compose["services"]["db"], compose["services"]["ragbot"]
+    assert db["image"].startswith("pgvector/pgvector:") and "healthcheck" in db
+    assert bot["build"] == "." and "/healthz" in " ".join(bot["healthcheck"]["test"])
+    assert bot["depends_on"]["db"]["condition"] == "service_healthy"
+    assert bot["env_file"][0]["path"] == ".env" and bot["environment"]["DATABASE_URL"].startswith("postgresql://")
+    assert any(v.endswith(":/data") for v in bot["volumes"])
