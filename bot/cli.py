@@ -299,5 +299,9 @@ from bot.admin_cli import register as _register_admin_commands  # noqa: E402
 
 _register_admin_commands(app)
 
+from bot.cli_sources import register_source_commands  # noqa: E402  (source, sync, sync-runs, scheduler)
+
+register_source_commands(app)
+
 if __name__ == "__main__":
     sys.exit(app())
