@@ -152,6 +152,10 @@ def run(settings: BotSettings | None = None, runner: Callable[..., object] | Non
         chat(principals=None, sources=None)
         return
     app = BotApp(settings, KnowledgeSettings(), DatabaseSettings())
+    if settings.run_scheduler:
+        from knowledge.scheduler import SchedulerService
+
+        app.services.append(SchedulerService(lambda: app.kb))  # type: ignore[arg-type, return-value]
     print(f"ragbot: starting {' and '.join(settings.chat_platforms)} (health and metrics on port {settings.port})",
           flush=True)
     if runner is None:

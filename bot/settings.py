@@ -26,6 +26,9 @@ class BotSettings(BaseSettings):
     # How long a user's email and admin flag (users.info) are cached.
     user_cache_seconds: int = Field(default=600, ge=0)
 
+    # Run the sync scheduler inside `ragbot run` (turn off when `ragbot scheduler` runs as its own process).
+    run_scheduler: bool = True
+
     # The HTTP server: Slack events (HTTP mode), /healthz and /metrics.
     host: str = "0.0.0.0"
     port: int = Field(default=3000, ge=0, le=65535)
