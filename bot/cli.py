@@ -51,19 +51,6 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def cli_message(exc: Exception) -> str:
-    """The knowledge core's typed errors, worded for the command line (naming the flag that fixes them)."""
-    from knowledge.errors import SourceConflict, UnknownSource
-
-    if isinstance(exc, SourceConflict):
-        where = f"{exc.kind} {exc.location}" if exc.location else exc.kind
-        return f"source {exc.name!r} already indexes {where}; pick another name with --source"
-    if isinstance(exc, UnknownSource) and exc.known is not None:
-        return (f"unknown source {', '.join(exc.names)}; indexed sources: {', '.join(exc.known) or 'none yet'} "
-                "(check --source)")
-    return str(exc)
-
-
 def print_json(payload: object) -> None:
     """--json output: every string in it passes through quote_safe, like every other surface (document titles,
     paths and text are data, never mentions, markup or terminal control)."""
@@ -80,6 +67,19 @@ def _quote_safe_strings(value: object) -> object:
     if isinstance(value, (list, tuple)):
         return [_quote_safe_strings(v) for v in value]
     return value
+
+
+def cli_message(exc: Exception) -> str:
+    """The knowledge core's typed errors, worded for the command line (naming the flag that fixes them)."""
+    from knowledge.errors import SourceConflict, UnknownSource
+
+    if isinstance(exc, SourceConflict):
+        where = f"{exc.kind} {exc.location}" if exc.location else exc.kind
+        return f"source {exc.name!r} already indexes {where}; pick another name with --source"
+    if isinstance(exc, UnknownSource) and exc.names:  # raised with a ready message otherwise (sync by name)
+        return (f"unknown source {', '.join(exc.names)}; indexed sources: {', '.join(exc.known) or 'none yet'} "
+                "(check --source)")
+    return str(exc)
 
 
 def run_async(factory: Callable[[], Awaitable[T]]) -> T:
@@ -243,14 +243,11 @@ def remove_source(name: Annotated[str, typer.Argument(help="The source to forget
 
 @app.command()
 def run() -> None:
-    """Start the bot. With no chat platform tokens configured, that is the terminal chat."""
-    platforms = BotSettings().chat_platforms
-    if platforms:
-        err_console.print(
-            f"[yellow]{' and '.join(platforms)} token(s) found, but the chat adapters are not part of this build "
-            "yet; starting the terminal chat instead.[/]"
-        )
-    chat(principals=None, sources=None)
+    """Start the bots (Slack and/or Discord, per the tokens set) with /healthz and /metrics; with no chat tokens,
+    the terminal chat."""
+    from bot.app import run as run_bots
+
+    run_bots(runner=run_async)
 
 
 @app.command(name="eval")
@@ -322,6 +319,10 @@ def db_stop() -> None:
         fail("DATABASE_URL is set: ragbot is not running an embedded database")
     console.print("Stopped the embedded database." if stop_embedded(settings.home) else "The embedded database was not running.")
 
+
+from bot.admin_cli import register as _register_admin_commands  # noqa: E402
+
+_register_admin_commands(app)
 
 from bot.cli_sources import register_source_commands  # noqa: E402  (source, sync, sync-runs, scheduler)
 

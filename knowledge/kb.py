@@ -16,6 +16,7 @@ from db.engine import create_engine, database_url
 from db.migrate import upgrade_to_head
 from db.settings import DatabaseSettings, redact_url
 from knowledge.answering import Answer, Answerer, AnswerSettings, make_generator
+from knowledge.botstate import BotStateMethods
 from knowledge.embedding import Embedder, get_embedder
 from knowledge.errors import UnknownSource
 from knowledge.indexing import Indexer, SyncProgress, SyncReport
@@ -23,7 +24,6 @@ from knowledge.memory import ChatMessage, ConversationMemory, MemorySettings
 from knowledge.retrieval import Mode, Retriever, SearchFilters, SearchResults
 from knowledge.settings import KnowledgeSettings
 from knowledge import store
-from knowledge.errors import UnknownSource
 from knowledge.sources.base import Source, SourceInfo, SyncRun
 from knowledge.sources.folder import FolderSource
 from knowledge.syncing import SyncRunner
@@ -80,7 +80,9 @@ def memory_settings(settings: KnowledgeSettings, with_claude: bool) -> MemorySet
     )
 
 
-class KnowledgeBase:
+class KnowledgeBase(BotStateMethods):
+    """Bot-side state (events, channel grants, identity map, feedback) comes from `BotStateMethods`."""
+
     def __init__(self, engine: AsyncEngine, settings: KnowledgeSettings, embedder: Embedder, url: str) -> None:
         self.engine = engine
         self.settings = settings
@@ -210,7 +212,7 @@ class KnowledgeBase:
         async with self.engine.connect() as conn:
             source_id = await store.source_id_by_name(conn, name)
         if source_id is None:
-            raise UnknownSource.named([name], await self.source_names())
+            raise UnknownSource([name], await self.source_names())
         async with self.syncs.source_lock(source_id, name):
             async with self.engine.begin() as conn:
                 removed = await store.delete_source(conn, name)
@@ -231,16 +233,16 @@ class KnowledgeBase:
         known = await self.source_names()
         unknown = [name for name in names if name not in known]
         if unknown:
-            raise UnknownSource.named(unknown, known)
+            raise UnknownSource(unknown, known)
 
     async def status(self) -> IndexStatus:
         infos = {info.name: info for info in await self.list_sources()}
         async with self.engine.connect() as conn:
             sources = [
-                SourceStatus(r.name, r.kind, r.location, r.documents, r.chunks, r.last_synced_at,
-                             infos[r.name].last_run if r.name in infos else None,
-                             infos[r.name].running if r.name in infos else False)
-                for r in await store.source_counts(conn)
+                SourceStatus(s.name, s.kind, s.location, s.documents, s.chunks, s.last_synced_at,
+                              infos[s.name].last_run if s.name in infos else None,
+                              infos[s.name].running if s.name in infos else False)
+                for s in await store.source_counts(conn)
             ]
             counts = await store.index_counts(conn)
         return IndexStatus(
