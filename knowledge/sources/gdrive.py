@@ -1,0 +1,739 @@
+"""Google Drive: folders (recursively) and whole shared drives, kept fresh through Drive's Changes API.
+
+How a sync goes:
+- The first (or a full) sync takes `changes.getStartPageToken` *before* walking the scope, then lists every folder
+  of the scope with `files.list` (shared drives need `supportsAllDrives` and `includeItemsFromAllDrives`), following
+  shortcuts to their targets once. The checkpoint stores that token and the scope's shape: which folders are in it
+  (with their breadcrumb), which folder each file sits in, and which shortcuts point where.
+- Later syncs walk `changes.list` from the stored token and keep only changes inside the scope: a file moved out
+  leaves the index, one moved in joins it, trashed or removed files are deleted, and a folder moved, renamed,
+  trashed or lost takes its whole subtree with it.
+- A file's version is its `md5Checksum` (binary files) or `modifiedTime` (Google Docs, Sheets, Slides), with its
+  name: sharing changes move neither, so they update access without fetching content again.
+- Content: Docs are exported as HTML (headings, lists and tables kept), Sheets as XLSX read sheet by sheet into rows
+  that repeat the header in every chunk, Slides as plain text; PDF, DOCX, TXT, MD, HTML and CSV are downloaded.
+- Access: `permissions.list` → `user:<email>`, `group:<email>`, `domain:<domain>` (or `everyone` for the domains
+  in GDRIVE_EVERYONE_DOMAINS), anyone-with-the-link → `everyone`. Shared-drive members come back from
+  `permissions.list` as inherited permissions, so they count.
+
+google-api-python-client is synchronous: every request runs in a worker thread (with its own httplib2 connection,
+which is not thread-safe) under a semaphore, so the source is async to the rest of ragbot. Rate limits (429, and 403
+`rateLimitExceeded` / `userRateLimitExceeded`) and 5xx back off exponentially (honouring Retry-After), a bounded
+number of times; past that the sync fails cleanly and the checkpoint stays where it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import PurePosixPath
+from typing import Any, Callable, Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from knowledge.sources.base import EVERYONE
+
+logger = logging.getLogger(__name__)
+
+DRIVE_SCOPE = "https://www.googleapis.com/auth/drive.readonly"
+DEFAULT_CREDENTIALS_ENV = "GOOGLE_SERVICE_ACCOUNT_JSON"
+
+FOLDER = "application/vnd.google-apps.folder"
+SHORTCUT = "application/vnd.google-apps.shortcut"
+GOOGLE_DOC = "application/vnd.google-apps.document"
+GOOGLE_SHEET = "application/vnd.google-apps.spreadsheet"
+GOOGLE_SLIDES = "application/vnd.google-apps.presentation"
+XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+
+# Google-native files: (export MIME type, suffix that picks ragbot's parser).
+EXPORTS = {
+    GOOGLE_DOC: ("text/html", ".html"),
+    GOOGLE_SHEET: (XLSX, ".xlsx"),
+    GOOGLE_SLIDES: ("text/plain", ".txt"),
+}
+# Files downloaded as they are: MIME type -> suffix (used when the file name has no suffix ragbot knows).
+DOWNLOADS = {
+    "application/pdf": ".pdf",
+    DOCX: ".docx",
+    "text/plain": ".txt",
+    "text/markdown": ".md",
+    "text/x-markdown": ".md",
+    "text/html": ".html",
+    "text/csv": ".csv",
+    XLSX: ".xlsx",
+}
+DOWNLOAD_SUFFIXES = {".pdf", ".docx", ".txt", ".md", ".markdown", ".html", ".htm", ".csv", ".xlsx"}
+EXPORT_LIMIT_MB = 10  # Drive refuses larger exports (403 exportSizeLimitExceeded)
+
+FILE_FIELDS = (
+    "id,name,mimeType,parents,driveId,trashed,modifiedTime,version,md5Checksum,size,webViewLink,"
+    "owners(displayName,emailAddress),shortcutDetails(targetId,targetMimeType)"
+)
+RATE_LIMIT_REASONS = {"rateLimitExceeded", "userRateLimitExceeded"}
+
+
+class GoogleDriveSettings(BaseSettings):
+    """Settings shared by every Drive source (per-source options live in the stored source config)."""
+
+    model_config = SettingsConfigDict(env_prefix="GDRIVE_", env_file=".env", extra="ignore")
+
+    # Workspace domains whose `domain:` grants mean everyone in the company (comma-separated), e.g. "acme.com".
+    everyone_domains: str = ""
+    # Files larger than this (by Drive's reported size) are skipped without downloading.
+    max_file_mb: int = Field(default=25, ge=1)
+    # Requests to Drive in flight at once.
+    concurrency: int = Field(default=4, ge=1, le=32)
+    # Rate limits and server errors: retries per request, first wait, longest wait (seconds).
+    max_retries: int = Field(default=6, ge=0)
+    backoff_seconds: float = Field(default=1.0, ge=0)
+    max_backoff_seconds: float = Field(default=64.0, ge=0)
+    # Another API root (a proxy, or a local fake in tests); unset means Google's.
+    api_endpoint: str | None = None
+
+    def everyone_domain_set(self) -> set[str]:
+        return {d.strip().lower() for d in self.everyone_domains.split(",") if d.strip()}
+
+
+@dataclass(frozen=True)
+class GoogleDriveConfig:
+    """What `ragbot source add gdrive` stores. Secrets never: only the name of the variable holding the key."""
+
+    folders: tuple[str, ...] = ()
+    shared_drives: tuple[str, ...] = ()
+    credentials_env: str = DEFAULT_CREDENTIALS_ENV
+    subject: str | None = None
+    visibility: Literal["permissions", "everyone"] = "permissions"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"folders": list(self.folders), "shared_drives": list(self.shared_drives),
+                "credentials_env": self.credentials_env, "subject": self.subject, "visibility": self.visibility}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GoogleDriveConfig":
+        return cls(
+            folders=tuple(data.get("folders") or ()), shared_drives=tuple(data.get("shared_drives") or ()),
+            credentials_env=data.get("credentials_env") or DEFAULT_CREDENTIALS_ENV, subject=data.get("subject"),
+            visibility=data.get("visibility") or "permissions",
+        )
+
+
+class DriveSourceError(RuntimeError):
+    """The whole sync cannot go on (bad credentials, unreachable API, a scope root gone, rate limits past the
+    bound). The message names the source's problem and the fix; nothing in the index is touched."""
+
+
+class DriveFileError(Exception):
+    """One file cannot be indexed (not downloadable, too large, unsupported...). It is reported and skipped."""
+
+    def __init__(self, reason: str, *, unsupported: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.unsupported = unsupported  # skipped on purpose (type, size) rather than failed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Credentials and the API client
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def load_credentials(credentials_env: str = DEFAULT_CREDENTIALS_ENV, subject: str | None = None):  # type: ignore[no-untyped-def]
+    """Service-account credentials from the JSON in `credentials_env`, else from the file named by
+    GOOGLE_APPLICATION_CREDENTIALS; with `subject`, impersonating that user (domain-wide delegation)."""
+    from google.oauth2 import service_account
+
+    raw = os.environ.get(credentials_env, "").strip()
+    try:
+        if raw:
+            try:
+                info = json.loads(raw)
+            except json.JSONDecodeError:
+                raise DriveSourceError(
+                    f"{credentials_env} does not hold JSON: put the service account's JSON key in it (the whole file)"
+                ) from None
+            credentials = service_account.Credentials.from_service_account_info(info, scopes=[DRIVE_SCOPE])
+        elif os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+            path = os.environ["GOOGLE_APPLICATION_CREDENTIALS"]
+            if not os.path.isfile(path):
+                raise DriveSourceError(f"GOOGLE_APPLICATION_CREDENTIALS names {path}, which is not a file: "
+                                       f"point it at the service account's JSON key")
+            credentials = service_account.Credentials.from_service_account_file(path, scopes=[DRIVE_SCOPE])
+        else:
+            raise DriveSourceError(
+                f"no Google credentials: put the service account's JSON key in {credentials_env} "
+                f"(or its path in GOOGLE_APPLICATION_CREDENTIALS)"
+            )
+    except ValueError as exc:  # missing fields, a key that does not parse
+        raise DriveSourceError(f"the service account key in {credentials_env or 'GOOGLE_APPLICATION_CREDENTIALS'} "
+                               f"is not valid ({exc}): download a new JSON key for the service account") from None
+    return credentials.with_subject(subject) if subject else credentials
+
+
+class DriveClient:
+    """Drive v3 through google-api-python-client, async, with bounded concurrency and rate-limit backoff.
+
+    `credentials=None` talks without authentication (only useful against a local fake)."""
+
+    def __init__(self, credentials: Any, settings: GoogleDriveSettings | None = None) -> None:
+        import httplib2
+        from googleapiclient.discovery import build
+
+        self.settings = settings or GoogleDriveSettings()
+        self.credentials = credentials
+        options = {"api_endpoint": self.settings.api_endpoint} if self.settings.api_endpoint else None
+        # The discovery document ships with the library (static_discovery): no network here. Requests are executed
+        # with a per-thread http below, so the one given here is never used for requests.
+        self.service = build("drive", "v3", http=httplib2.Http(), static_discovery=True, client_options=options,
+                             cache_discovery=False)
+        self._local = threading.local()
+        self._semaphore = asyncio.Semaphore(self.settings.concurrency)
+        self.retries = 0  # rate-limit / server-error retries so far (reported by the sync)
+
+    def _http(self):  # type: ignore[no-untyped-def]
+        http = getattr(self._local, "http", None)
+        if http is None:
+            import httplib2
+
+            http = httplib2.Http(timeout=120)
+            if self.credentials is not None:
+                import google_auth_httplib2
+
+                http = google_auth_httplib2.AuthorizedHttp(self.credentials, http=http)
+            self._local.http = http
+        return http
+
+    def _execute(self, make_request: Callable[[Any], Any]) -> Any:
+        return make_request(self.service).execute(http=self._http(), num_retries=0)
+
+    async def call(self, make_request: Callable[[Any], Any]) -> Any:
+        """Run one API request in a worker thread; back off on rate limits and server errors."""
+        from google.auth.exceptions import RefreshError, TransportError
+        from googleapiclient.errors import HttpError
+
+        attempt = 0
+        while True:
+            try:
+                async with self._semaphore:
+                    return await asyncio.to_thread(self._execute, make_request)
+            except HttpError as error:
+                if not _retryable(error) or attempt >= self.settings.max_retries:
+                    if _retryable(error):
+                        raise DriveSourceError(
+                            f"Google Drive is still rate limiting after {attempt} retries ({_reason(error)}); "
+                            f"the next sync carries on from the same checkpoint"
+                        ) from None
+                    if error.status_code == 401:
+                        raise DriveSourceError(
+                            "Google Drive rejected the credentials (401): check the service account key"
+                        ) from None
+                    raise
+                delay = _retry_after(error)
+                if delay is None:
+                    delay = min(self.settings.max_backoff_seconds, self.settings.backoff_seconds * 2**attempt)
+                    delay *= 0.5 + random.random() / 2
+                attempt += 1
+                self.retries += 1
+                logger.info("Drive %s; retry %d in %.2f s", _reason(error), attempt, delay)
+                await asyncio.sleep(delay)
+            except RefreshError as error:
+                raise DriveSourceError(
+                    f"Google refused the service account's token ({_short(error)}): check the JSON key, and with "
+                    f"--subject that domain-wide delegation grants the scope {DRIVE_SCOPE}"
+                ) from None
+            except (TransportError, OSError) as error:
+                raise DriveSourceError(f"cannot reach the Google Drive API ({_short(error)}): check the network "
+                                       f"(and GDRIVE_API_ENDPOINT if set)") from None
+            except Exception as error:
+                import httplib2
+
+                if isinstance(error, httplib2.HttpLib2Error):
+                    raise DriveSourceError(f"cannot reach the Google Drive API ({_short(error)}): check the "
+                                           f"network (and GDRIVE_API_ENDPOINT if set)") from None
+                raise
+
+    # -- the calls ragbot makes -------------------------------------------------------------------------------
+    async def get_file(self, file_id: str) -> dict[str, Any]:
+        return await self.call(lambda s: s.files().get(fileId=file_id, fields=FILE_FIELDS, supportsAllDrives=True))
+
+    async def get_drive(self, drive_id: str) -> dict[str, Any]:
+        return await self.call(lambda s: s.drives().get(driveId=drive_id, fields="id,name"))
+
+    async def list_children(self, folder_id: str, drive_id: str | None) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        token: str | None = None
+        corpus = {"corpora": "drive", "driveId": drive_id} if drive_id else {"corpora": "user"}
+        while True:
+            page = await self.call(lambda s, t=token: s.files().list(
+                q=f"'{folder_id}' in parents and trashed = false", pageSize=1000, pageToken=t,
+                fields=f"nextPageToken,files({FILE_FIELDS})", supportsAllDrives=True,
+                includeItemsFromAllDrives=True, **corpus,
+            ))
+            found.extend(page.get("files", []))
+            token = page.get("nextPageToken")
+            if not token:
+                return found
+
+    async def start_page_token(self) -> str:
+        reply = await self.call(lambda s: s.changes().getStartPageToken(supportsAllDrives=True))
+        return reply["startPageToken"]
+
+    async def changes_page(self, token: str) -> dict[str, Any]:
+        return await self.call(lambda s: s.changes().list(
+            pageToken=token, pageSize=1000, includeRemoved=True, supportsAllDrives=True,
+            includeItemsFromAllDrives=True, spaces="drive",
+            fields=f"nextPageToken,newStartPageToken,changes(changeType,removed,fileId,time,file({FILE_FIELDS}))",
+        ))
+
+    async def permissions(self, file_id: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = await self.call(lambda s, t=token: s.permissions().list(
+                fileId=file_id, supportsAllDrives=True, pageSize=100, pageToken=t,
+                fields="nextPageToken,permissions(id,type,emailAddress,domain,role,deleted)",
+            ))
+            found.extend(page.get("permissions", []))
+            token = page.get("nextPageToken")
+            if not token:
+                return found
+
+    async def export(self, file_id: str, mime_type: str) -> bytes:
+        return await self.call(lambda s: s.files().export_media(fileId=file_id, mimeType=mime_type))
+
+    async def download(self, file_id: str) -> bytes:
+        return await self.call(lambda s: s.files().get_media(fileId=file_id, supportsAllDrives=True))
+
+
+def _error_reason(error: Any) -> str | None:
+    try:
+        data = json.loads(error.content.decode("utf-8"))
+        return data["error"]["errors"][0]["reason"]
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+
+
+def _retryable(error: Any) -> bool:
+    status = error.status_code
+    return status == 429 or status >= 500 or (status == 403 and _error_reason(error) in RATE_LIMIT_REASONS)
+
+
+def _retry_after(error: Any) -> float | None:
+    value = error.resp.get("retry-after") if error.resp is not None else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _reason(error: Any) -> str:
+    return f"{error.status_code} {_error_reason(error) or error.reason or ''}".strip()
+
+
+def _short(error: BaseException) -> str:
+    return (str(error).splitlines() or [type(error).__name__])[0][:200]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The scope: walking it, and keeping only the changes inside it
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DriveEntry:
+    """A file in scope, as listed (no content yet): its Drive metadata and the folder path it is shown under."""
+
+    file: dict[str, Any]
+    folder_path: str
+
+    @property
+    def id(self) -> str:
+        return self.file["id"]
+
+    @property
+    def name(self) -> str:
+        return self.file.get("name") or self.file["id"]
+
+    @property
+    def mime_type(self) -> str:
+        return self.file.get("mimeType", "")
+
+    @property
+    def version(self) -> str:
+        """Moves when the content (or the name, which is the title) changes; a sharing change moves it not."""
+        content = self.file.get("md5Checksum") or self.file.get("modifiedTime") or f"v{self.file.get('version')}"
+        return f"{content}|{self.name}"
+
+    @property
+    def url(self) -> str | None:
+        return self.file.get("webViewLink")
+
+    @property
+    def path(self) -> str:
+        return f"{self.folder_path}/{self.name}" if self.folder_path else self.name
+
+    @property
+    def owner(self) -> str | None:
+        owners = self.file.get("owners") or []
+        if not owners:
+            return None
+        return owners[0].get("emailAddress") or owners[0].get("displayName")
+
+    @property
+    def modified(self) -> datetime | None:
+        value = self.file.get("modifiedTime")
+        return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+    @property
+    def title(self) -> str:
+        stem, suffix = os.path.splitext(self.name)
+        return stem if suffix.lower() in DOWNLOAD_SUFFIXES and stem else self.name
+
+
+@dataclass
+class ScopeState:
+    """The scope's shape, stored in the checkpoint with the changes token.
+
+    folders: folder id -> [parent folder id or None for a scope root, breadcrumb, shared drive id or None]
+    files: file id -> the folder id it is listed under (for a shortcut's target: the shortcut's folder)
+    shortcuts: shortcut id -> target id
+    """
+
+    token: str = ""
+    folders: dict[str, list[Any]] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    shortcuts: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"token": self.token, "folders": self.folders, "files": self.files,
+                           "shortcuts": self.shortcuts}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> "ScopeState | None":
+        if not text:
+            return None
+        data = json.loads(text)
+        return cls(data.get("token", ""), data.get("folders", {}), data.get("files", {}), data.get("shortcuts", {}))
+
+    def subtree(self, folder_id: str) -> set[str]:
+        """The folder and every folder below it."""
+        below = {folder_id}
+        grew = True
+        while grew:
+            grew = False
+            for fid, (parent, _path, _drive) in self.folders.items():
+                if parent in below and fid not in below:
+                    below.add(fid)
+                    grew = True
+        return below
+
+    def drop_subtree(self, folder_id: str) -> set[str]:
+        """Forget a folder and everything below it; returns the file ids that were in it."""
+        folders = self.subtree(folder_id)
+        gone = {fid for fid, parent in self.files.items() if parent in folders}
+        for fid in gone:
+            del self.files[fid]
+        for fid in folders:
+            self.folders.pop(fid, None)
+        for shortcut, target in list(self.shortcuts.items()):
+            if shortcut in gone or target in gone:
+                self.shortcuts.pop(shortcut, None)
+        return gone
+
+
+@dataclass
+class ScanResult:
+    entries: list[DriveEntry]
+    deleted: set[str]
+    state: ScopeState
+    skipped: list[tuple[str, str]]  # (id or name, reason): shortcuts to nowhere and the like
+
+
+class DriveScope:
+    """Walk and follow the folders and shared drives of one source."""
+
+    def __init__(self, client: DriveClient, config: GoogleDriveConfig) -> None:
+        self.client = client
+        self.config = config
+
+    async def roots(self) -> list[tuple[str, str, str | None]]:
+        """(folder id, breadcrumb, shared drive id) for each root; raises DriveSourceError naming a missing one."""
+        from googleapiclient.errors import HttpError
+
+        found = []
+        for drive_id in self.config.shared_drives:
+            try:
+                drive = await self.client.get_drive(drive_id)
+            except HttpError as error:
+                raise DriveSourceError(_unreachable("shared drive", drive_id, error)) from None
+            found.append((drive_id, drive.get("name") or drive_id, drive_id))
+        for folder_id in self.config.folders:
+            try:
+                folder = await self.client.get_file(folder_id)
+            except HttpError as error:
+                raise DriveSourceError(_unreachable("folder", folder_id, error)) from None
+            if folder.get("mimeType") != FOLDER:
+                raise DriveSourceError(f"{folder_id} ({folder.get('name')}) is not a folder: pass a folder id "
+                                       f"(the last part of its drive.google.com/drive/folders/… link)")
+            if folder.get("trashed"):
+                raise DriveSourceError(f"folder {folder_id} ({folder.get('name')}) is in the trash: restore it or "
+                                       f"remove it from the source")
+            found.append((folder_id, folder.get("name") or folder_id, folder.get("driveId")))
+        if not found:
+            raise DriveSourceError("a Google Drive source needs at least one --folder or --shared-drive")
+        return found
+
+    async def scan(self) -> ScanResult:
+        """List the whole scope. The changes token is taken first, so nothing changed meanwhile is missed."""
+        token = await self.client.start_page_token()
+        state = ScopeState(token=token)
+        roots = await self.roots()
+        entries: dict[str, DriveEntry] = {}
+        skipped: list[tuple[str, str]] = []
+        for folder_id, name, drive_id in roots:
+            state.folders[folder_id] = [None, name, drive_id]
+        await self._walk([r[0] for r in roots], state, entries, skipped)
+        return ScanResult(list(entries.values()), set(), state, skipped)
+
+    async def _walk(self, start: list[str], state: ScopeState, entries: dict[str, DriveEntry],
+                    skipped: list[tuple[str, str]]) -> None:
+        """Breadth-first over folders already placed in `state.folders`, listing several folders at once."""
+        queue = list(start)
+        while queue:
+            listings = await asyncio.gather(*(self.client.list_children(f, state.folders[f][2]) for f in queue))
+            next_level: list[str] = []
+            for folder_id, children in zip(queue, listings, strict=True):
+                for child in children:
+                    next_level.extend(await self._place(child, folder_id, state, entries, skipped))
+            queue = next_level
+
+    async def _place(self, child: dict[str, Any], folder_id: str, state: ScopeState, entries: dict[str, DriveEntry],
+                     skipped: list[tuple[str, str]]) -> list[str]:
+        """Put one listed child into the scope; returns folders still to list."""
+        from googleapiclient.errors import HttpError
+
+        _parent, path, drive_id = state.folders[folder_id]
+        mime = child.get("mimeType")
+        if child.get("trashed"):
+            return []
+        if mime == FOLDER:
+            if child["id"] in state.folders:
+                return []  # reached twice (a shortcut loop, or a folder with two parents): walked once
+            state.folders[child["id"]] = [folder_id, f"{path}/{child.get('name')}", child.get("driveId") or drive_id]
+            return [child["id"]]
+        if mime == SHORTCUT:
+            target_id = (child.get("shortcutDetails") or {}).get("targetId")
+            if not target_id:
+                skipped.append((child["id"], f"shortcut {child.get('name')!r} has no target"))
+                return []
+            state.shortcuts[child["id"]] = target_id
+            if target_id in state.folders or target_id in entries:
+                return []  # already in scope: follow each target once
+            try:
+                target = await self.client.get_file(target_id)
+            except HttpError as error:
+                skipped.append((child["id"], f"shortcut {child.get('name')!r}: its target is not reachable "
+                                             f"({_reason(error)})"))
+                return []
+            if target.get("trashed"):
+                return []
+            if target.get("mimeType") == FOLDER:
+                state.folders[target_id] = [folder_id, f"{path}/{child.get('name')}", target.get("driveId")]
+                return [target_id]
+            if target.get("mimeType") == SHORTCUT:
+                skipped.append((child["id"], f"shortcut {child.get('name')!r} points at another shortcut"))
+                return []
+            state.files[target_id] = folder_id
+            entries[target_id] = DriveEntry(target, path)
+            return []
+        if child["id"] not in entries:
+            state.files[child["id"]] = folder_id
+            entries[child["id"]] = DriveEntry(child, path)
+        return []
+
+    async def changes(self, state: ScopeState) -> ScanResult:
+        """Walk `changes.list` from the stored token; returns the in-scope files to (re)consider, the ids that left
+        the scope, and the new state (whose token is the `newStartPageToken`)."""
+        state = ScopeState(state.token, {k: list(v) for k, v in state.folders.items()}, dict(state.files),
+                           dict(state.shortcuts))
+        entries: dict[str, DriveEntry] = {}
+        deleted: set[str] = set()
+        skipped: list[tuple[str, str]] = []
+        token = state.token
+        roots = {fid for fid, (parent, _p, _d) in state.folders.items() if parent is None}
+        while True:
+            page = await self.client.changes_page(token)
+            for change in page.get("changes", []):
+                if change.get("changeType", "file") != "file":
+                    continue
+                await self._apply_change(change, state, roots, entries, deleted, skipped)
+            if page.get("nextPageToken"):
+                token = page["nextPageToken"]
+                continue
+            state.token = page.get("newStartPageToken") or token
+            break
+        deleted -= set(state.files)
+        return ScanResult([e for e in entries.values() if e.id not in deleted], deleted, state, skipped)
+
+    async def _apply_change(self, change: dict[str, Any], state: ScopeState, roots: set[str],
+                            entries: dict[str, DriveEntry], deleted: set[str], skipped: list[tuple[str, str]]) -> None:
+        file_id = change["fileId"]
+        file = change.get("file") or {}
+        gone = change.get("removed") or file.get("trashed")
+        if file_id in roots:
+            if gone:
+                # A scope root trashed or lost: everything under it leaves, and the source says so.
+                skipped.append((file_id, "a folder of this source was trashed or is no longer shared with the "
+                                         "service account; its documents were removed"))
+                self._forget(file_id, state, deleted, entries)
+            return
+        parent = (file.get("parents") or [None])[0]
+        in_scope = not gone and parent in state.folders
+        if file_id in state.shortcuts and not in_scope:
+            self._forget(state.shortcuts.pop(file_id), state, deleted, entries)
+        if not in_scope:
+            if not gone and _is_shortcut_target(file_id, state):
+                # A shortcut's target lives outside the scope: it stays in while the shortcut does.
+                folder_id = state.files.get(file_id) or next(iter(state.folders))
+                entries[file_id] = DriveEntry(file, state.folders.get(folder_id, [None, "", None])[1])
+                return
+            self._forget(file_id, state, deleted, entries)
+            return
+        if file.get("mimeType") == FOLDER:
+            if file_id in state.folders and state.folders[file_id][0] == parent \
+                    and state.folders[file_id][1].rsplit("/", 1)[-1] == file.get("name"):
+                return  # a sharing or metadata change of a folder: files report their own changes
+            # New, moved in, renamed or moved within: (re)walk it so every file below gets its new breadcrumb.
+            self._forget(file_id, state, deleted, entries)
+            _p, path, drive_id = state.folders[parent]
+            state.folders[file_id] = [parent, f"{path}/{file.get('name')}", file.get("driveId") or drive_id]
+            await self._walk([file_id], state, entries, skipped)
+            deleted.difference_update(state.files)
+            return
+        placed: dict[str, DriveEntry] = {}
+        to_walk = await self._place(file, parent, state, placed, skipped)
+        if to_walk:  # a new shortcut to a folder
+            await self._walk(to_walk, state, placed, skipped)
+        entries.update(placed)
+        deleted.difference_update(placed)
+
+    def _forget(self, file_id: str, state: ScopeState, deleted: set[str], entries: dict[str, DriveEntry]) -> None:
+        if file_id in state.folders:
+            gone = state.drop_subtree(file_id)
+        else:
+            gone = {file_id} if state.files.pop(file_id, None) is not None else set()
+            target = state.shortcuts.pop(file_id, None)
+            if target is not None and not _is_shortcut_target(target, state):
+                if target in state.folders:
+                    gone |= state.drop_subtree(target)
+                elif state.files.pop(target, None) is not None:
+                    gone.add(target)
+        deleted |= gone
+        for fid in gone:
+            entries.pop(fid, None)
+
+
+def _is_shortcut_target(file_id: str, state: ScopeState) -> bool:
+    return file_id in state.shortcuts.values()
+
+
+def _unreachable(what: str, ident: str, error: Any) -> str:
+    if error.status_code == 404:
+        return (f"{what} {ident} was not found or is not shared with the service account: share it with the "
+                f"service account's email (or use --subject to read as a user who can see it)")
+    if error.status_code in (401, 403):
+        return f"no access to {what} {ident} ({_reason(error)}): share it with the service account"
+    return f"could not open {what} {ident} ({_reason(error)})"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Content and access of one file
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def principals_from_permissions(permissions: list[dict[str, Any]], everyone_domains: set[str]) -> tuple[str, ...]:
+    """Drive permissions → ragbot principals. Every role can read; deleted principals are dropped."""
+    found: set[str] = set()
+    for permission in permissions:
+        if permission.get("deleted"):
+            continue
+        kind = permission.get("type")
+        if kind == "anyone":
+            found.add(EVERYONE)
+        elif kind == "domain" and permission.get("domain"):
+            domain = permission["domain"].lower()
+            found.add(EVERYONE if domain in everyone_domains else f"domain:{domain}")
+        elif kind in ("user", "group") and permission.get("emailAddress"):
+            found.add(f"{kind}:{permission['emailAddress'].lower()}")
+    return tuple(sorted(found))
+
+
+async def file_access(client: DriveClient, entry: DriveEntry, config: GoogleDriveConfig,
+                      settings: GoogleDriveSettings) -> tuple[str, ...]:
+    """Who may see the file. Raises DriveFileError when its permissions cannot be read (the caller fails closed)."""
+    from googleapiclient.errors import HttpError
+
+    if config.visibility == "everyone":
+        return (EVERYONE,)
+    try:
+        permissions = await client.permissions(entry.id)
+    except HttpError as error:
+        raise DriveFileError(f"could not read its permissions ({_reason(error)}); it is hidden from everyone until "
+                             f"the service account can list them") from None
+    return principals_from_permissions(permissions, settings.everyone_domain_set())
+
+
+def content_plan(entry: DriveEntry, settings: GoogleDriveSettings) -> tuple[str, str | None]:
+    """(file name that picks the parser, export MIME type or None for a download). Raises DriveFileError for
+    files that are skipped without fetching anything."""
+    mime = entry.mime_type
+    if mime in EXPORTS:
+        export_mime, suffix = EXPORTS[mime]
+        return entry.name + suffix, export_mime
+    if mime.startswith("application/vnd.google-apps."):
+        raise DriveFileError(f"Google {mime.rsplit('.', 1)[-1]} files cannot be exported as text", unsupported=True)
+    suffix = PurePosixPath(entry.name).suffix.lower()
+    if suffix not in DOWNLOAD_SUFFIXES:
+        if mime not in DOWNLOADS:
+            raise DriveFileError(f"unsupported type {mime or suffix or 'unknown'}", unsupported=True)
+        suffix = DOWNLOADS[mime]
+        filename = entry.name + suffix
+    else:
+        filename = entry.name
+    size = int(entry.file.get("size") or 0)
+    if size > settings.max_file_mb * 1024 * 1024:
+        raise DriveFileError(f"{size / 1024 / 1024:.1f} MB is over GDRIVE_MAX_FILE_MB ({settings.max_file_mb} MB)",
+                             unsupported=True)
+    return filename, None
+
+
+async def fetch_content(client: DriveClient, entry: DriveEntry, settings: GoogleDriveSettings) -> tuple[str, bytes]:
+    """(file name for the parser, bytes): exported for Google files, downloaded for the rest."""
+    from googleapiclient.errors import HttpError
+
+    filename, export_mime = content_plan(entry, settings)
+    try:
+        if export_mime:
+            data = await client.export(entry.id, export_mime)
+        else:
+            data = await client.download(entry.id)
+    except HttpError as error:
+        reason = _error_reason(error)
+        if reason == "exportSizeLimitExceeded":
+            raise DriveFileError(f"Drive cannot export files over {EXPORT_LIMIT_MB} MB (exportSizeLimitExceeded); "
+                                 f"split the document or save a PDF copy in the folder") from None
+        if reason == "fileNotDownloadable":
+            raise DriveFileError("Drive does not allow downloading this file (fileNotDownloadable)") from None
+        if error.status_code == 404:
+            raise DriveFileError("gone while syncing (404)") from None
+        raise DriveFileError(f"could not fetch it ({_reason(error)})") from None
+    if len(data) > settings.max_file_mb * 1024 * 1024:
+        raise DriveFileError(f"{len(data) / 1024 / 1024:.1f} MB is over GDRIVE_MAX_FILE_MB "
+                             f"({settings.max_file_mb} MB)", unsupported=True)
+    return filename, data
