@@ -126,17 +126,23 @@ class GoogleDriveConfig:
 
 
 class DriveSourceError(RuntimeError):
-    """The whole sync cannot go on (bad credentials, unreachable API, a scope root gone, rate limits past the
-    bound). The message names the source's problem and the fix; nothing in the index is touched."""
+    """The whole sync cannot go on. The message names the problem and the fix; nothing in the index is touched.
+    `kind`: "auth" (credentials refused or missing), "unavailable" (network, rate limits past the bound) or
+    "config" (a folder or drive not found or not shared)."""
+
+    def __init__(self, message: str, kind: Literal["auth", "unavailable", "config"] = "config") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class DriveFileError(Exception):
-    """One file cannot be indexed (not downloadable, too large, unsupported...). It is reported and skipped."""
+    """One file cannot be indexed. `kind`: "type" (a type ragbot does not read: reported as skipped), "size"
+    (over a size limit) or "error" (Drive refused: not downloadable, gone, export too large...)."""
 
-    def __init__(self, reason: str, *, unsupported: bool = False) -> None:
+    def __init__(self, reason: str, kind: Literal["type", "size", "error"] = "error") -> None:
         super().__init__(reason)
         self.reason = reason
-        self.unsupported = unsupported  # skipped on purpose (type, size) rather than failed
+        self.kind = kind
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -156,23 +162,23 @@ def load_credentials(credentials_env: str = DEFAULT_CREDENTIALS_ENV, subject: st
                 info = json.loads(raw)
             except json.JSONDecodeError:
                 raise DriveSourceError(
-                    f"{credentials_env} does not hold JSON: put the service account's JSON key in it (the whole file)"
-                ) from None
+                    f"{credentials_env} does not hold JSON: put the service account's JSON key in it (the whole file)",
+                    "auth") from None
             credentials = service_account.Credentials.from_service_account_info(info, scopes=[DRIVE_SCOPE])
         elif os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
             path = os.environ["GOOGLE_APPLICATION_CREDENTIALS"]
             if not os.path.isfile(path):
                 raise DriveSourceError(f"GOOGLE_APPLICATION_CREDENTIALS names {path}, which is not a file: "
-                                       f"point it at the service account's JSON key")
+                                       f"point it at the service account's JSON key", "auth")
             credentials = service_account.Credentials.from_service_account_file(path, scopes=[DRIVE_SCOPE])
         else:
             raise DriveSourceError(
                 f"no Google credentials: put the service account's JSON key in {credentials_env} "
-                f"(or its path in GOOGLE_APPLICATION_CREDENTIALS)"
+                f"(or its path in GOOGLE_APPLICATION_CREDENTIALS)", "auth"
             )
     except ValueError as exc:  # missing fields, a key that does not parse
         raise DriveSourceError(f"the service account key in {credentials_env or 'GOOGLE_APPLICATION_CREDENTIALS'} "
-                               f"is not valid ({exc}): download a new JSON key for the service account") from None
+                               f"is not valid ({exc}): download a new JSON key for the service account", "auth") from None
     return credentials.with_subject(subject) if subject else credentials
 
 
@@ -227,11 +233,11 @@ class DriveClient:
                     if _retryable(error):
                         raise DriveSourceError(
                             f"Google Drive is still rate limiting after {attempt} retries ({_reason(error)}); "
-                            f"the next sync carries on from the same checkpoint"
+                            f"the next sync carries on from the same checkpoint", "unavailable"
                         ) from None
                     if error.status_code == 401:
                         raise DriveSourceError(
-                            "Google Drive rejected the credentials (401): check the service account key"
+                            "Google Drive rejected the credentials (401): check the service account key", "auth"
                         ) from None
                     raise
                 delay = _retry_after(error)
@@ -245,17 +251,17 @@ class DriveClient:
             except RefreshError as error:
                 raise DriveSourceError(
                     f"Google refused the service account's token ({_short(error)}): check the JSON key, and with "
-                    f"--subject that domain-wide delegation grants the scope {DRIVE_SCOPE}"
+                    f"--subject that domain-wide delegation grants the scope {DRIVE_SCOPE}", "auth"
                 ) from None
             except (TransportError, OSError) as error:
                 raise DriveSourceError(f"cannot reach the Google Drive API ({_short(error)}): check the network "
-                                       f"(and GDRIVE_API_ENDPOINT if set)") from None
+                                       f"(and GDRIVE_API_ENDPOINT if set)", "unavailable") from None
             except Exception as error:
                 import httplib2
 
                 if isinstance(error, httplib2.HttpLib2Error):
                     raise DriveSourceError(f"cannot reach the Google Drive API ({_short(error)}): check the "
-                                           f"network (and GDRIVE_API_ENDPOINT if set)") from None
+                                           f"network (and GDRIVE_API_ENDPOINT if set)", "unavailable") from None
                 raise
 
     # -- the calls ragbot makes -------------------------------------------------------------------------------
@@ -697,11 +703,11 @@ def content_plan(entry: DriveEntry, settings: GoogleDriveSettings) -> tuple[str,
         export_mime, suffix = EXPORTS[mime]
         return entry.name + suffix, export_mime
     if mime.startswith("application/vnd.google-apps."):
-        raise DriveFileError(f"Google {mime.rsplit('.', 1)[-1]} files cannot be exported as text", unsupported=True)
+        raise DriveFileError(f"Google {mime.rsplit('.', 1)[-1]} files cannot be exported as text", "type")
     suffix = PurePosixPath(entry.name).suffix.lower()
     if suffix not in DOWNLOAD_SUFFIXES:
         if mime not in DOWNLOADS:
-            raise DriveFileError(f"unsupported type {mime or suffix or 'unknown'}", unsupported=True)
+            raise DriveFileError(f"unsupported type {mime or suffix or 'unknown'}", "type")
         suffix = DOWNLOADS[mime]
         filename = entry.name + suffix
     else:
@@ -709,7 +715,7 @@ def content_plan(entry: DriveEntry, settings: GoogleDriveSettings) -> tuple[str,
     size = int(entry.file.get("size") or 0)
     if size > settings.max_file_mb * 1024 * 1024:
         raise DriveFileError(f"{size / 1024 / 1024:.1f} MB is over GDRIVE_MAX_FILE_MB ({settings.max_file_mb} MB)",
-                             unsupported=True)
+                             "size")
     return filename, None
 
 
@@ -735,5 +741,167 @@ async def fetch_content(client: DriveClient, entry: DriveEntry, settings: Google
         raise DriveFileError(f"could not fetch it ({_reason(error)})") from None
     if len(data) > settings.max_file_mb * 1024 * 1024:
         raise DriveFileError(f"{len(data) / 1024 / 1024:.1f} MB is over GDRIVE_MAX_FILE_MB "
-                             f"({settings.max_file_mb} MB)", unsupported=True)
+                             f"({settings.max_file_mb} MB)", "size")
     return filename, data
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The source
+# ---------------------------------------------------------------------------------------------------------------
+
+ITEMS_PER_BATCH = 64
+
+
+class GoogleDriveSource:
+    """A Google Drive source on the source interface (see `knowledge.sources.base`).
+
+    External ids are Drive file ids. The checkpoint is the scope state (`ScopeState`) as JSON: the changes token
+    plus the folders, files and shortcuts in scope, so later syncs can tell which changes concern the source.
+    Drive has a delete feed (`removed` / `trashed` changes), so pruning runs only on `sync --full` and on the
+    source's prune schedule, as a safety net.
+    """
+
+    listing_prefix = ""
+    prune_on_every_sync = False
+
+    def __init__(self, name: str, config: GoogleDriveConfig, settings: GoogleDriveSettings | None = None,
+                 credentials: Any = "load") -> None:
+        from knowledge.sources.base import SourceSpec
+
+        self.name = name
+        self.config = config
+        self.settings = settings or GoogleDriveSettings()
+        roots = [f"folder:{f}" for f in config.folders] + [f"drive:{d}" for d in config.shared_drives]
+        self.spec = SourceSpec(name=name, kind="gdrive", location="gdrive " + " ".join(roots))
+        self._credentials = credentials
+        self._client: DriveClient | None = None
+
+    @property
+    def client(self) -> DriveClient:
+        if self._client is None:
+            credentials = self._credentials
+            if isinstance(credentials, str) and credentials == "load":
+                credentials = self._translate(lambda: load_credentials(self.config.credentials_env,
+                                                                       self.config.subject))
+            self._client = DriveClient(credentials, self.settings)
+        return self._client
+
+    def _translate(self, action: Callable[[], Any]) -> Any:
+        try:
+            return action()
+        except DriveSourceError as error:
+            raise _typed(self.name, error) from None
+
+    async def _guard(self, awaitable: Any) -> Any:
+        try:
+            return await awaitable
+        except DriveSourceError as error:
+            raise _typed(self.name, error) from None
+
+    async def check(self) -> None:
+        """Credentials work and every folder and shared drive is reachable (raises a typed error naming the fix)."""
+        await self._guard(DriveScope(self.client, self.config).roots())
+
+    async def changes(self, checkpoint: str | None, *, full: bool = False) -> Any:
+        from knowledge.sources.base import ChangeBatch
+
+        scope = DriveScope(self.client, self.config)
+        previous = None if full else ScopeState.from_json(checkpoint)
+        if previous is not None and self._roots_changed(previous):
+            previous = None  # the source's folders were edited: list it again (pruning drops what left)
+        if previous is None:
+            result = await self._guard(scope.scan())
+            items = await self._items(result.entries)
+            for start in range(0, max(len(items), 1), ITEMS_PER_BATCH):
+                last = start + ITEMS_PER_BATCH >= len(items)
+                yield ChangeBatch(items=items[start : start + ITEMS_PER_BATCH],
+                                  checkpoint=result.state.to_json() if last else None, total=len(items))
+            return
+        result = await self._guard(scope.changes(previous))
+        items = await self._items(result.entries)
+        yield ChangeBatch(items=items, deleted=sorted(result.deleted), checkpoint=result.state.to_json(),
+                          total=len(items))
+
+    def _roots_changed(self, state: ScopeState) -> bool:
+        roots = {fid for fid, (parent, _p, _d) in state.folders.items() if parent is None}
+        return roots != set(self.config.folders) | set(self.config.shared_drives)
+
+    async def inventory(self) -> Any:
+        """Every file in scope (a walk of folders, no content, no permission calls)."""
+        from knowledge.sources.base import ItemRef
+
+        result = await self._guard(DriveScope(self.client, self.config).scan())
+        return [ItemRef(entry.id) for entry in result.entries]
+
+    async def aclose(self) -> None:
+        self._client = None
+
+    async def _items(self, entries: list[DriveEntry]) -> list[Any]:
+        return list(await asyncio.gather(*(self._item(entry) for entry in entries)))
+
+    async def _item(self, entry: DriveEntry) -> Any:
+        """One file as a SourceItem: its access is read now (cheap), its content only when the indexer asks."""
+        from knowledge.errors import ItemUnavailable
+        from knowledge.sources.base import SourceItem
+
+        try:
+            filename, _export = content_plan(entry, self.settings)
+            problem: DriveFileError | None = None
+        except DriveFileError as error:
+            filename, problem = _unsupported_name(entry), error
+        try:
+            access = await self._guard(file_access(self.client, entry, self.config, self.settings))
+            version: str | None = entry.version
+        except DriveFileError as error:
+            # Fail closed: nobody sees the file until its permissions can be read; the read reports why.
+            access, version, problem = (), None, error
+
+        async def read() -> bytes:
+            if problem is not None and problem.kind == "type":
+                return b""  # the parser reports the type as unsupported: the file is skipped, not failed
+            if problem is not None:
+                raise ItemUnavailable(problem.reason)
+            try:
+                _name, data = await self._guard(fetch_content(self.client, entry, self.settings))
+            except DriveFileError as error:
+                raise ItemUnavailable(error.reason) from None
+            return data
+
+        return SourceItem(
+            external_id=entry.id, filename=filename, read=read, title=entry.title, url=entry.url, path=entry.path,
+            author=entry.owner, updated_at=entry.modified, access=access, version=version,
+        )
+
+
+def _unsupported_name(entry: DriveEntry) -> str:
+    """A file name whose suffix shows the type, so the parser's "unsupported file type" names it."""
+    suffix = entry.mime_type.rsplit(".", 1)[-1] if entry.mime_type.startswith("application/vnd.google-apps.") \
+        else (PurePosixPath(entry.name).suffix.lstrip(".") or entry.mime_type.rsplit("/", 1)[-1])
+    return f"{entry.name}.{suffix}" if not entry.name.lower().endswith("." + suffix.lower()) else entry.name
+
+
+def _typed(name: str, error: DriveSourceError) -> Exception:
+    """DriveSourceError → the typed source errors the sync runner and the CLI show."""
+    from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable
+
+    kinds = {"auth": SourceAuthError, "unavailable": SourceUnavailable, "config": SourceConfigError}
+    return kinds[error.kind](f"source {name!r}: {error}")
+
+
+def _register() -> None:
+    from knowledge.errors import SourceConfigError
+    from knowledge.sources.base import register_source
+
+    @register_source("gdrive")
+    def build_gdrive_source(name: str, config: Any) -> GoogleDriveSource:
+        """A stored Google Drive source: config as `GoogleDriveConfig.to_dict()`."""
+        parsed = GoogleDriveConfig.from_dict(dict(config))
+        if not parsed.folders and not parsed.shared_drives:
+            raise SourceConfigError(f"source {name!r}: a Google Drive source needs at least one folder or shared "
+                                    f"drive; remove it and add it again with --folder ID or --shared-drive ID")
+        if parsed.visibility not in ("permissions", "everyone"):
+            raise SourceConfigError(f"source {name!r}: visibility must be permissions or everyone")
+        return GoogleDriveSource(name, parsed)
+
+
+_register()

@@ -340,9 +340,10 @@ class FakeDrive:
             return False
         return True
 
-    def _file(self, file_id: str, params: dict[str, str]) -> FakeFile:
+    def _file(self, file_id: str, params: dict[str, str], *, any_drive: bool = False) -> FakeFile:
+        """`any_drive`: files.export has no supportsAllDrives parameter and serves shared-drive files anyway."""
         file = self.files.get(file_id)
-        if file is None or not self._visible(file, params):
+        if file is None or file_id in self.hidden or not (any_drive or self._visible(file, params)):
             raise DriveError(404, "notFound", f"File not found: {file_id}.")
         return file
 
@@ -367,7 +368,7 @@ class FakeDrive:
                     return self._media(file)
                 return _json(_masked(file.resource(), params.get("fields")))
             if parts[0] == "files" and parts[2:] == ["export"]:
-                return self._export(self._file(parts[1], params), params)
+                return self._export(self._file(parts[1], params, any_drive=True), params)
             if parts[0] == "files" and parts[2:] == ["permissions"]:
                 return _json(self._permissions(parts[1], params))
             if parts == ["changes", "startPageToken"]:
