@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import text
 
 from fakes.drive_api import FakeDrive
+from knowledge import store
 from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable
 from knowledge.retrieval import SearchFilters
 from knowledge.sources.base import build_source
@@ -66,7 +67,10 @@ class DriveSync:
         async def save(checkpoint: str) -> None:
             self.checkpoint = checkpoint
 
-        return await self.kb.indexer.sync(self.source, checkpoint=self.checkpoint, on_checkpoint=save, **kwargs)
+        async with self.kb.engine.connect() as conn:
+            source_id = await store.source_id_by_name(conn, self.source.name)
+        return await self.kb.indexer.sync(self.source, checkpoint=self.checkpoint, on_checkpoint=save,
+                                          source_id=source_id, **kwargs)
 
 
 @pytest.fixture
@@ -403,3 +407,38 @@ async def test_visibility_everyone_skips_permission_calls(kb_factory, drive, com
     await DriveSync(kb, source).run()
     assert drive.calls("permissions.list") == []
     assert company["leave"] in await found(kb, "parental leave weeks", "user:bob@northwind.example")
+
+
+async def test_unreadable_permissions_hide_the_file_from_everyone(kb_factory, drive, company):
+    from fakes.drive_api import DriveError
+
+    kb = await kb_factory()
+    sync = DriveSync(kb, source_for(drive, company))
+    await sync.run()
+    assert (await found(kb, "office wifi network name"))[0] == company["wifi"]
+    drive.permission_errors[company["wifi"]] = DriveError(403, "insufficientFilePermissions",
+                                                          "The user does not have sufficient permissions for this file.")
+    drive.edit_file(company["wifi"], WIFI_TXT + b" Guests use the lobby network.")
+
+    report = await sync.run()
+    assert "could not read its permissions (403 insufficientFilePermissions)" in dict(report.failed)[company["wifi"]]
+    assert (await document(kb, company["wifi"]))["access"] == []  # fail closed: nobody, until it can be read
+    assert company["wifi"] not in await found(kb, "office wifi network name")
+
+
+async def test_a_forgotten_changes_token_or_new_folders_list_the_scope_again(kb_factory, drive, company):
+    kb = await kb_factory()
+    sync = DriveSync(kb, source_for(drive, company))
+    await sync.run()
+    drive.delete(company["wifi"])
+    drive.oldest_token = len(drive.change_log) + 1  # Drive no longer knows the stored token
+    report = await sync.run()
+    assert report.deleted == [company["wifi"]] and report.unchanged == 2  # listed again, nothing refetched
+
+    extra = drive.add_folder("Finance")
+    budget = drive.add_file("budget.md", extra, b"# Budget\n\nThe travel budget is 2000 euros a year.",
+                            "text/markdown", permissions=[drive.anyone()])
+    sync.source = GoogleDriveSource("drive", GoogleDriveConfig(folders=(extra,)), settings_for(drive))
+    report = await sync.run()  # the source now covers another folder: what the old scope held leaves
+    assert report.added == [budget]
+    assert sorted(report.deleted) == sorted([company["leave"], company["vpn"]])

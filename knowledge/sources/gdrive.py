@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import PurePosixPath
-from typing import Any, Callable, Literal
+from typing import Any, AsyncIterator, Callable, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -563,29 +563,27 @@ class DriveScope:
             entries[child["id"]] = DriveEntry(child, path)
         return []
 
-    async def changes(self, state: ScopeState) -> ScanResult:
-        """Walk `changes.list` from the stored token; returns the in-scope files to (re)consider, the ids that left
-        the scope, and the new state (whose token is the `newStartPageToken`)."""
+    async def changes(self, state: ScopeState) -> AsyncIterator[ScanResult]:
+        """Walk `changes.list` from the stored token, one result per page of changes: the in-scope files to
+        (re)consider, the ids that left the scope, and the state after that page (its token is the next page's, or
+        the `newStartPageToken` after the last), so a run stopped between pages resumes after the last one done."""
         state = ScopeState(state.token, {k: list(v) for k, v in state.folders.items()}, dict(state.files),
                            dict(state.shortcuts))
-        entries: dict[str, DriveEntry] = {}
-        deleted: set[str] = set()
-        skipped: list[tuple[str, str]] = []
-        token = state.token
         roots = {fid for fid, (parent, _p, _d) in state.folders.items() if parent is None}
         while True:
-            page = await self.client.changes_page(token)
+            page = await self.client.changes_page(state.token)
+            entries: dict[str, DriveEntry] = {}
+            deleted: set[str] = set()
+            skipped: list[tuple[str, str]] = []
             for change in page.get("changes", []):
-                if change.get("changeType", "file") != "file":
-                    continue
-                await self._apply_change(change, state, roots, entries, deleted, skipped)
-            if page.get("nextPageToken"):
-                token = page["nextPageToken"]
-                continue
-            state.token = page.get("newStartPageToken") or token
-            break
-        deleted -= set(state.files)
-        return ScanResult([e for e in entries.values() if e.id not in deleted], deleted, state, skipped)
+                if change.get("changeType", "file") == "file":
+                    await self._apply_change(change, state, roots, entries, deleted, skipped)
+            following = page.get("nextPageToken")
+            state.token = following or page.get("newStartPageToken") or state.token
+            deleted -= set(state.files)
+            yield ScanResult([e for e in entries.values() if e.id not in deleted], deleted, state, skipped)
+            if not following:
+                return
 
     async def _apply_change(self, change: dict[str, Any], state: ScopeState, roots: set[str],
                             entries: dict[str, DriveEntry], deleted: set[str], skipped: list[tuple[str, str]]) -> None:
@@ -775,6 +773,7 @@ class GoogleDriveSource:
         self.spec = SourceSpec(name=name, kind="gdrive", location="gdrive " + " ".join(roots))
         self._credentials = credentials
         self._client: DriveClient | None = None
+        self._last_scan: ScanResult | None = None
 
     @property
     def client(self) -> DriveClient:
@@ -802,25 +801,48 @@ class GoogleDriveSource:
         """Credentials work and every folder and shared drive is reachable (raises a typed error naming the fix)."""
         await self._guard(DriveScope(self.client, self.config).roots())
 
-    async def changes(self, checkpoint: str | None, *, full: bool = False) -> Any:
+    async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[Any]:
+        from googleapiclient.errors import HttpError
+
         from knowledge.sources.base import ChangeBatch
 
         scope = DriveScope(self.client, self.config)
         previous = None if full else ScopeState.from_json(checkpoint)
-        if previous is not None and self._roots_changed(previous):
-            previous = None  # the source's folders were edited: list it again (pruning drops what left)
-        if previous is None:
-            result = await self._guard(scope.scan())
+        if previous is not None and not self._roots_changed(previous):
+            try:
+                async for result in self._changes_from(scope, previous):
+                    yield result
+                return
+            except HttpError as error:
+                if error.status_code not in (400, 404, 410):
+                    raise _typed(self.name, DriveSourceError(f"changes.list failed ({_reason(error)})",
+                                                             "unavailable")) from None
+                # The stored token is no longer accepted: list the scope again (only fetching what changed).
+                logger.warning("source %s: Drive refused the stored changes token (%s); listing the scope again",
+                               self.name, _reason(error))
+        # First sync, `--full`, an edited list of folders, or a token Drive forgot: list the whole scope. The ids
+        # the previous state had and this listing lacks are deleted (without a previous state, pruning does it).
+        result = await self._guard(scope.scan())
+        self._last_scan = result
+        gone = sorted(set(previous.files) - {e.id for e in result.entries}) if previous is not None else []
+        total = len(result.entries)
+        for start in range(0, max(total, 1), ITEMS_PER_BATCH):
+            last = start + ITEMS_PER_BATCH >= total
+            items = await self._items(result.entries[start : start + ITEMS_PER_BATCH])
+            yield ChangeBatch(items=items, deleted=gone if last else [],
+                              checkpoint=result.state.to_json() if last else None, total=total)
+
+    async def _changes_from(self, scope: DriveScope, previous: ScopeState) -> AsyncIterator[Any]:
+        from knowledge.sources.base import ChangeBatch
+
+        pages = scope.changes(previous)
+        while True:
+            try:
+                result = await self._guard(pages.__anext__())
+            except StopAsyncIteration:
+                return
             items = await self._items(result.entries)
-            for start in range(0, max(len(items), 1), ITEMS_PER_BATCH):
-                last = start + ITEMS_PER_BATCH >= len(items)
-                yield ChangeBatch(items=items[start : start + ITEMS_PER_BATCH],
-                                  checkpoint=result.state.to_json() if last else None, total=len(items))
-            return
-        result = await self._guard(scope.changes(previous))
-        items = await self._items(result.entries)
-        yield ChangeBatch(items=items, deleted=sorted(result.deleted), checkpoint=result.state.to_json(),
-                          total=len(items))
+            yield ChangeBatch(items=items, deleted=sorted(result.deleted), checkpoint=result.state.to_json())
 
     def _roots_changed(self, state: ScopeState) -> bool:
         roots = {fid for fid, (parent, _p, _d) in state.folders.items() if parent is None}
@@ -830,11 +852,14 @@ class GoogleDriveSource:
         """Every file in scope (a walk of folders, no content, no permission calls)."""
         from knowledge.sources.base import ItemRef
 
-        result = await self._guard(DriveScope(self.client, self.config).scan())
+        result, self._last_scan = self._last_scan, None
+        if result is None:  # the sync just listed the scope (first or full sync): no need to walk it twice
+            result = await self._guard(DriveScope(self.client, self.config).scan())
         return [ItemRef(entry.id) for entry in result.entries]
 
     async def aclose(self) -> None:
         self._client = None
+        self._last_scan = None
 
     async def _items(self, entries: list[DriveEntry]) -> list[Any]:
         return list(await asyncio.gather(*(self._item(entry) for entry in entries)))

@@ -157,6 +157,8 @@ class FakeDrive:
         self.require_auth = require_auth
         self.storm: list[DriveError] = []  # errors answered to the next requests, in order
         self.file_errors: dict[str, DriveError] = {}  # file id -> error on media/export
+        self.permission_errors: dict[str, DriveError] = {}  # file id -> error on permissions.list
+        self.oldest_token = 1  # page tokens older than this are refused (Drive forgot them)
         self.list_page_size = 100
         self._ids = itertools.count(1)
         self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=timezone.utc)
@@ -442,6 +444,8 @@ class FakeDrive:
         return 200, {"Content-Type": mime}, data
 
     def _permissions(self, file_id: str, params: dict[str, str]) -> dict[str, Any]:
+        if file_id in self.permission_errors:
+            raise self.permission_errors[file_id]
         if file_id in self.drives and _flag(params, "supportsAllDrives"):
             permissions = [dict(m, permissionDetails=[{"permissionType": "member", "role": m["role"],
                                                       "inherited": False}]) for m in self.drives[file_id].members]
@@ -461,7 +465,7 @@ class FakeDrive:
 
     def _changes(self, params: dict[str, str]) -> dict[str, Any]:
         token = params.get("pageToken")
-        if not token or not token.isdigit() or not 1 <= int(token) <= len(self.change_log) + 1:
+        if not token or not token.isdigit() or not self.oldest_token <= int(token) <= len(self.change_log) + 1:
             raise DriveError(400, "invalid", f"Invalid Value: pageToken {token!r}")
         all_drives = _flag(params, "includeItemsFromAllDrives") and _flag(params, "supportsAllDrives")
         page_size = min(int(params.get("pageSize", 100)), 1000)
