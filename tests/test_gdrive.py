@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import text
 
 from fakes.drive_api import FakeDrive
-from knowledge import store
+from knowledge import sources_store
 from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable
 from knowledge.retrieval import SearchFilters
 from knowledge.sources.base import build_source
@@ -39,7 +39,8 @@ def private_key_pem() -> str:
 
 @pytest.fixture
 def drive(monkeypatch, private_key_pem):
-    """A fake Drive that insists on a bearer token, and a service-account key whose token endpoint is the fake's."""
+    """A fake Drive that insists on a bearer token, a service-account key whose token endpoint is the fake's, and
+    the Drive settings pointing at the fake (backoff shortened so storms pass quickly)."""
     with FakeDrive(require_auth=True) as fake:
         monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_JSON", json.dumps({
             "type": "service_account", "project_id": "ragbot-test", "private_key_id": "key1",
@@ -47,6 +48,9 @@ def drive(monkeypatch, private_key_pem):
             "client_id": "1234", "token_uri": fake.token_uri,
         }))
         monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+        for name, value in dict(API_ENDPOINT=fake.endpoint, BACKOFF_SECONDS="0.01", MAX_BACKOFF_SECONDS="0.05",
+                                EVERYONE_DOMAINS="northwind.example", MAX_FILE_MB="25", MAX_RETRIES="6").items():
+            monkeypatch.setenv(f"GDRIVE_{name}", value)
         yield fake
 
 
@@ -58,19 +62,22 @@ def settings_for(fake: FakeDrive, **overrides: Any) -> GoogleDriveSettings:
 
 
 class DriveSync:
-    """A stored checkpoint and the sync runs of one Drive source into one knowledge base."""
+    """A stored Drive source, synced the way `ragbot sync` and the scheduler do it (`KnowledgeBase.sync_source`)."""
 
-    def __init__(self, kb, source: GoogleDriveSource) -> None:  # type: ignore[no-untyped-def]
-        self.kb, self.source, self.checkpoint = kb, source, None
+    def __init__(self, kb, name: str) -> None:  # type: ignore[no-untyped-def]
+        self.kb, self.name = kb, name
+
+    @classmethod
+    async def add(cls, kb, name: str = "drive", **config: Any) -> "DriveSync":  # type: ignore[no-untyped-def]
+        await kb.add_source(name, "gdrive", GoogleDriveConfig(**config).to_dict())
+        return cls(kb, name)
 
     async def run(self, **kwargs: Any):  # type: ignore[no-untyped-def]
-        async def save(checkpoint: str) -> None:
-            self.checkpoint = checkpoint
+        return await self.kb.sync_source(self.name, **kwargs)
 
+    async def checkpoint(self) -> str | None:
         async with self.kb.engine.connect() as conn:
-            source_id = await store.source_id_by_name(conn, self.source.name)
-        return await self.kb.indexer.sync(self.source, checkpoint=self.checkpoint, on_checkpoint=save,
-                                          source_id=source_id, **kwargs)
+            return (await sources_store.get_source(conn, self.name)).checkpoint
 
 
 @pytest.fixture
@@ -109,7 +116,7 @@ async def document(kb, external_id: str) -> dict[str, Any] | None:  # type: igno
 
 async def test_first_sync_indexes_the_folder_tree_with_metadata_and_permissions(kb_factory, drive, company):
     kb = await kb_factory()
-    report = await DriveSync(kb, source_for(drive, company)).run()
+    report = await (await DriveSync.add(kb, folders=(company["root"],))).run()
 
     assert sorted(report.added) == sorted([company["leave"], company["vpn"], company["wifi"]])
     assert [reason for _id, reason in report.skipped] == ["unsupported file type .png; ragbot reads "
@@ -144,7 +151,7 @@ async def test_sheets_are_read_per_sheet_as_rows_with_the_header_in_every_chunk(
     slides = drive.add_slides("All hands", root, "Q3 all hands\n\nRevenue grew 12 percent quarter on quarter.",
                               permissions=[drive.anyone()])
     kb = await kb_factory()
-    report = await DriveSync(kb, GoogleDriveSource("ops", GoogleDriveConfig(folders=(root,)), settings_for(drive))).run()
+    report = await (await DriveSync.add(kb, "ops", folders=(root,))).run()
     assert sorted(report.added) == sorted([sheet, slides])
     async with kb.engine.connect() as conn:
         chunks = (await conn.execute(text(
@@ -160,7 +167,7 @@ async def test_sheets_are_read_per_sheet_as_rows_with_the_header_in_every_chunk(
 
 async def test_an_edit_refetches_only_that_file(kb_factory, drive, company):
     kb = await kb_factory()
-    sync = DriveSync(kb, source_for(drive, company))
+    sync = await DriveSync.add(kb, folders=(company["root"],))
     await sync.run()
     exports, media = len(drive.calls("files.export")), len(drive.calls("files.media"))
     drive.edit_doc(company["leave"], LEAVE_HTML.replace("27 days", "30 days"))
@@ -179,7 +186,7 @@ async def test_an_edit_refetches_only_that_file(kb_factory, drive, company):
 
 async def test_a_rename_changes_the_title_and_breadcrumb(kb_factory, drive, company):
     kb = await kb_factory()
-    sync = DriveSync(kb, source_for(drive, company))
+    sync = await DriveSync.add(kb, folders=(company["root"],))
     await sync.run()
     drive.rename(company["leave"], "Time off handbook")
     drive.rename(company["it"], "Tech")  # a folder rename moves the breadcrumb of everything below it
@@ -195,7 +202,7 @@ async def test_a_rename_changes_the_title_and_breadcrumb(kb_factory, drive, comp
 
 async def test_moves_out_of_and_into_the_scope(kb_factory, drive, company):
     kb = await kb_factory()
-    sync = DriveSync(kb, source_for(drive, company))
+    sync = await DriveSync.add(kb, folders=(company["root"],))
     await sync.run()
     drive.move(company["wifi"], company["outside"])
     drive.move(company["hr"], company["outside"])  # a whole folder leaves, with the Doc inside it
@@ -213,7 +220,7 @@ async def test_moves_out_of_and_into_the_scope(kb_factory, drive, company):
 
 async def test_trashed_and_deleted_files_leave_the_index(kb_factory, drive, company):
     kb = await kb_factory()
-    sync = DriveSync(kb, source_for(drive, company))
+    sync = await DriveSync.add(kb, folders=(company["root"],))
     await sync.run()
     drive.trash(company["wifi"])
     drive.delete(company["vpn"])
@@ -226,7 +233,7 @@ async def test_trashed_and_deleted_files_leave_the_index(kb_factory, drive, comp
 
 async def test_a_removed_permission_hides_the_file_without_refetching_it(kb_factory, drive, company):
     kb = await kb_factory()
-    sync = DriveSync(kb, source_for(drive, company))
+    sync = await DriveSync.add(kb, folders=(company["root"],))
     await sync.run()
     assert company["leave"] in await found(kb, "parental leave weeks", "user:alice@northwind.example")
     exports = len(drive.calls("files.export"))
@@ -245,8 +252,7 @@ async def test_shared_drives_count_their_members(kb_factory, drive):
     runbook = drive.add_doc("Database failover", runbooks, html="<h1>Failover</h1><p>Promote the replica with "
                                                               "pg_ctl promote, then repoint the app.</p>")
     kb = await kb_factory()
-    source = GoogleDriveSource("eng", GoogleDriveConfig(shared_drives=(shared,)), settings_for(drive))
-    report = await DriveSync(kb, source).run()
+    report = await (await DriveSync.add(kb, "eng", shared_drives=(shared,))).run()
     assert report.added == [runbook]
     assert (await document(kb, runbook))["path"] == "Engineering/Runbooks/Database failover"
     assert await found(kb, "how to promote the database replica", "group:eng@northwind.example") == [runbook]
@@ -263,7 +269,7 @@ async def test_shortcuts_are_followed_once_and_leave_with_their_shortcut(kb_fact
     drive.add_shortcut("Back to the top", company["hr"], company["root"])  # a loop
     drive.add_shortcut("Again", company["root"], guide)  # the same target twice
     kb = await kb_factory()
-    sync = DriveSync(kb, source_for(drive, company))
+    sync = await DriveSync.add(kb, folders=(company["root"],))
     report = await sync.run()
     assert guide in report.added and report.added.count(guide) == 1
     assert (await found(kb, "when does my laptop arrive"))[0] == guide
@@ -279,12 +285,14 @@ async def test_shortcuts_are_followed_once_and_leave_with_their_shortcut(kb_fact
     assert report.deleted == [guide]
 
 
-async def test_an_oversized_export_and_an_oversized_file_are_reported_and_skipped(kb_factory, drive, company):
+async def test_an_oversized_export_and_an_oversized_file_are_reported_and_skipped(kb_factory, drive, company,
+                                                                                monkeypatch):
+    monkeypatch.setenv("GDRIVE_MAX_FILE_MB", "1")
     huge = drive.add_doc("Meeting notes archive", company["root"],
                          html="<p>" + "minutes of the weekly meeting. " * 360_000 + "</p>")  # ~11 MB of HTML
     video = drive.add_file("all-hands.txt", company["root"], b"x" * (2 * 1024 * 1024), "text/plain")
     kb = await kb_factory()
-    report = await DriveSync(kb, source_for(drive, company, max_file_mb=1)).run()
+    report = await (await DriveSync.add(kb, folders=(company["root"],))).run()
     reasons = dict(report.failed)
     assert "exportSizeLimitExceeded" in reasons[huge]
     assert "over GDRIVE_MAX_FILE_MB (1 MB)" in reasons[video]
@@ -294,21 +302,21 @@ async def test_an_oversized_export_and_an_oversized_file_are_reported_and_skippe
 
 async def test_a_rate_limit_storm_is_survived_and_one_past_the_bound_fails_cleanly(kb_factory, drive, company):
     kb = await kb_factory()
-    source = source_for(drive, company)
-    sync = DriveSync(kb, source)
+    sync = await DriveSync.add(kb, folders=(company["root"],))
     drive.rate_limit(3, status=429)
     drive.rate_limit(2, status=403, reason="userRateLimitExceeded")
     drive.rate_limit(1, status=403, reason="rateLimitExceeded", retry_after="0")
     report = await sync.run()  # six failures in a row on the first call: just within the bound (GDRIVE_MAX_RETRIES)
     assert sorted(report.added) == sorted([company["leave"], company["vpn"], company["wifi"]])
-    assert source.client.retries == 6 and not drive.storm
+    assert not drive.storm
 
-    checkpoint = sync.checkpoint
+    checkpoint = await sync.checkpoint()
     drive.edit_doc(company["leave"], LEAVE_HTML.replace("27 days", "31 days"))
     drive.rate_limit(50, status=429)
     with pytest.raises(SourceUnavailable, match="still rate limiting after 6 retries"):
         await sync.run()
-    assert sync.checkpoint == checkpoint  # nothing skipped: the next run starts from the same changes
+    assert await sync.checkpoint() == checkpoint  # nothing skipped: the next run starts from the same changes
+    assert "still rate limiting" in (await kb.sync_runs("drive"))[0].error
     drive.storm.clear()
     report = await sync.run()
     assert report.updated == [company["leave"]]
@@ -319,7 +327,7 @@ async def test_a_sync_killed_midway_and_rerun_ends_with_exactly_the_scope(kb_fac
     pages = [drive.add_doc(f"Page {i}", root, html=f"<h1>Page {i}</h1><p>Fact number {i} is about topic {i}.</p>",
                            permissions=[drive.anyone()]) for i in range(12)]
     kb = await kb_factory()
-    sync = DriveSync(kb, GoogleDriveSource("wiki", GoogleDriveConfig(folders=(root,)), settings_for(drive)))
+    sync = await DriveSync.add(kb, "wiki", folders=(root,))
 
     class Killed(Exception):
         pass
@@ -337,7 +345,7 @@ async def test_a_sync_killed_midway_and_rerun_ends_with_exactly_the_scope(kb_fac
 
     with pytest.raises(Killed):
         await sync.run(progress=DiesAfterFive())
-    assert sync.checkpoint is None  # the first listing never finished: no checkpoint
+    assert await sync.checkpoint() is None  # the first listing never finished: no checkpoint
     async with kb.engine.connect() as conn:
         committed = (await conn.execute(text("SELECT count(*) FROM documents"))).scalar_one()
     assert 1 <= committed < 12
@@ -353,14 +361,14 @@ async def test_a_sync_killed_midway_and_rerun_ends_with_exactly_the_scope(kb_fac
     # Killed during an incremental run: the checkpoint stays, and the rerun applies the changes.
     drive.edit_doc(pages[0], "<h1>Page 0</h1><p>Fact number 0 changed to zebra crossings.</p>")
     drive.trash(pages[1])
-    checkpoint = sync.checkpoint
+    checkpoint = await sync.checkpoint()
 
     class DiesAtOnce(DiesAfterFive):
         done = 4
 
     with pytest.raises(Killed):
         await sync.run(progress=DiesAtOnce())
-    assert sync.checkpoint == checkpoint
+    assert await sync.checkpoint() == checkpoint
     report = await sync.run()
     assert report.deleted == [pages[1]]
     assert (await found(kb, "zebra crossings"))[0] == pages[0]
@@ -402,9 +410,7 @@ async def test_subject_impersonation_is_sent_in_the_token_request(drive, company
 
 async def test_visibility_everyone_skips_permission_calls(kb_factory, drive, company):
     kb = await kb_factory()
-    source = GoogleDriveSource("drive", GoogleDriveConfig(folders=(company["root"],), visibility="everyone"),
-                               settings_for(drive))
-    await DriveSync(kb, source).run()
+    await (await DriveSync.add(kb, folders=(company["root"],), visibility="everyone")).run()
     assert drive.calls("permissions.list") == []
     assert company["leave"] in await found(kb, "parental leave weeks", "user:bob@northwind.example")
 
@@ -413,7 +419,7 @@ async def test_unreadable_permissions_hide_the_file_from_everyone(kb_factory, dr
     from fakes.drive_api import DriveError
 
     kb = await kb_factory()
-    sync = DriveSync(kb, source_for(drive, company))
+    sync = await DriveSync.add(kb, folders=(company["root"],))
     await sync.run()
     assert (await found(kb, "office wifi network name"))[0] == company["wifi"]
     drive.permission_errors[company["wifi"]] = DriveError(403, "insufficientFilePermissions",
@@ -428,7 +434,7 @@ async def test_unreadable_permissions_hide_the_file_from_everyone(kb_factory, dr
 
 async def test_a_forgotten_changes_token_or_new_folders_list_the_scope_again(kb_factory, drive, company):
     kb = await kb_factory()
-    sync = DriveSync(kb, source_for(drive, company))
+    sync = await DriveSync.add(kb, folders=(company["root"],))
     await sync.run()
     drive.delete(company["wifi"])
     drive.oldest_token = len(drive.change_log) + 1  # Drive no longer knows the stored token
@@ -438,7 +444,7 @@ async def test_a_forgotten_changes_token_or_new_folders_list_the_scope_again(kb_
     extra = drive.add_folder("Finance")
     budget = drive.add_file("budget.md", extra, b"# Budget\n\nThe travel budget is 2000 euros a year.",
                             "text/markdown", permissions=[drive.anyone()])
-    sync.source = GoogleDriveSource("drive", GoogleDriveConfig(folders=(extra,)), settings_for(drive))
-    report = await sync.run()  # the source now covers another folder: what the old scope held leaves
+    await DriveSync.add(kb, folders=(extra,))  # the same source now covers another folder
+    report = await sync.run()  # what the old scope held leaves
     assert report.added == [budget]
     assert sorted(report.deleted) == sorted([company["leave"], company["vpn"]])

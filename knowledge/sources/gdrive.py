@@ -769,8 +769,8 @@ class GoogleDriveSource:
         self.name = name
         self.config = config
         self.settings = settings or GoogleDriveSettings()
-        roots = [f"folder:{f}" for f in config.folders] + [f"drive:{d}" for d in config.shared_drives]
-        self.spec = SourceSpec(name=name, kind="gdrive", location="gdrive " + " ".join(roots))
+        # The location stays the same when folders are added or removed (`source add` again updates the config).
+        self.spec = SourceSpec(name=name, kind="gdrive", location="Google Drive")
         self._credentials = credentials
         self._client: DriveClient | None = None
         self._last_scan: ScanResult | None = None
