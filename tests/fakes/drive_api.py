@@ -30,6 +30,7 @@ import itertools
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -160,6 +161,7 @@ class FakeDrive:
         self.permission_errors: dict[str, DriveError] = {}  # file id -> error on permissions.list
         self.oldest_token = 1  # page tokens older than this are refused (Drive forgot them)
         self.list_page_size = 100
+        self.latency_seconds = 0.0  # added to every API answer (benchmarks: Drive's round trips are not free)
         self._ids = itertools.count(1)
         self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=timezone.utc)
         self._lock = threading.RLock()
@@ -596,6 +598,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = self.rfile.read(length).decode()
             params.update({k: v[-1] for k, v in parse_qs(body).items()})
         headers = {k.lower(): v for k, v in self.headers.items()}
+        if self.drive.latency_seconds and split.path != "/token":
+            time.sleep(self.drive.latency_seconds)
         try:
             status, extra, payload = self.drive.handle(method, split.path, params, headers)
         except DriveError as error:
