@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -123,6 +124,22 @@ class GoogleDriveConfig:
             credentials_env=data.get("credentials_env") or DEFAULT_CREDENTIALS_ENV, subject=data.get("subject"),
             visibility=data.get("visibility") or "permissions",
         )
+
+
+_DRIVE_ID = re.compile(r"^[A-Za-z0-9_-]{4,}$")
+_DRIVE_LINK = re.compile(r"/(?:folders|drives|d)/([A-Za-z0-9_-]{10,})|[?&]id=([A-Za-z0-9_-]{10,})")
+
+
+def drive_id_from(text: str) -> str:
+    """A folder or shared-drive id, given the id itself or a drive.google.com link to it. Raises ValueError."""
+    text = text.strip()
+    if _DRIVE_ID.match(text):
+        return text
+    match = _DRIVE_LINK.search(text)
+    if match:
+        return match.group(1) or match.group(2)
+    raise ValueError(f"{text!r} is not a Drive folder or shared drive id: pass the last part of its "
+                     f"drive.google.com/drive/folders/<id> link (or the link itself)")
 
 
 class DriveSourceError(RuntimeError):
