@@ -230,6 +230,11 @@ async def test_trashed_and_deleted_files_leave_the_index(kb_factory, drive, comp
     assert company["wifi"] not in await found(kb, "office wifi network password")
     assert company["vpn"] not in await found(kb, "install Tailscale VPN")
 
+    drive.trash(company["root"])  # the source's own folder: refuse to empty the index over what may be a slip
+    with pytest.raises(SourceConfigError, match="is in the trash: restore it or remove it from the source"):
+        await sync.run()
+    assert await document(kb, company["leave"]) is not None
+
 
 async def test_a_removed_permission_hides_the_file_without_refetching_it(kb_factory, drive, company):
     kb = await kb_factory()
@@ -268,10 +273,15 @@ async def test_shortcuts_are_followed_once_and_leave_with_their_shortcut(kb_fact
     shortcut = drive.add_shortcut("Onboarding guide", company["it"], guide)
     drive.add_shortcut("Back to the top", company["hr"], company["root"])  # a loop
     drive.add_shortcut("Again", company["root"], guide)  # the same target twice
+    secret = drive.add_file("salaries.md", company["outside"], b"# Salaries", "text/markdown")
+    dangling = drive.add_shortcut("Salaries", company["root"], secret)
+    drive.hidden.add(secret)  # the service account cannot open the target
     kb = await kb_factory()
     sync = await DriveSync.add(kb, folders=(company["root"],))
     report = await sync.run()
     assert guide in report.added and report.added.count(guide) == 1
+    assert "shortcut 'Salaries': its target is not reachable (404 notFound)" in dict(report.failed)[dangling]
+    assert await document(kb, dangling) is None and await document(kb, secret) is None
     assert (await found(kb, "when does my laptop arrive"))[0] == guide
     assert drive.calls("files.list")  # the loop ended: the walk finished
 

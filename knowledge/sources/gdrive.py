@@ -846,6 +846,8 @@ class GoogleDriveSource:
         for start in range(0, max(total, 1), ITEMS_PER_BATCH):
             last = start + ITEMS_PER_BATCH >= total
             items = await self._items(result.entries[start : start + ITEMS_PER_BATCH])
+            if last:
+                items += _problem_items(result.skipped)
             yield ChangeBatch(items=items, deleted=gone if last else [],
                               checkpoint=result.state.to_json() if last else None, total=total)
 
@@ -858,7 +860,7 @@ class GoogleDriveSource:
                 result = await self._guard(pages.__anext__())
             except StopAsyncIteration:
                 return
-            items = await self._items(result.entries)
+            items = await self._items(result.entries) + _problem_items(result.skipped)
             yield ChangeBatch(items=items, deleted=sorted(result.deleted), checkpoint=result.state.to_json())
 
     def _roots_changed(self, state: ScopeState) -> bool:
@@ -913,6 +915,21 @@ class GoogleDriveSource:
             external_id=entry.id, filename=filename, read=read, title=entry.title, url=entry.url, path=entry.path,
             author=entry.owner, updated_at=entry.modified, access=access, version=version,
         )
+
+
+def _problem_items(problems: list[tuple[str, str]]) -> list[Any]:
+    """Problems of the scope itself (a shortcut to nowhere, a scope folder trashed) reach the sync report the way
+    failed files do: as items, visible to nobody, whose read raises the reason. Nothing is stored for them."""
+    from knowledge.errors import ItemUnavailable
+    from knowledge.sources.base import SourceItem
+
+    def item(ident: str, reason: str) -> Any:
+        async def read() -> bytes:
+            raise ItemUnavailable(reason)
+
+        return SourceItem(external_id=ident, filename=f"{ident}.shortcut", read=read, access=(), version=None)
+
+    return [item(ident, reason) for ident, reason in problems]
 
 
 def _unsupported_name(entry: DriveEntry) -> str:
