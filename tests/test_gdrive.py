@@ -190,11 +190,13 @@ async def test_a_rename_changes_the_title_and_breadcrumb(kb_factory, drive, comp
     await sync.run()
     drive.rename(company["leave"], "Time off handbook")
     drive.rename(company["it"], "Tech")  # a folder rename moves the breadcrumb of everything below it
+    drive.rename(company["root"], "Company handbook")  # and so does renaming the source's own folder
 
     report = await sync.run()
     assert company["leave"] in report.updated
     assert (await document(kb, company["leave"]))["title"] == "Time off handbook"
-    assert (await document(kb, company["vpn"]))["path"] == "Handbook/Tech/vpn.md"
+    assert (await document(kb, company["leave"]))["path"] == "Company handbook/HR/Time off handbook"
+    assert (await document(kb, company["vpn"]))["path"] == "Company handbook/Tech/vpn.md"
     assert company["vpn"] in report.metadata_updated  # new breadcrumb, same content: not fetched again
     hits = (await kb.search("time off handbook", SearchFilters(("user:alice@northwind.example",)), k=1)).hits
     assert hits[0].title == "Time off handbook"
@@ -288,6 +290,18 @@ async def test_shortcuts_are_followed_once_and_leave_with_their_shortcut(kb_fact
     drive.edit_file(guide, b"# Onboarding\n\nYour laptop arrives a week before day one.")  # outside the scope
     report = await sync.run()
     assert report.updated == [guide]
+
+    templates = drive.add_folder("Templates", company["outside"])
+    memo = drive.add_file("memo.md", templates, b"# Memo template\n\nStart every memo with a one-line summary.",
+                          "text/markdown", permissions=[drive.anyone()])
+    drive.add_shortcut("Team templates", company["it"], templates)  # a shortcut to a folder: walked like one
+    report = await sync.run()
+    assert report.added == [memo]
+    assert (await document(kb, memo))["path"] == "Handbook/IT/Team templates/memo.md"
+    drive.rename(templates, "Old templates")
+    drive.edit_file(memo, b"# Memo template\n\nStart every memo with a two-line summary.")
+    report = await sync.run()
+    assert report.updated == [memo] and report.failed == []
 
     drive.trash(shortcut)
     drive.trash(next(f for f, v in drive.files.items() if v.name == "Again"))

@@ -613,6 +613,13 @@ class DriveScope:
                 skipped.append((file_id, "a folder of this source was trashed or is no longer shared with the "
                                          "service account; its documents were removed"))
                 self._forget(file_id, state, deleted, entries)
+            elif file.get("name") and state.folders[file_id][1] != file["name"]:
+                # A scope folder renamed: every breadcrumb below it changes.
+                drive_id = state.folders[file_id][2]
+                self._forget(file_id, state, deleted, entries)
+                state.folders[file_id] = [None, file["name"], drive_id]
+                await self._walk([file_id], state, entries, skipped)
+                deleted.difference_update(state.files)
             return
         parent = (file.get("parents") or [None])[0]
         in_scope = not gone and parent in state.folders
@@ -620,6 +627,8 @@ class DriveScope:
             self._forget(state.shortcuts.pop(file_id), state, deleted, entries)
         if not in_scope:
             if not gone and _is_shortcut_target(file_id, state):
+                if file_id in state.folders:
+                    return  # a folder reached through a shortcut: its files report their own changes
                 # A shortcut's target lives outside the scope: it stays in while the shortcut does.
                 folder_id = state.files.get(file_id) or next(iter(state.folders))
                 entries[file_id] = DriveEntry(file, state.folders.get(folder_id, [None, "", None])[1])
