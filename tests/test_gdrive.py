@@ -465,6 +465,14 @@ async def test_a_forgotten_changes_token_or_new_folders_list_the_scope_again(kb_
     report = await sync.run()
     assert report.deleted == [company["wifi"]] and report.unchanged == 2  # listed again, nothing refetched
 
+    drive.hidden.add(company["vpn"])  # lost without a change to say so: only a full listing can tell
+    assert (await sync.run()).deleted == []
+    report = await sync.run(full=True)
+    assert report.deleted == [company["vpn"]] and report.pruned and report.unchanged == 1
+    assert len([r for r in drive.calls("changes.getStartPageToken")]) == 3  # one listing per full sync, not two
+    drive.hidden.discard(company["vpn"])
+    await sync.run(full=True)
+
     extra = drive.add_folder("Finance")
     budget = drive.add_file("budget.md", extra, b"# Budget\n\nThe travel budget is 2000 euros a year.",
                             "text/markdown", permissions=[drive.anyone()])
@@ -472,3 +480,4 @@ async def test_a_forgotten_changes_token_or_new_folders_list_the_scope_again(kb_
     report = await sync.run()  # what the old scope held leaves
     assert report.added == [budget]
     assert sorted(report.deleted) == sorted([company["leave"], company["vpn"]])
+    assert (await kb.list_sources())[0].config["folders"] == [extra]
