@@ -277,5 +277,9 @@ def db_stop() -> None:
     console.print("Stopped the embedded database." if stop_embedded(settings.home) else "The embedded database was not running.")
 
 
+from bot.cli_sources import register_source_commands  # noqa: E402  (source, sync, sync-runs, scheduler)
+
+register_source_commands(app)
+
 if __name__ == "__main__":
     sys.exit(app())

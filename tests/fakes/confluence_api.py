@@ -21,6 +21,7 @@ import itertools
 import json
 import re
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -78,6 +79,7 @@ class FakeConfluence:
         self.scripted: deque[tuple[int, dict[str, str]]] = deque()
         self.hold: threading.Event | None = None  # when set up, a search request with a cursor/start waits for it
         self.held = threading.Event()
+        self.search_delay = 0.0  # seconds each CQL search request takes (a slow wiki)
         self._ids = itertools.count(1001)
         self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=timezone.utc)
         self._lock = threading.Lock()
@@ -332,6 +334,8 @@ class FakeConfluence:
 def fake_route(fake: FakeConfluence, handler: Any, path: str, query: dict[str, str]) -> None:
     expand = set((query.get("expand") or "").split(","))
     if path == "/rest/api/content/search":
+        if fake.search_delay:
+            time.sleep(fake.search_delay)
         cql = query["cql"]
         limit = min(int(query.get("limit", 25)), fake.page_size)
         if fake.edition == "cloud":  # Cloud ignores start: only the cursor pages
