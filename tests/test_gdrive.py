@@ -481,3 +481,49 @@ async def test_a_forgotten_changes_token_or_new_folders_list_the_scope_again(kb_
     assert report.added == [budget]
     assert sorted(report.deleted) == sorted([company["leave"], company["vpn"]])
     assert (await kb.list_sources())[0].config["folders"] == [extra]
+
+
+def test_cli_source_add_gdrive_refuses_a_broken_source_and_saves_a_working_one(drive, company, fresh_database,
+                                                                                 monkeypatch):
+    from typer.testing import CliRunner
+
+    from bot.cli import app
+
+    monkeypatch.setenv("DATABASE_URL", fresh_database())
+    runner = CliRunner()
+
+    def cli(*args: str):  # type: ignore[no-untyped-def]
+        return runner.invoke(app, list(args), catch_exceptions=False)
+
+    def one_error_line(result) -> str:  # type: ignore[no-untyped-def]
+        assert result.exit_code == 2, result.stdout + result.stderr
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("Error:"), result.stderr
+        return lines[0]
+
+    line = one_error_line(cli("source", "add", "gdrive", "handbook", "--folder", company["root"],
+                              "--credentials-env", "ACME_DRIVE_KEY"))
+    assert "no Google credentials: put the service account's JSON key in ACME_DRIVE_KEY" in line
+    line = one_error_line(cli("source", "add", "gdrive", "handbook", "--folder", "1NotSharedWithUs"))
+    assert "folder 1NotSharedWithUs was not found or is not shared with the service account" in line
+    assert "at least one --folder ID or --shared-drive ID" in one_error_line(cli("source", "add", "gdrive", "handbook"))
+    assert json.loads(cli("source", "list", "--json").stdout)["sources"] == []  # nothing broken was saved
+
+    link = f"https://drive.google.com/drive/folders/{company['root']}?usp=sharing"
+    result = cli("source", "add", "gdrive", "handbook", "--folder", link, "--every", "1h")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "Saved source handbook (gdrive, Google Drive)" in " ".join(result.stdout.split())
+    listed = cli("source", "list", "--json").stdout
+    assert "PRIVATE KEY" not in listed  # only the variable's name is stored
+    source = json.loads(listed)["sources"][0]
+    assert source["config"] == {"folders": [company["root"]], "shared_drives": [],
+                                "credentials_env": "GOOGLE_SERVICE_ACCOUNT_JSON", "subject": None,
+                                "visibility": "permissions"}
+    assert source["schedule_seconds"] == 3600
+
+    result = cli("sync", "handbook", "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert sorted(json.loads(result.stdout)["reports"][0]["added"]) == sorted(
+        [company["leave"], company["vpn"], company["wifi"]])
+    hits = json.loads(cli("search", "install the VPN", "--as", "user:bob@northwind.example", "--json").stdout)
+    assert hits["results"][0]["document"]["url"] == f"https://drive.google.com/file/d/{company['vpn']}/view?usp=drivesdk"

@@ -127,7 +127,7 @@ class GoogleDriveConfig:
 
 
 _DRIVE_ID = re.compile(r"^[A-Za-z0-9_-]{4,}$")
-_DRIVE_LINK = re.compile(r"/(?:folders|drives|d)/([A-Za-z0-9_-]{10,})|[?&]id=([A-Za-z0-9_-]{10,})")
+_DRIVE_LINK = re.compile(r"/(?:folders|drives|d)/([A-Za-z0-9_-]{4,})|[?&]id=([A-Za-z0-9_-]{4,})")
 
 
 def drive_id_from(text: str) -> str:
