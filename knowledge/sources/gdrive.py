@@ -42,6 +42,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from knowledge.sources.base import EVERYONE
 
 logger = logging.getLogger(__name__)
+# googleapiclient logs every 403 it inspects (even the per-file ones ragbot reports itself) as a warning.
+logging.getLogger("googleapiclient.http").setLevel(logging.ERROR)
 
 DRIVE_SCOPE = "https://www.googleapis.com/auth/drive.readonly"
 DEFAULT_CREDENTIALS_ENV = "GOOGLE_SERVICE_ACCOUNT_JSON"
@@ -913,11 +915,11 @@ class GoogleDriveSource:
             if problem is not None and problem.kind == "type":
                 return b""  # the parser reports the type as unsupported: the file is skipped, not failed
             if problem is not None:
-                raise ItemUnavailable(problem.reason)
+                raise ItemUnavailable(f"{entry.path}: {problem.reason}")
             try:
                 _name, data = await self._guard(fetch_content(self.client, entry, self.settings))
             except DriveFileError as error:
-                raise ItemUnavailable(error.reason) from None
+                raise ItemUnavailable(f"{entry.path}: {error.reason}") from None
             return data
 
         return SourceItem(
