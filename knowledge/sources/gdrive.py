@@ -251,7 +251,8 @@ class DriveClient:
                 if not _retryable(error) or attempt >= self.settings.max_retries:
                     if _retryable(error):
                         raise DriveSourceError(
-                            f"Google Drive is still rate limiting after {attempt} retries ({_reason(error)}); "
+                            f"Google Drive still answers {_reason(error)} after {attempt} retries "
+                            f"({'rate limited' if error.status_code < 500 else 'a Google-side outage'}); "
                             f"the next sync carries on from the same checkpoint", "unavailable"
                         ) from None
                     if error.status_code == 401:
