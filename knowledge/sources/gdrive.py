@@ -844,8 +844,9 @@ class GoogleDriveSource:
                 return
             except HttpError as error:
                 if error.status_code not in (400, 404, 410):
-                    raise _typed(self.name, DriveSourceError(f"changes.list failed ({_reason(error)})",
-                                                             "unavailable")) from None
+                    raise _typed(self.name, DriveSourceError(
+                        f"Drive refused a request while reading changes ({_reason(error)}); check that the service "
+                        f"account can still open the source's folders", "unavailable")) from None
                 # The stored token is no longer accepted: list the scope again (only fetching what changed).
                 logger.warning("source %s: Drive refused the stored changes token (%s); listing the scope again",
                                self.name, _reason(error))
