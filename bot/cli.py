@@ -49,6 +49,7 @@ def fail(message: str) -> None:
 def run_async(factory: Callable[[], Awaitable[T]]) -> T:
     from knowledge.embedding import EmbeddingModelError
     from knowledge.evaluation import EvalFileError
+    from knowledge.errors import KnowledgeError
     from knowledge.store import SourceConflict
 
     from sqlalchemy.exc import DBAPIError
@@ -57,7 +58,8 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(factory())  # type: ignore[arg-type]
-    except (SourceConflict, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError) as exc:
+    except (SourceConflict, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError,
+            KnowledgeError) as exc:
         fail(str(exc))
     except DBAPIError as exc:
         fail(f"database error: {exc.orig or exc}".splitlines()[0])

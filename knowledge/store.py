@@ -28,6 +28,7 @@ class StoredDocument:
     author: str | None
     updated_at: datetime | None
     access: tuple[str, ...]
+    version: str | None = None  # the source's cheap version of what was indexed (see Indexer.stored_version)
 
 
 @dataclass(frozen=True)
@@ -88,17 +89,34 @@ async def source_id_by_name(conn: AsyncConnection, name: str) -> int | None:
 async def stored_documents(conn: AsyncConnection, source_id: int) -> dict[str, StoredDocument]:
     rows = await conn.execute(
         text(
-            "SELECT id, external_id, content_hash, title, url, path, author, updated_at, access "
+            "SELECT id, external_id, content_hash, title, url, path, author, updated_at, access, version "
             "FROM documents WHERE source_id = :s"
         ),
         {"s": source_id},
     )
     return {
         r.external_id: StoredDocument(
-            r.id, r.content_hash, r.title, r.url, r.path, r.author, r.updated_at, tuple(r.access)
+            r.id, r.content_hash, r.title, r.url, r.path, r.author, r.updated_at, tuple(r.access), r.version
         )
         for r in rows
     }
+
+
+async def set_document_version(conn: AsyncConnection, document_id: int, version: str | None) -> None:
+    """The content was fetched and found identical: remember the new version so it is not fetched again."""
+    await conn.execute(text("UPDATE documents SET version = :v WHERE id = :id"), {"v": version, "id": document_id})
+
+
+async def delete_documents(conn: AsyncConnection, source_id: int, external_ids: Sequence[str]) -> list[str]:
+    """Delete these documents of the source (a source's delete feed). Returns the ids that existed."""
+    if not external_ids:
+        return []
+    await lock_index_for_writing(conn)
+    rows = await conn.execute(
+        text("DELETE FROM documents WHERE source_id = :s AND external_id = ANY(:ids) RETURNING external_id"),
+        {"s": source_id, "ids": list(external_ids)},
+    )
+    return sorted(r.external_id for r in rows)
 
 
 async def update_document_metadata(
@@ -124,7 +142,7 @@ async def update_document_metadata(
 async def replace_document(
     conn: AsyncConnection, *, source_id: int, external_id: str, title: str, url: str | None, path: str | None,
     author: str | None, updated_at: datetime | None, content_hash: str, access: Sequence[str],
-    chunks: Sequence[ChunkRow], text_search_config: str,
+    chunks: Sequence[ChunkRow], text_search_config: str, version: str | None = None,
 ) -> int:
     """Upsert the document and swap its chunks. Call inside a transaction."""
     await lock_index_for_writing(conn)
@@ -133,17 +151,19 @@ async def replace_document(
             text(
                 """
                 INSERT INTO documents (source_id, external_id, title, url, path, author, updated_at, content_hash,
-                                       access)
-                VALUES (:source_id, :external_id, :title, :url, :path, :author, :updated_at, :content_hash, :access)
+                                       access, version)
+                VALUES (:source_id, :external_id, :title, :url, :path, :author, :updated_at, :content_hash, :access,
+                        :version)
                 ON CONFLICT (source_id, external_id) DO UPDATE SET
                     title = EXCLUDED.title, url = EXCLUDED.url, path = EXCLUDED.path, author = EXCLUDED.author,
                     updated_at = EXCLUDED.updated_at, content_hash = EXCLUDED.content_hash,
-                    access = EXCLUDED.access, indexed_at = now()
+                    access = EXCLUDED.access, version = EXCLUDED.version, indexed_at = now()
                 RETURNING id
                 """
             ),
             {"source_id": source_id, "external_id": external_id, "title": title, "url": url, "path": path,
-             "author": author, "updated_at": updated_at, "content_hash": content_hash, "access": list(access)},
+             "author": author, "updated_at": updated_at, "content_hash": content_hash, "access": list(access),
+             "version": version},
         )
     ).scalar_one()
     await conn.execute(text("DELETE FROM chunks WHERE document_id = :id"), {"id": document_id})

@@ -8,12 +8,14 @@ file anywhere above a document means `everyone`; an `.access` file with no princ
 
 from __future__ import annotations
 
+import asyncio
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Any, AsyncIterator, Iterator, Mapping
 
-from knowledge.sources.base import EVERYONE, SourceItem, SourceSpec
+from knowledge.errors import SourceConfigError, SourceUnavailable
+from knowledge.sources.base import EVERYONE, ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 
 ACCESS_FILE = ".access"
 
@@ -23,7 +25,13 @@ class FolderSource:
 
     `root` defaults to `path` itself (or a file's folder). Indexing a subfolder or a file of an existing source
     passes that source's root, so external ids stay relative to it and only the listed part can be deleted.
+
+    On the source interface: every sync lists the folder (cheap) and reports every file as a change with
+    version "mtime_ns:size", so only files whose version moved are read; the same listing is the inventory, so
+    files that are gone are pruned on every sync (`prune_on_every_sync`). There is no checkpoint.
     """
+
+    prune_on_every_sync = True
 
     def __init__(self, path: Path, name: str | None = None, root: Path | None = None) -> None:
         if not path.exists():
@@ -38,6 +46,7 @@ class FolderSource:
         self.complete_listing = self.path.is_dir()
         self.listing_prefix = "" if self.path == self.root else self.path.relative_to(self.root).as_posix() + "/"
         self._access_cache: dict[Path, tuple[str, ...]] = {}
+        self._listed: list[SourceItem] | None = None
 
     def files(self) -> list[Path]:
         """Every file that is not hidden. Unsupported types are listed too, so the sync can report them."""
@@ -63,7 +72,32 @@ class FolderSource:
                 path=f"{self.spec.name}/{relative}",
                 updated_at=datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc),
                 access=self._access_for(path.parent),
+                version=f"{stat.st_mtime_ns}:{stat.st_size}",
             )
+
+    # --- the source interface (see knowledge.sources.base) ---
+
+    async def check(self) -> None:
+        if not self.path.exists():
+            raise SourceUnavailable(
+                f"source {self.spec.name!r}: the folder {self.path} does not exist (is the drive mounted?); "
+                f"fix the path or run `ragbot source remove {self.spec.name}`"
+            )
+
+    async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[ChangeBatch]:
+        self._access_cache.clear()
+        listed = await asyncio.to_thread(lambda: list(self.items()))
+        self._listed = listed
+        yield ChangeBatch(items=listed, total=len(listed))
+
+    async def inventory(self) -> list[ItemRef] | None:
+        if not self.complete_listing:
+            return None  # one file says nothing about its neighbours
+        listed = self._listed if self._listed is not None else await asyncio.to_thread(lambda: list(self.items()))
+        return [ItemRef(item.external_id, item.access) for item in listed]
+
+    async def aclose(self) -> None:
+        self._listed = None
 
     def _access_for(self, folder: Path) -> tuple[str, ...]:
         if folder not in self._access_cache:
@@ -84,3 +118,18 @@ def _nearest_access(folder: Path) -> tuple[str, ...]:
             lines = access_file.read_text(encoding="utf-8", errors="replace").splitlines()
             return tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
     return (EVERYONE,)
+
+
+@register_source("folder")
+def build_folder_source(name: str, config: Mapping[str, Any]) -> FolderSource:
+    """A stored folder source: config {"path": "/abs/path"}."""
+    path = Path(str(config["path"]))
+    try:
+        return FolderSource(path, name)
+    except FileNotFoundError as exc:
+        raise SourceUnavailable(
+            f"source {name!r}: the folder {path} does not exist (is the drive mounted?); "
+            f"fix the path or run `ragbot source remove {name}`"
+        ) from exc
+    except ValueError as exc:
+        raise SourceConfigError(f"source {name!r}: {exc}") from exc
