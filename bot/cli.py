@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import sys
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Awaitable, Callable, Optional, TypeVar
@@ -15,7 +16,8 @@ from rich.markup import escape
 
 from bot.settings import BotSettings
 from bot.terminal import (
-    RichSyncProgress, chat_loop, console, err_console, render_answer, render_hits, render_status, render_sync_report,
+    RichSyncProgress, chat_loop, console, err_console, render_answer, render_hits, render_searched_for, render_status,
+    render_sync_report,
 )
 
 app = typer.Typer(help="ragbot: answers questions from your documents, with citations.", no_args_is_help=True,
@@ -46,11 +48,23 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def cli_message(exc: Exception) -> str:
+    """The knowledge core's typed errors, worded for the command line (naming the flag that fixes them)."""
+    from knowledge.errors import SourceConflict, UnknownSource
+
+    if isinstance(exc, SourceConflict):
+        where = f"{exc.kind} {exc.location}" if exc.location else exc.kind
+        return f"source {exc.name!r} already indexes {where}; pick another name with --source"
+    if isinstance(exc, UnknownSource) and exc.names:
+        return (f"unknown source {', '.join(exc.names)}; indexed sources: {', '.join(exc.known) or 'none yet'} "
+                "(check --source)")
+    return str(exc)
+
+
 def run_async(factory: Callable[[], Awaitable[T]]) -> T:
     from knowledge.embedding import EmbeddingModelError
-    from knowledge.evaluation import EvalFileError
     from knowledge.errors import KnowledgeError
-    from knowledge.store import SourceConflict
+    from knowledge.evaluation import EvalFileError
 
     from sqlalchemy.exc import DBAPIError
 
@@ -58,9 +72,8 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(factory())  # type: ignore[arg-type]
-    except (SourceConflict, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError,
-            KnowledgeError) as exc:
-        fail(str(exc))
+    except (KnowledgeError, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError) as exc:
+        fail(cli_message(exc))
     except DBAPIError as exc:
         fail(f"database error: {exc.orig or exc}".splitlines()[0])
     raise AssertionError("unreachable: fail() exits")
@@ -133,7 +146,7 @@ def search(
         fail(f"--mode must be one of {', '.join(MODES)}")
 
     async def run_search(kb: KnowledgeBase) -> SearchResults:
-        await check_sources(kb, sources)
+        await kb.check_sources(sources)
         since = updated_after.replace(tzinfo=updated_after.tzinfo or timezone.utc) if updated_after else None
         filters = SearchFilters(tuple(principals or ()), tuple(sources) if sources else None, since)
         return await kb.search(query, filters, k=k, mode=mode)  # type: ignore[arg-type]
@@ -145,34 +158,32 @@ def search(
         render_hits(results.hits)
 
 
-async def check_sources(kb: KnowledgeBase, sources: Optional[list[str]]) -> None:
-    if not sources:
-        return
-    known = await kb.source_names()
-    unknown = [s for s in sources if s not in known]
-    if unknown:
-        raise ValueError(f"unknown source {', '.join(unknown)}; indexed sources: {', '.join(known) or 'none yet'}")
-
-
 @app.command()
 def ask(
     question: Annotated[str, typer.Argument(help="Your question.")],
     principals: AsOption = None,
     sources: SourceOption = None,
+    conversation: Annotated[
+        Optional[str],
+        typer.Option("--conversation", help="Continue this conversation (follow-ups are understood from its "
+                                            "earlier questions). Default: a new conversation for each call."),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Answer a question from the documents, with numbered citations."""
     if not question.strip():
         fail("the question is empty")
+    conversation_id = conversation or f"cli:{uuid.uuid4()}"
 
     async def run_ask(kb: KnowledgeBase) -> Answer:
-        await check_sources(kb, sources)
-        return await kb.answer(question, principals or ["everyone"], "cli:ask", sources=sources)
+        await kb.check_sources(sources)
+        return await kb.answer(question, principals or ["everyone"], conversation_id, sources=sources, asker="cli")
 
     answer = with_kb(run_ask)
     if as_json:
-        print(json.dumps(answer.to_dict(), indent=2))
+        print(json.dumps({**answer.to_dict(), "conversation_id": conversation_id}, indent=2))
     else:
+        render_searched_for(question, answer)
         render_answer(answer)
 
 
@@ -181,7 +192,7 @@ def chat(principals: AsOption = None, sources: SourceOption = None) -> None:
     """Chat with the knowledge base in the terminal."""
 
     async def run_chat(kb: KnowledgeBase) -> None:
-        await check_sources(kb, sources)
+        await kb.check_sources(sources)
         await chat_loop(kb, principals or ["everyone"], sources)
 
     with_kb(run_chat)

@@ -95,6 +95,12 @@ def render_answer(answer: Answer) -> None:
         console.print(f"[dim]({escape(answer.note)})[/]")
 
 
+def render_searched_for(question: str, answer: Answer) -> None:
+    """When a follow-up was rewritten into a standalone query, show (dimmed) what was searched for."""
+    if answer.standalone_query and answer.standalone_query.strip() != question.strip():
+        console.print(f"[dim]searched for: {escape(answer.standalone_query)}[/]", highlight=False)
+
+
 def render_status(status: IndexStatus) -> None:
     console.print(f"Database: {status.database}")
     console.print(f"Embedding model: {status.embedding_model} ({status.embedding_dimension} dimensions)")
@@ -112,7 +118,7 @@ def render_status(status: IndexStatus) -> None:
 async def chat_loop(kb: KnowledgeBase, principals: Sequence[str], sources: Sequence[str] | None) -> None:
     """Ask questions in a loop, one conversation per session. Works with piped input too."""
     conversation_id = f"terminal:{uuid.uuid4()}"
-    mode = "Claude" if kb.answerer.generator else "offline excerpts (set ANTHROPIC_API_KEY for composed answers)"
+    mode = "Claude" if kb.answer_mode == "llm" else "offline excerpts (set ANTHROPIC_API_KEY for composed answers)"
     console.print(f"[bold]ragbot[/] — ask about your documents. Answers: {mode}. Type /quit to leave.")
     while True:
         try:
@@ -126,6 +132,7 @@ async def chat_loop(kb: KnowledgeBase, principals: Sequence[str], sources: Seque
         if question in ("/quit", "/exit", "quit", "exit"):
             return
         with console.status("Searching…"):
-            answer = await kb.answer(question, principals, conversation_id, sources=sources)
+            answer = await kb.answer(question, principals, conversation_id, sources=sources, asker="terminal")
         console.print("[bold]ragbot>[/]")
+        render_searched_for(question, answer)
         render_answer(answer)

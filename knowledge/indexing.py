@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol, Sequence
 
-from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -394,7 +393,7 @@ class Indexer:
         """
         dimension = self.embedder.dimension
         async with self.engine.begin() as conn:
-            await conn.execute(text("SELECT pg_advisory_xact_lock(727274002)"))
+            await store.lock_embedding_space(conn)
             model = await store.get_meta(conn, "embedding_model")
             if model == self.embedder.name:
                 await store.ensure_vector_index(conn, dimension)
