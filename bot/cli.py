@@ -218,14 +218,11 @@ def remove_source(name: Annotated[str, typer.Argument(help="The source to forget
 
 @app.command()
 def run() -> None:
-    """Start the bot. With no chat platform tokens configured, that is the terminal chat."""
-    platforms = BotSettings().chat_platforms
-    if platforms:
-        err_console.print(
-            f"[yellow]{' and '.join(platforms)} token(s) found, but the chat adapters are not part of this build "
-            "yet; starting the terminal chat instead.[/]"
-        )
-    chat(principals=None, sources=None)
+    """Start the bots (Slack and/or Discord, per the tokens set) with /healthz and /metrics; with no chat tokens,
+    the terminal chat."""
+    from bot.app import run as run_bots
+
+    run_bots(runner=run_async)
 
 
 @app.command(name="eval")
@@ -287,6 +284,10 @@ def db_stop() -> None:
         fail("DATABASE_URL is set: ragbot is not running an embedded database")
     console.print("Stopped the embedded database." if stop_embedded(settings.home) else "The embedded database was not running.")
 
+
+from bot.admin_cli import register as _register_admin_commands  # noqa: E402
+
+_register_admin_commands(app)
 
 if __name__ == "__main__":
     sys.exit(app())

@@ -1,4 +1,4 @@
-"""Chat platform settings (the adapters that use them come in their own modules)."""
+"""Chat platform settings, read once by the composition root (`bot/app.py`) and handed to every adapter."""
 
 from __future__ import annotations
 
@@ -10,8 +10,24 @@ class BotSettings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
 
     slack_bot_token: SecretStr | None = None
-    slack_app_token: SecretStr | None = None
+    slack_app_token: SecretStr | None = None  # set: Socket Mode; unset: HTTP mode on PORT
     slack_signing_secret: SecretStr | None = None
+    # The Slack Web API base URL in slack_sdk's form (a test or proxy can point it elsewhere).
+    slack_api_url: str = "https://slack.com/api/"
+    # Answer replies in a thread the bot already answered in without a new @mention.
+    slack_thread_followups: bool = True
+    # Stream Claude's answers into Slack as they are written (falls back to a placeholder + update if refused).
+    slack_stream_answers: bool = True
+
+    # Comma-separated platform user ids that count as bot admins besides workspace admins/owners
+    # ("U012ABC", "slack:U012ABC", "discord:4242").
+    admin_user_ids: str = ""
+    # How long a user's email and admin flag (users.info) are cached.
+    user_cache_seconds: int = Field(default=600, ge=0)
+
+    # The HTTP server: Slack events (HTTP mode), /healthz and /metrics.
+    host: str = "0.0.0.0"
+    port: int = Field(default=3000, ge=0, le=65535)
     log_level: str = "WARNING"
 
     # Discord. DISCORD_TOKEN is the bot token from the Developer Portal (DISCORD_BOT_TOKEN is accepted too).
@@ -28,19 +44,16 @@ class BotSettings(BaseSettings):
     # Seconds between edits of a message while an answer streams in (Discord allows about 5 edits per 5 s).
     discord_edit_interval_seconds: float = Field(default=1.2, ge=0.0)
 
-    # Chat users who may run the /kb admin commands besides platform admins: comma-separated platform user ids
-    # (Slack `U…` ids, Discord numeric ids).
-    admin_user_ids: str = ""
-
-    @property
-    def admin_ids(self) -> frozenset[str]:
-        return frozenset(part.strip() for part in self.admin_user_ids.split(",") if part.strip())
-
     @property
     def chat_platforms(self) -> list[str]:
         platforms = []
-        if self.slack_bot_token:
+        if self.slack_bot_token and self.slack_bot_token.get_secret_value():
             platforms.append("slack")
-        if self.discord_bot_token:
+        if self.discord_bot_token and self.discord_bot_token.get_secret_value():
             platforms.append("discord")
         return platforms
+
+    def is_listed_admin(self, platform: str, user_id: str) -> bool:
+        """Is this user named in ADMIN_USER_IDS, bare ("U1") or platform-qualified ("slack:U1")?"""
+        listed = {item.strip() for item in self.admin_user_ids.split(",") if item.strip()}
+        return user_id in listed or f"{platform}:{user_id}" in listed

@@ -16,6 +16,7 @@ from db.engine import create_engine, database_url
 from db.migrate import upgrade_to_head
 from db.settings import DatabaseSettings, redact_url
 from knowledge.answering import Answer, Answerer, AnswerSettings, make_generator
+from knowledge.botstate import BotStateMethods
 from knowledge.embedding import Embedder, get_embedder
 from knowledge.errors import UnknownSource
 from knowledge.indexing import Indexer, SyncProgress, SyncReport
@@ -79,7 +80,9 @@ def memory_settings(settings: KnowledgeSettings, with_claude: bool) -> MemorySet
     )
 
 
-class KnowledgeBase:
+class KnowledgeBase(BotStateMethods):
+    """Bot-side state (events, channel grants, identity map, feedback) comes from `BotStateMethods`."""
+
     def __init__(self, engine: AsyncEngine, settings: KnowledgeSettings, embedder: Embedder, url: str) -> None:
         self.engine = engine
         self.settings = settings

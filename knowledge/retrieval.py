@@ -162,9 +162,14 @@ _FILTERS = """
 
 _LEXICAL_CTES = """
 query_terms AS (
-    SELECT l.id, l.lexeme, l.df
+    -- The question's terms that occur in at least one chunk the asker may search. A term found only in chunks
+    -- they may not see must change nothing they receive (scores, order, abstention, candidates), or scores would
+    -- tell them the word exists in a document hidden from them. One GIN probe per term; EXISTS stops at a hit.
+    SELECT l.id, l.lexeme, l.df, _q.literal
     FROM lexemes l
+    CROSS JOIN LATERAL (SELECT '''' || replace(replace(l.lexeme, '\\', '\\\\'), '''', '''''') || '''' AS literal) _q
     WHERE l.lexeme = ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :query))) AND l.df > 0
+      AND EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(_q.literal AS tsquery) AND {filters})
 ),
 bm25_query AS (
     SELECT
@@ -175,12 +180,11 @@ bm25_query AS (
         coalesce(sum(ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5))), 0) AS full_match_score,
         -- OR-query over the terms that find candidates (in a large corpus, the ones in <= 10% of chunks)
         coalesce(
-            string_agg(_q.literal, ' | ') FILTER (WHERE s.n < :rare_corpus OR t.df <= 0.1 * s.n),
-            string_agg(_q.literal, ' | ')
+            string_agg(t.literal, ' | ') FILTER (WHERE s.n < :rare_corpus OR t.df <= 0.1 * s.n),
+            string_agg(t.literal, ' | ')
         )::tsquery AS candidates
     FROM query_terms t
     CROSS JOIN (SELECT greatest(n_chunks, 1)::float8 AS n FROM corpus_stats WHERE id = 1) s
-    CROSS JOIN LATERAL (SELECT '''' || replace(replace(t.lexeme, '\\', '\\\\'), '''', '''''') || '''' AS literal) _q
 ),
 lexical AS MATERIALIZED (
     SELECT c.id, -(c.bm25 <#> q.weights) AS score, q.full_match_score
