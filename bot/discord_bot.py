@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 import discord
+import yarl
 from discord import app_commands
 
 from bot import access, admin, feedback
@@ -55,6 +56,13 @@ def configure_api_url(url: str | None) -> None:
     before the client makes its first request (`ragbot run` and the tests call it before `login`)."""
     if url:
         discord.http.Route.BASE = url.rstrip("/")
+
+
+def configure_gateway_url(url: str | None) -> None:
+    """Point discord.py's gateway connection at another websocket URL (discord.py 2.x connects a plain Client to
+    the class attribute `DiscordWebSocket.DEFAULT_GATEWAY`, without asking the REST API)."""
+    if url:
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(url)
 
 
 def new_error_id() -> str:
@@ -612,6 +620,7 @@ class DiscordAdapter:
         settings = self.context.settings
         assert settings.discord_bot_token is not None
         configure_api_url(settings.discord_api_url)
+        configure_gateway_url(settings.discord_gateway_url)
         self.client = RagbotDiscord(self.context.kb, settings, self.context.metrics)
         await self.client.login(settings.discord_bot_token.get_secret_value())
         self._connection = asyncio.create_task(self.client.connect(reconnect=True), name="ragbot-discord-gateway")

@@ -38,6 +38,8 @@ class BotSettings(BaseSettings):
     discord_guild_id: int | None = None
     # Another base URL for Discord's REST API (tests point it at a local fake), e.g. http://127.0.0.1:8080/api/v10.
     discord_api_url: str | None = None
+    # Another gateway (websocket) URL, e.g. ws://127.0.0.1:8080/gateway for a local fake; unset: Discord's.
+    discord_gateway_url: str | None = None
     # Read the text of thread replies that do not mention the bot (the privileged Message Content intent, to be
     # switched on in the Developer Portal). Off: follow-ups in a thread need an @mention.
     discord_message_content: bool = True

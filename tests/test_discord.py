@@ -5,6 +5,7 @@ driven with raw gateway payloads, talking to a fake Discord REST API on 127.0.0.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from pathlib import Path
@@ -364,3 +365,40 @@ async def test_a_failure_becomes_a_short_message_with_an_error_id_in_the_logs(co
     error_id = re.search(r"error id `([0-9a-f]{8})`", reply["content"]).group(1)
     assert reply["content"].startswith("Sorry")
     assert any(error_id in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+# ---- ragbot run ---------------------------------------------------------------------------------------------------
+
+
+async def test_ragbot_run_starts_discord_on_the_gateway_and_answers_a_mention(corpus_kb, discord_api):
+    """The composition root `ragbot run` uses, with DISCORD_TOKEN set: log in, sync the commands globally (no
+    DISCORD_GUILD_ID), connect to the gateway, and answer a mention that arrives over the websocket."""
+    from bot.app import BotApp
+    from fakes.discord_gateway import guild_payload, message_payload
+
+    kb = await corpus_kb()
+    discord_api.guild_creates.append(guild_payload(GUILD, [CHANNEL]))
+    discord_api.add_channel(CHANNEL, GUILD)
+    settings = BotSettings(_env_file=None, DISCORD_TOKEN=discord_api.token, discord_api_url=discord_api.base_url,  # type: ignore[call-arg]
+                           discord_gateway_url=discord_api.gateway_url, port=0)
+    app = BotApp(settings, kb=kb)
+    await app.start()
+    try:
+        await asyncio.wait_for(discord_api.identified.wait(), timeout=30)
+        assert discord_api.identify["token"] == discord_api.token
+        assert discord_api.identify["intents"] & (1 << 15)  # message content: thread replies without a mention
+        assert [c["name"] for c in discord_api.commands["global"]] == ["ask", "kb"]
+
+        mention = message_payload(discord_api, "How do I set up the VPN?", channel_id=CHANNEL, guild_id=GUILD,
+                                  author_id=ALICE, mention_bot=True)
+        discord_api.record_user_message(mention)
+        await discord_api.dispatch("MESSAGE_CREATE", mention)
+        thread_id = int(mention["id"])
+        for _ in range(300):
+            if any(feedback_buttons(m) for m in discord_api.bot_messages(thread_id)):
+                break
+            await asyncio.sleep(0.1)
+        [answer] = discord_api.bot_messages(thread_id)
+        assert "The VPN is required" in answer["content"] and "[1]" in answer["content"]
+    finally:
+        await app.stop()

@@ -20,6 +20,7 @@ retrying, and it parses a body as JSON only when `Content-Type` is exactly `appl
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 
 BOT_USER_ID = 900000000000000001
 APPLICATION_ID = 900000000000000002
@@ -81,11 +82,22 @@ class FakeDiscordAPI:
         self._channel_guild: dict[int, int | None] = {}
         self._interaction_messages: dict[str, list[int]] = {}  # interaction token -> follow-up message ids
         self._interaction_channel: dict[str, int] = {}  # interaction token -> the channel it came from
+        # The gateway (websocket): what the bot identified with, and the events sent after READY.
+        self.identify: dict[str, Any] | None = None
+        self.identified = asyncio.Event()
+        self.guild_creates: list[dict[str, Any]] = []  # GUILD_CREATE payloads sent right after READY
+        self._gateway_socket: web.WebSocketResponse | None = None
+        self._sequence = 0
 
     # ---- set-up -------------------------------------------------------------------------------------------------
 
     def next_id(self) -> int:
         return next(self._ids)
+
+    @property
+    def gateway_url(self) -> str:
+        """What discord.py's `DiscordWebSocket.DEFAULT_GATEWAY` should be (`DISCORD_GATEWAY_URL`)."""
+        return f"ws://127.0.0.1:{self._port}/gateway"
 
     @property
     def base_url(self) -> str:
@@ -132,6 +144,7 @@ class FakeDiscordAPI:
 
     async def start(self) -> "FakeDiscordAPI":
         app = web.Application()
+        app.router.add_get("/gateway", self._gateway)
         app.router.add_route("*", self.api_prefix + "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -143,6 +156,42 @@ class FakeDiscordAPI:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    # ---- the gateway ------------------------------------------------------------------------------------------------
+
+    async def _gateway(self, request: web.Request) -> web.WebSocketResponse:
+        """HELLO, heartbeat ACKs, and READY (+ the GUILD_CREATEs) after IDENTIFY, as text frames (discord.py asks
+        for zlib-stream but reads uncompressed text frames as they are)."""
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self._gateway_socket = ws
+        await ws.send_str(json.dumps({"op": 10, "d": {"heartbeat_interval": 41250}, "s": None, "t": None}))
+        async for frame in ws:
+            if frame.type != WSMsgType.TEXT:
+                break
+            message = json.loads(frame.data)
+            if message["op"] == 1:  # heartbeat
+                await ws.send_str(json.dumps({"op": 11, "d": None, "s": None, "t": None}))
+            elif message["op"] == 2:  # identify
+                self.identify = message["d"]
+                await self.dispatch("READY", {
+                    "v": 10, "user": self.bot_user, "session_id": "fake-session", "shard": [0, 1],
+                    "resume_gateway_url": self.gateway_url, "guilds": [
+                        {"id": g["id"], "unavailable": True} for g in self.guild_creates
+                    ],
+                    "application": {"id": str(APPLICATION_ID), "flags": 0},
+                })
+                for guild in self.guild_creates:
+                    await self.dispatch("GUILD_CREATE", guild)
+                self.identified.set()
+        self._gateway_socket = None
+        return ws
+
+    async def dispatch(self, event: str, data: dict[str, Any]) -> None:
+        """Send one gateway event to the connected bot."""
+        assert self._gateway_socket is not None, "the bot is not connected to the gateway"
+        self._sequence += 1
+        await self._gateway_socket.send_str(json.dumps({"op": 0, "t": event, "s": self._sequence, "d": data}))
 
     async def __aenter__(self) -> "FakeDiscordAPI":
         return await self.start()

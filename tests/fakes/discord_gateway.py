@@ -37,6 +37,47 @@ def new_id() -> int:
     return next(_ids)
 
 
+def guild_payload(guild_id: int, channel_ids: list[int]) -> dict[str, Any]:
+    """GUILD_CREATE for a server with these text channels (what the gateway sends after READY)."""
+    channels = [
+        {"id": str(c), "type": 0, "guild_id": str(guild_id), "name": f"channel-{i}", "position": i,
+         "permission_overwrites": [], "nsfw": False, "topic": None, "last_message_id": None,
+         "rate_limit_per_user": 0, "parent_id": None}
+        for i, c in enumerate(channel_ids)
+    ]
+    return {
+        "id": str(guild_id), "name": "Northwind", "icon": None, "owner_id": "1", "splash": None,
+        "discovery_splash": None, "afk_channel_id": None, "afk_timeout": 300, "verification_level": 0,
+        "default_message_notifications": 0, "explicit_content_filter": 0, "features": [], "mfa_level": 0,
+        "system_channel_id": None, "system_channel_flags": 0, "rules_channel_id": None, "vanity_url_code": None,
+        "description": None, "banner": None, "premium_tier": 0, "preferred_locale": "en-US",
+        "public_updates_channel_id": None, "nsfw_level": 0, "premium_progress_bar_enabled": False,
+        "roles": [{"id": str(guild_id), "name": "@everyone", "permissions": str(MEMBER_PERMISSIONS),
+                   "position": 0, "color": 0, "hoist": False, "managed": False, "mentionable": False, "flags": 0}],
+        "emojis": [], "stickers": [], "member_count": 2, "large": False, "unavailable": False,
+        "channels": channels, "threads": [], "members": [], "voice_states": [], "presences": [],
+        "stage_instances": [], "guild_scheduled_events": [], "soundboard_sounds": [], "joined_at": now_iso(),
+    }
+
+
+def message_payload(fake: FakeDiscordAPI, content: str, *, channel_id: int, guild_id: int | None, author_id: int,
+                    author_name: str = "alice", mention_bot: bool = False) -> dict[str, Any]:
+    """MESSAGE_CREATE for a user's message (with `<@bot>` in front and the bot in `mentions` when it mentions it)."""
+    bot = fake.bot_user
+    if mention_bot:
+        content = f"<@{bot['id']}> {content}"
+    payload: dict[str, Any] = {
+        "id": str(fake.next_id()), "channel_id": str(channel_id), "author": user_payload(author_id, author_name),
+        "content": content, "timestamp": now_iso(), "edited_timestamp": None, "tts": False,
+        "mention_everyone": False, "mentions": [bot] if mention_bot else [], "mention_roles": [],
+        "attachments": [], "embeds": [], "pinned": False, "type": 0, "flags": 0, "components": [],
+    }
+    if guild_id is not None:
+        payload["guild_id"] = str(guild_id)
+        payload["member"] = {"roles": [], "joined_at": now_iso(), "deaf": False, "mute": False, "flags": 0}
+    return payload
+
+
 class DiscordHarness:
     def __init__(self, client: discord.Client, fake: FakeDiscordAPI) -> None:
         self.client = client
@@ -48,29 +89,10 @@ class DiscordHarness:
 
     # ---- gateway events -----------------------------------------------------------------------------------------
 
-    def guild_create(self, guild_id: int, channel_ids: list[int], *, owner_id: int = 1) -> None:
-        channels = [
-            {"id": str(c), "type": 0, "guild_id": str(guild_id), "name": f"channel-{i}", "position": i,
-             "permission_overwrites": [], "nsfw": False, "topic": None, "last_message_id": None,
-             "rate_limit_per_user": 0, "parent_id": None}
-            for i, c in enumerate(channel_ids)
-        ]
+    def guild_create(self, guild_id: int, channel_ids: list[int]) -> None:
         for channel in channel_ids:
             self.fake.add_channel(channel, guild_id)
-        self.state.parse_guild_create({
-            "id": str(guild_id), "name": "Northwind", "icon": None, "owner_id": str(owner_id), "splash": None,
-            "discovery_splash": None, "afk_channel_id": None, "afk_timeout": 300, "verification_level": 0,
-            "default_message_notifications": 0, "explicit_content_filter": 0, "features": [], "mfa_level": 0,
-            "system_channel_id": None, "system_channel_flags": 0, "rules_channel_id": None, "vanity_url_code": None,
-            "description": None, "banner": None, "premium_tier": 0, "preferred_locale": "en-US",
-            "public_updates_channel_id": None, "nsfw_level": 0, "premium_progress_bar_enabled": False,
-            "roles": [{"id": str(guild_id), "name": "@everyone", "permissions": str(MEMBER_PERMISSIONS),
-                       "position": 0, "color": 0, "hoist": False, "managed": False, "mentionable": False, "flags": 0}],
-            "emojis": [], "stickers": [], "member_count": 2, "large": False, "unavailable": False,
-            "channels": channels, "threads": [], "members": [], "voice_states": [], "presences": [],
-            "stage_instances": [], "guild_scheduled_events": [], "soundboard_sounds": [],
-            "joined_at": now_iso(),
-        })
+        self.state.parse_guild_create(guild_payload(guild_id, channel_ids))
 
     def sync_threads(self) -> None:
         """Discord sends THREAD_CREATE for a thread the bot started; replay it for threads the fake created."""
@@ -82,18 +104,8 @@ class DiscordHarness:
     async def message(self, content: str, *, channel_id: int, guild_id: int | None, author_id: int,
                       author_name: str = "alice", mention_bot: bool = False) -> dict[str, Any]:
         """A user posts a message: MESSAGE_CREATE, then wait until the bot has handled it."""
-        bot = self.fake.bot_user
-        if mention_bot:
-            content = f"<@{bot['id']}> {content}"
-        payload: dict[str, Any] = {
-            "id": str(self.fake.next_id()), "channel_id": str(channel_id), "author": user_payload(author_id, author_name),
-            "content": content, "timestamp": now_iso(), "edited_timestamp": None, "tts": False,
-            "mention_everyone": False, "mentions": [bot] if mention_bot else [], "mention_roles": [],
-            "attachments": [], "embeds": [], "pinned": False, "type": 0, "flags": 0, "components": [],
-        }
-        if guild_id is not None:
-            payload["guild_id"] = str(guild_id)
-            payload["member"] = {"roles": [], "joined_at": now_iso(), "deaf": False, "mute": False, "flags": 0}
+        payload = message_payload(self.fake, content, channel_id=channel_id, guild_id=guild_id, author_id=author_id,
+                                  author_name=author_name, mention_bot=mention_bot)
         self.fake.record_user_message(payload)
         self.state.parse_message_create(payload)
         await self.settle()
