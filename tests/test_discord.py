@@ -20,8 +20,8 @@ from fakes.discord_api import BOT_USER_ID, FakeDiscordAPI
 from fakes.discord_gateway import MANAGE_GUILD, MEMBER_PERMISSIONS, DiscordHarness
 
 from bot.discord_bot import (
-    EMBED_DESCRIPTION_LIMIT, EMBED_TOTAL_LIMIT, MESSAGE_LIMIT, RagbotDiscord, configure_api_url, group_embeds,
-    render_answer, source_embeds,
+    EMBED_DESCRIPTION_LIMIT, EMBED_TOTAL_LIMIT, MESSAGE_LIMIT, Part, ProgressiveReply, RagbotDiscord,
+    configure_api_url, group_embeds, render_answer, source_embeds,
 )
 from bot.server import BotMetrics
 from bot.settings import BotSettings
@@ -187,6 +187,35 @@ async def test_a_long_answer_arrives_split_within_discords_limits(corpus_kb, sta
     assert not any(m["embeds"] for m in messages[:-1])
 
 
+async def test_a_streamed_answer_is_posted_early_then_edited_at_most_once_per_interval(
+    corpus_kb, start_bot, discord_api
+):
+    kb = await corpus_kb()
+    bot, _ = await start_bot(kb)
+    channel = bot.get_channel(CHANNEL)  # a real discord.py TextChannel: its sends and edits reach the fake API
+    reply = ProgressiveReply(channel.send, interval=0.3)
+    words = [f"word{i} " for i in range(24)]
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for word in words:  # Claude writing for about 1.2 s
+        await reply.on_text(word)
+        await asyncio.sleep(0.05)
+    elapsed = loop.time() - started
+    await reply.finish([Part("The final answer [1].", [])], None)
+
+    [post] = discord_api.calls_to("POST", f"/channels/{CHANNEL}/messages")
+    edits = discord_api.calls_to("PATCH", f"/channels/{CHANNEL}/messages/")
+    assert post.body["content"].startswith("word0") and len(post.body["content"]) < len("".join(words))  # early
+    previews, final = edits[:-1], edits[-1]
+    assert 1 <= len(previews) <= elapsed / 0.3 + 1  # throttled, not one edit per delta
+    shown = [post.body["content"]] + [e.body["content"] for e in previews]
+    assert all(text.endswith(" …") for text in shown)
+    assert all(a[:-2] in b for a, b in zip(shown, shown[1:]))  # each edit extends the last
+    assert final.body["content"] == "The final answer [1]."
+    assert discord_api.bot_messages(CHANNEL)[0]["content"] == "The final answer [1]."
+
+
 def test_sources_embeds_link_titles_and_stay_within_embed_limits():
     citations = [
         Citation(n, f"Policy {n} " + "x" * 150, f"https://wiki.example.com/pages/{n}(draft)", None, f"id{n}", "wiki",
@@ -221,6 +250,12 @@ async def test_a_mention_opens_a_thread_and_a_reply_there_is_answered_with_memor
     [first] = discord_api.bot_messages(thread_id)
     assert "25 days of paid vacation" in first["content"] and "[1]" in first["content"]
 
+    # The same event delivered again (a replayed gateway event, or a second replica of the bot): answered once.
+    replay = discord_harness.state.parse_message_create
+    replay(dict(mention))
+    await discord_harness.settle()
+    assert len(discord_api.calls_to("POST", "/threads")) == 1 and len(discord_api.bot_messages(thread_id)) == 1
+
     # A reply in the thread, without a mention, that only makes sense with the first question in mind.
     await discord_harness.message("and how many of those carry over?", channel_id=thread_id, guild_id=GUILD,
                                   author_id=ALICE)
@@ -238,6 +273,25 @@ async def test_a_mention_opens_a_thread_and_a_reply_there_is_answered_with_memor
     await discord_harness.message("how many vacation days?", channel_id=OTHER_CHANNEL, guild_id=GUILD,
                                   author_id=ALICE)
     assert discord_api.bot_messages(OTHER_CHANNEL) == [] and not discord_api.calls_to("POST", f"/{OTHER_CHANNEL}/")
+
+
+async def test_mentioned_mid_thread_the_bot_reads_the_thread_so_far(corpus_kb, start_bot, discord_api):
+    kb = await corpus_kb()
+    _, discord_harness = await start_bot(kb)
+    thread_id = discord_api.user_thread(GUILD, CHANNEL, owner_id=ALICE)
+    discord_harness.sync_threads()  # THREAD_CREATE
+    await discord_harness.message("How many vacation days do full-time employees get?", channel_id=thread_id,
+                                  guild_id=GUILD, author_id=ALICE)
+    assert discord_api.bot_messages(thread_id) == []  # not a conversation the bot is in: no answer
+
+    await discord_harness.message("and how many of those carry over?", mention_bot=True, channel_id=thread_id,
+                                  guild_id=GUILD, author_id=ALICE)
+
+    assert not discord_api.calls_to("POST", "/threads")  # answered in place, no new thread
+    [answer] = discord_api.bot_messages(thread_id)
+    assert "5 unused vacation days carry over" in answer["content"]
+    delivered = await kb.delivered_answer(int(feedback_buttons(answer)[0].split(":")[2]))
+    assert "vacation" in delivered.standalone_query.lower()  # the earlier message was read as history
 
 
 # ---- who may see what -----------------------------------------------------------------------------------------------

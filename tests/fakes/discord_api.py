@@ -257,9 +257,11 @@ class FakeDiscordAPI:
             channel_id = int(match.group(1))
             if m == "POST":
                 return 200, self._store_new(channel_id, body, author=self.bot_user)
-            if m == "GET":
+            if m == "GET":  # history: newest first, optionally only messages before an id
                 limit = int(call.query.get("limit", 50))
-                return 200, list(reversed(self.messages.get(channel_id, [])))[:limit]  # newest first
+                before = int(call.query.get("before", 0)) or None
+                older = [x for x in self.messages.get(channel_id, []) if before is None or int(x["id"]) < before]
+                return 200, list(reversed(older))[:limit]
         if match := re.fullmatch(r"/channels/(\d+)/messages/(\d+)", p):
             channel_id, message_id = int(match.group(1)), int(match.group(2))
             if m == "PATCH":
@@ -359,18 +361,30 @@ class FakeDiscordAPI:
         message["edits"] += 1
         return message
 
-    def _thread_from_message(self, channel_id: int, message_id: int, body: dict[str, Any]) -> dict[str, Any]:
-        self.message(channel_id, message_id)  # 404 when unknown, as Discord does
-        guild_id = self._channel_guild.get(channel_id)
-        thread = {
-            "id": str(message_id),  # a thread started from a message has that message's id
-            "type": 11, "guild_id": str(guild_id), "parent_id": str(channel_id), "name": body.get("name", ""),
+    def user_thread(self, guild_id: int, parent_id: int, owner_id: int, name: str = "discussion") -> int:
+        """A thread a user started (the bot is not in the conversation yet); returns its id."""
+        thread_id = self.next_id()
+        self.threads[thread_id] = {**self._thread_payload(thread_id, guild_id, parent_id, name), "owner_id": str(owner_id)}
+        self.add_channel(thread_id, guild_id)
+        return thread_id
+
+    def _thread_payload(self, thread_id: int, guild_id: int | None, parent_id: int, name: str,
+                        auto_archive: int = 1440) -> dict[str, Any]:
+        return {
+            "id": str(thread_id), "type": 11, "guild_id": str(guild_id), "parent_id": str(parent_id), "name": name,
             "owner_id": self.bot_user["id"], "last_message_id": None, "rate_limit_per_user": 0,
             "message_count": 0, "member_count": 1, "flags": 0,
-            "thread_metadata": {"archived": False, "auto_archive_duration": body.get("auto_archive_duration", 1440),
+            "thread_metadata": {"archived": False, "auto_archive_duration": auto_archive,
                                 "archive_timestamp": now_iso(), "locked": False},
             "newly_created": True,
         }
+
+    def _thread_from_message(self, channel_id: int, message_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        self.message(channel_id, message_id)  # 404 when unknown, as Discord does
+        guild_id = self._channel_guild.get(channel_id)
+        # A thread started from a message has that message's id.
+        thread = self._thread_payload(message_id, guild_id, channel_id, body.get("name", ""),
+                                      body.get("auto_archive_duration", 1440))
         self.threads[message_id] = thread
         self.add_channel(message_id, guild_id)
         return thread
