@@ -28,6 +28,7 @@ from discord import app_commands
 from bot import access, admin, feedback
 from bot.render import SourceEntry, sources_list, split_text
 from bot.settings import BotSettings
+from knowledge.memory import ChatMessage
 from knowledge.sanitize import quote_safe
 
 if TYPE_CHECKING:
@@ -104,12 +105,12 @@ def source_line(entry: SourceEntry) -> str:
     return line
 
 
-def source_embeds(citations: Sequence[Any]) -> list[discord.Embed]:
+def source_embeds(citations: Sequence[Any], title: str = "Sources") -> list[discord.Embed]:
     """Sources as embeds with linked titles, each description within Discord's 4,096 characters."""
     lines = [source_line(entry) for entry in sources_list(citations)]
     embeds: list[discord.Embed] = []
     for description in split_text("\n".join(lines), EMBED_DESCRIPTION_LIMIT):
-        embeds.append(discord.Embed(title="Sources" if not embeds else None, description=description,
+        embeds.append(discord.Embed(title=title if not embeds else None, description=description,
                                     colour=discord.Colour.blurple()))
     return embeds
 
@@ -145,7 +146,13 @@ def render_answer(answer: "Answer") -> list[Part]:
         text += "\n\n*Quoted excerpts: the language model is unavailable right now.*"
     texts = split_text(text, MESSAGE_LIMIT) or [""]
     parts = [Part(t, []) for t in texts]
-    groups = group_embeds(source_embeds(answer.citations)) if answer.citations else []
+    if answer.citations:
+        embeds = source_embeds(answer.citations)
+    elif answer.abstained and getattr(answer, "related", None):  # the nearest documents the asker may see
+        embeds = source_embeds(answer.related, title="Closest documents")  # type: ignore[attr-defined]
+    else:
+        embeds = []
+    groups = group_embeds(embeds)
     if groups:
         parts[-1] = Part(parts[-1].content, groups[0])
         parts.extend(Part(None, group) for group in groups[1:])
@@ -378,18 +385,23 @@ class RagbotDiscord(discord.Client):
         assert self.user is not None
         return re.sub(rf"<@!?{self.user.id}>", " ", message.content).strip()
 
+    async def claim(self, message: discord.Message) -> bool:
+        """True the first time: a replayed gateway event or a second replica of the bot never answers twice.
+        Only messages the bot acts on are recorded (with the Message Content intent it sees every message)."""
+        if await self.kb.claim_event(f"{PLATFORM}:message:{message.id}"):
+            return True
+        self._count("duplicate_events")
+        return False
+
     async def on_message(self, message: discord.Message) -> None:
         if message.author.bot or self.user is None or message.author.id == self.user.id:
             return  # ourselves and other bots
         if message.type not in (discord.MessageType.default, discord.MessageType.reply):
             return  # joins, pins, "thread created" notices...
-        if not await self.kb.claim_event(f"{PLATFORM}:message:{message.id}"):
-            self._count("duplicate_events")
-            return  # another replica, or a replayed event, already has it
         question = self.question_from(message)
-        mentioned = self.user.mentioned_in(message) and not message.mention_everyone
+        mentioned = any(user.id == self.user.id for user in message.mentions)  # not via @everyone
         if message.guild is None:  # a DM: answered as the asker
-            if question:
+            if question and await self.claim(message):
                 audience = await self.private_audience(message.author)
                 await self.answer_into(message.channel.send, question, audience, f"{PLATFORM}:dm:{message.channel.id}")
             return
@@ -397,16 +409,18 @@ class RagbotDiscord(discord.Client):
         # A thread (or a channel discord.py has not cached, which may be one): replies there are follow-ups when
         # the bot has answered in it; a mention there is answered in place.
         if isinstance(channel, (discord.Thread, discord.PartialMessageable)):
+            if not question:
+                return
             conversation = f"{PLATFORM}:{guild_id}:{channel.id}"
             followup = await self.kb.bot_answered_in(conversation)
-            if not (mentioned or followup) or not question:
+            if not (mentioned or followup) or not await self.claim(message):
                 return
             parent = channel.parent_id if isinstance(channel, discord.Thread) else None
             audience = await self.shared_audience(message.author, guild_id, parent or channel.id)
             prior = None if followup else await self.thread_history(channel, before=message)
             await self.answer_into(channel.send, question, audience, conversation, prior)
             return
-        if not mentioned:
+        if not mentioned or not await self.claim(message):
             return
         if not question:
             await message.reply("Ask me a question after the mention, e.g. `@ragbot how many vacation days do I get?`",
@@ -424,10 +438,8 @@ class RagbotDiscord(discord.Client):
         audience = await self.shared_audience(message.author, guild_id, channel.id)
         await self.answer_into(thread.send, question, audience, f"{PLATFORM}:{guild_id}:{thread.id}")
 
-    async def thread_history(self, thread: Any, before: discord.Message) -> list[Any]:
+    async def thread_history(self, thread: Any, before: discord.Message) -> list[ChatMessage]:
         """The messages of a thread the bot is mentioned in for the first time, oldest first, as history."""
-        from knowledge.memory import ChatMessage
-
         assert self.user is not None
         history = []
         async for old in thread.history(limit=HISTORY_MESSAGES, before=before):
@@ -602,6 +614,14 @@ def _register_commands(bot: RagbotDiscord) -> None:
 # ---- running ------------------------------------------------------------------------------------------------------
 
 
+CONNECT_TIMEOUT_SECONDS = 60
+
+
+class DiscordStartError(ValueError):
+    """Discord would not let the bot in (its message names the setting to fix). A ValueError, so `ragbot run`
+    shows it as a one-line error."""
+
+
 class DiscordAdapter:
     """What `bot/app.py` starts when DISCORD_TOKEN is set: log in (which syncs the commands), then hold the
     gateway connection in a background task until stopped."""
@@ -617,13 +637,38 @@ class DiscordAdapter:
         return []  # Discord talks to us over the gateway; nothing to serve on PORT
 
     async def start(self) -> None:
+        """Log in (syncing the commands) and connect; returns once Discord has accepted the connection. A refused
+        token or intent raises `DiscordStartError`, whose message says what to change."""
         settings = self.context.settings
         assert settings.discord_bot_token is not None
         configure_api_url(settings.discord_api_url)
         configure_gateway_url(settings.discord_gateway_url)
         self.client = RagbotDiscord(self.context.kb, settings, self.context.metrics)
-        await self.client.login(settings.discord_bot_token.get_secret_value())
+        try:
+            await self.client.login(settings.discord_bot_token.get_secret_value())
+        except discord.LoginFailure as exc:
+            await self.client.close()
+            raise DiscordStartError(
+                "Discord refused DISCORD_TOKEN: copy the bot token again from the Developer Portal (Bot → Reset "
+                "Token) into DISCORD_TOKEN"
+            ) from exc
         self._connection = asyncio.create_task(self.client.connect(reconnect=True), name="ragbot-discord-gateway")
+        connected = asyncio.create_task(self.client.wait_for("connect"), name="ragbot-discord-connected")
+        done, _ = await asyncio.wait({self._connection, connected}, timeout=CONNECT_TIMEOUT_SECONDS,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        connected.cancel()
+        if self._connection in done:
+            error = self._connection.exception()
+            await self.client.close()
+            if isinstance(error, discord.PrivilegedIntentsRequired):
+                raise DiscordStartError(
+                    "Discord refused the Message Content intent: switch it on in the Developer Portal (Bot → "
+                    "Privileged Gateway Intents → Message Content Intent), or set DISCORD_MESSAGE_CONTENT=false"
+                ) from error
+            raise DiscordStartError(f"could not connect to Discord's gateway: {error}") from error
+        if not done:
+            logger.warning("discord: still connecting after %s s; carrying on in the background",
+                           CONNECT_TIMEOUT_SECONDS)
         self._connection.add_done_callback(_log_gateway_end)
 
     async def stop(self) -> None:

@@ -456,3 +456,22 @@ async def test_ragbot_run_starts_discord_on_the_gateway_and_answers_a_mention(co
         assert "The VPN is required" in answer["content"] and "[1]" in answer["content"]
     finally:
         await app.stop()
+
+
+async def test_ragbot_run_says_which_setting_to_fix_when_discord_refuses_the_bot(kb_factory, discord_api):
+    from bot.app import BotApp
+    from bot.discord_bot import DiscordStartError
+
+    kb = await kb_factory()
+    settings = dict(discord_api_url=discord_api.base_url, discord_gateway_url=discord_api.gateway_url, port=0)
+
+    wrong_token = BotApp(BotSettings(_env_file=None, DISCORD_TOKEN="not-the-token", **settings), kb=kb)  # type: ignore[call-arg]
+    with pytest.raises(DiscordStartError, match="Discord refused DISCORD_TOKEN"):
+        await wrong_token.start()
+    await wrong_token.stop()
+
+    discord_api.refuse_privileged_intents = True
+    no_intent = BotApp(BotSettings(_env_file=None, DISCORD_TOKEN=discord_api.token, **settings), kb=kb)  # type: ignore[call-arg]
+    with pytest.raises(DiscordStartError, match="Message Content Intent.*DISCORD_MESSAGE_CONTENT=false"):
+        await no_intent.start()
+    await no_intent.stop()

@@ -24,6 +24,7 @@ import asyncio
 import itertools
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -51,6 +52,7 @@ class Call:
     query: dict[str, str]
     headers: dict[str, str]  # names lower-cased
     body: Any  # parsed JSON, or None
+    at: float = field(default_factory=time.perf_counter)  # when it arrived
 
 
 @dataclass
@@ -88,6 +90,8 @@ class FakeDiscordAPI:
         self.guild_creates: list[dict[str, Any]] = []  # GUILD_CREATE payloads sent right after READY
         self._gateway_socket: web.WebSocketResponse | None = None
         self._sequence = 0
+        # As if the Message Content intent were not switched on in the Developer Portal: close code 4014.
+        self.refuse_privileged_intents = False
 
     # ---- set-up -------------------------------------------------------------------------------------------------
 
@@ -174,6 +178,9 @@ class FakeDiscordAPI:
                 await ws.send_str(json.dumps({"op": 11, "d": None, "s": None, "t": None}))
             elif message["op"] == 2:  # identify
                 self.identify = message["d"]
+                if self.refuse_privileged_intents and self.identify["intents"] & ((1 << 1) | (1 << 8) | (1 << 15)):
+                    await ws.close(code=4014, message=b"Disallowed intent(s).")
+                    break
                 await self.dispatch("READY", {
                     "v": 10, "user": self.bot_user, "session_id": "fake-session", "shard": [0, 1],
                     "resume_gateway_url": self.gateway_url, "guilds": [
