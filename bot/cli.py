@@ -229,6 +229,14 @@ def run() -> None:
 def evaluate(
     file: Annotated[Optional[Path], typer.Argument(help="JSONL: {\"question\", \"relevant\": [external ids]} per line.")] = None,
     beir: Annotated[Optional[Path], typer.Option("--beir", help="A BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.")] = None,
+    corpus: Annotated[
+        Optional[Path],
+        typer.Option("--corpus", help="A BEIR-style corpus.jsonl ({\"_id\", \"title\", \"text\"} per line) to index "
+                                      "and search for FILE's questions; its _ids are the relevant ids."),
+    ] = None,
+    no_memory: Annotated[
+        bool, typer.Option("--no-memory", help="Search each question alone, ignoring its history (the baseline).")
+    ] = False,
     mode: Annotated[str, typer.Option("--mode", help="hybrid, dense, lexical, or all.")] = "all",
     principals: AsOption = None,
     sources: SourceOption = None,
@@ -239,15 +247,17 @@ def evaluate(
 
     if (file is None) == (beir is None):
         fail("give either an eval FILE.jsonl or --beir DIR")
-    target = file or beir
-    assert target is not None
-    if not target.exists():
-        fail(f"no such file or folder: {target}")
+    if corpus is not None and beir is not None:
+        fail("--corpus goes with an eval FILE.jsonl; a --beir folder has its own corpus")
+    for target in (file, beir, corpus):
+        if target is not None and not target.exists():
+            fail(f"no such file or folder: {target}")
     modes = ("dense", "lexical", "hybrid") if mode == "all" else (mode,)
     if any(m not in ("dense", "lexical", "hybrid") for m in modes):
         fail("--mode must be one of hybrid, dense, lexical, all")
 
-    results = with_kb(lambda kb: run_eval(kb, file, beir, modes, principals or [], sources or []))
+    results = with_kb(lambda kb: run_eval(kb, file, beir, modes, principals or [], sources or [], corpus=corpus,
+                                          memory=not no_memory))
     if as_json:
         print(json.dumps(results, indent=2))
     else:

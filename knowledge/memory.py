@@ -105,7 +105,7 @@ def content_words(text: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(text) if w.lower() not in _STOP and len(w) > 1]
 
 
-def looks_like_follow_up(question: str) -> bool:
+def looks_like_follow_up(question: str, min_content_words: int = STANDALONE_CONTENT_WORDS) -> bool:
     """Does the question lean on earlier turns? Pointing words ("it", "those", "the second one"), an opener
     ("and for contractors?", "what about…") or too few content words to search on."""
     words = [w.lower() for w in _WORD.findall(question)]
@@ -113,35 +113,51 @@ def looks_like_follow_up(question: str) -> bool:
         return True
     if any(w in _ANAPHORA for w in words):
         return True
-    return len(content_words(question)) < STANDALONE_CONTENT_WORDS
+    return len(content_words(question)) < min_content_words
 
 
-def rewrite_offline(question: str, history: History) -> str:
+def _stem(word: str) -> str:
+    return word[:5]
+
+
+def rewrite_offline(
+    question: str, history: History, *, min_content_words: int = STANDALONE_CONTENT_WORDS, pick: str = "overlap",
+    limit: int = 8,
+) -> str:
     """A deterministic standalone query: the question, followed, when it looks like a follow-up, by the content
-    words of the previous user turns (the most recent first, each previous turn itself resolved the same way) that
-    the question does not already contain. A question that stands alone comes back unchanged, so single-turn
-    retrieval cannot get worse and a change of topic does not drag the old topic along.
+    words of the earlier user turn it most likely refers to (each earlier turn itself resolved the same way) that
+    the question does not already contain. The turn referred to is the one sharing the most words with the
+    question ("back to the incidents…"), else the most recent. A question that stands alone comes back
+    unchanged, so single-turn retrieval cannot get worse and a change of topic does not drag the old topic along.
+    The defaults were chosen by measurement (README, "Conversation memory").
     """
     previous = history.user_messages()
     if not previous and not history.summary:
         return question
-    if not looks_like_follow_up(question):
+    if not looks_like_follow_up(question, min_content_words):
         return question
     # Resolve each earlier user turn in order, so a chain of follow-ups keeps the topic of its start.
     resolved: list[str] = []
-    for i, text in enumerate(previous):
-        earlier = History(history.summary, [ChatMessage("user", t) for t in resolved])
-        resolved.append(text if i == 0 and not history.summary else _expand(text, earlier))
-    context = resolved[-1] if resolved else history.summary
-    return _expand_with(question, context)
+    for text in previous:
+        if resolved and looks_like_follow_up(text, min_content_words):
+            text = _expand_with(text, _referent(text, resolved, pick), limit)
+        resolved.append(text)
+    context = _referent(question, resolved, pick) if resolved else history.summary
+    return _expand_with(question, context, limit)
 
 
-def _expand(question: str, history: History) -> str:
-    if not looks_like_follow_up(question):
-        return question
-    previous = history.user_messages()
-    context = previous[-1] if previous else history.summary
-    return _expand_with(question, context) if context else question
+def _referent(question: str, earlier: list[str], pick: str) -> str:
+    """Which earlier (resolved) user turn a follow-up refers to."""
+    if pick == "recent" or len(earlier) == 1:
+        return earlier[-1]
+    if pick == "all":
+        return " ".join(reversed(earlier))
+    mine = {_stem(w) for w in content_words(question)}
+    overlaps = [len(mine & {_stem(w) for w in content_words(text)}) for text in earlier]
+    best = max(overlaps)
+    if best == 0:
+        return earlier[-1]
+    return earlier[max(i for i, o in enumerate(overlaps) if o == best)]
 
 
 def _expand_with(question: str, context: str, limit: int = 8) -> str:
@@ -180,6 +196,11 @@ def _sentence_weight(sentence: str, question_terms: set[str]) -> float:
     return len(terms & question_terms) + 0.5 * digits + 0.05 * min(len(terms), 12)
 
 
+def _has_figure(line: str) -> bool:
+    """Does the line state a figure? (In "Asked: … → …" lines, only the answer part counts.)"""
+    return bool(re.search(r"\d", line.split("→", 1)[1] if "→" in line else line))
+
+
 def summarize_offline(previous: str, turns: Sequence[tuple[str, str]], budget_tokens: int, count: CountTokens) -> str:
     """Fold (question, answer) turns into the summary: one line per turn with the question and the answer's key
     sentences (those sharing the question's terms, and figures). Past the budget, the weakest lines go first
@@ -193,7 +214,7 @@ def summarize_offline(previous: str, turns: Sequence[tuple[str, str]], budget_to
         line = f"- Asked: {question.strip()}" + (f" → {' '.join(ordered)}" if ordered else "")
         lines.append(line)
     while len(lines) > 1 and sum(count(lines)) > budget_tokens:
-        weakest = min(range(len(lines)), key=lambda i: (bool(re.search(r"\d", lines[i])), i))
+        weakest = min(range(len(lines)), key=lambda i: (_has_figure(lines[i]), i))
         del lines[weakest]
     summary = "\n".join(lines)
     if lines and count([summary])[0] > budget_tokens:  # one line alone is too long: keep its beginning
@@ -267,7 +288,7 @@ class ConversationMemory:
             summary = await memory_store.load_summary(conn, conversation_id)
             turns = await memory_store.turns_after(conn, conversation_id, summary.through_turn_id if summary else 0)
         if summary is None and not turns:
-            return self._bounded_messages(list(prior_messages or ()))
+            return self.history_from_messages(list(prior_messages or ()))
         summary_text = summary.text if summary else ""
         if self._tokens(summary_text, turns) > self.settings.token_budget and len(turns) > 1:
             keep = min(self.settings.recent_turns, len(turns) - 1)
@@ -286,7 +307,7 @@ class ConversationMemory:
         texts = [summary] + [t.question for t in turns] + [t.answer for t in turns]
         return sum(self.count_tokens(texts))
 
-    def _bounded_messages(self, messages: list[ChatMessage]) -> History:
+    def history_from_messages(self, messages: list[ChatMessage]) -> History:
         """Thread messages within the budget: the most recent verbatim, the older ones as an offline summary."""
         if not messages:
             return History()
