@@ -296,8 +296,10 @@ def db_stop() -> None:
 
 
 from bot.admin_cli import register as _register_admin_commands  # noqa: E402
+from bot.cli_sources import register_source_commands  # noqa: E402  (source, sync, sync-runs, scheduler)
 
 _register_admin_commands(app)
+register_source_commands(app)
 
 if __name__ == "__main__":
     sys.exit(app())

@@ -17,6 +17,7 @@ from knowledge.answering import Answer
 from knowledge.indexing import SyncReport
 from knowledge.kb import IndexStatus, KnowledgeBase
 from knowledge.retrieval import SearchHit
+from knowledge.sources.base import SyncRun
 
 console = Console()
 err_console = Console(stderr=True)
@@ -40,8 +41,14 @@ class RichSyncProgress:
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
 
-    def start(self, total: int) -> None:
+    def start(self, total: int | None) -> None:
         self.task = self.progress.add_task("", total=total, label=self.label)
+
+    def grow(self, count: int) -> None:
+        """More items arrived (a source paging through its changes)."""
+        if self.task is not None:
+            current = self.progress.tasks[self.task].total or 0
+            self.progress.update(self.task, total=current + count)
 
     def advance(self, label: str) -> None:
         if self.task is not None:
@@ -108,11 +115,33 @@ def render_status(status: IndexStatus) -> None:
         f"{status.documents} documents, {status.chunks} chunks, {status.vocabulary} terms, "
         f"{status.avg_chunk_length:.1f} terms per chunk on average"
     )
-    table = Table("source", "kind", "documents", "chunks", "last synced", "location")
+    table = Table("source", "kind", "documents", "chunks", "last synced", "last run", "location")
     for s in status.sources:
         table.add_row(escape(s.name), s.kind, str(s.documents), str(s.chunks),
-                      s.last_synced_at.strftime("%Y-%m-%d %H:%M") if s.last_synced_at else "never", escape(s.location or ""))
+                      s.last_synced_at.strftime("%Y-%m-%d %H:%M") if s.last_synced_at else "never",
+                      describe_run(s.last_run, s.running), escape(s.location or ""))
     console.print(table)
+    running = [s.name for s in status.sources if s.running]
+    if running:
+        console.print(f"Syncing now: {escape(', '.join(running))}")
+
+
+def describe_run(run: SyncRun | None, running: bool = False) -> str:
+    """A sync run in a few words: "ok 2026-11-22 10:00 (cli): 3 added, 1 failed", "running since ..."."""
+    if running:
+        since = f" (run started {run.started_at:%Y-%m-%d %H:%M})" if run is not None and run.status == "running" else ""
+        return f"[bold yellow]running[/]{since}"
+    if run is None:
+        return "never"
+    colour = {"ok": "green", "failed": "red", "interrupted": "yellow"}.get(run.status, "white")
+    counts = ", ".join(f"{n} {label}" for n, label in (
+        (run.added, "added"), (run.updated, "updated"), (run.deleted, "deleted"), (run.failed, "failed")) if n)
+    text = f"[{colour}]{run.status}[/] {run.started_at:%Y-%m-%d %H:%M} ({escape(run.trigger)})"
+    if counts:
+        text += f": {counts}"
+    if run.error:
+        text += f"\n[dim]{escape(run.error[:160])}[/]"
+    return text
 
 
 async def chat_loop(kb: KnowledgeBase, principals: Sequence[str], sources: Sequence[str] | None) -> None:

@@ -27,16 +27,22 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from knowledge import store
 from knowledge.chunking import ChunkDraft, chunk_document, compose_search_text
 from knowledge.embedding import Embedder, content_hash
-from knowledge.parsing import CorruptDocument, UnsupportedFormat, parse_document
+from knowledge.parsing import Block, CorruptDocument, ParsedDocument, UnsupportedFormat, parse_document
 from knowledge.settings import KnowledgeSettings
 from knowledge.errors import ItemUnavailable
-from knowledge.sources.base import Source, SourceItem, principals_key, read_item
+from knowledge.sources.base import Source, SourceItem, as_source, principals_key, read_item
 
 logger = logging.getLogger(__name__)
 
 BATCH_DOCUMENTS = 16
 # Items fetched at once within a batch (HTTP sources bound their own connections too).
 FETCH_CONCURRENCY = 4
+# VACUUM the chunks table after a sync or a source removal deleted at least this many chunks (see
+# Indexer.after_large_delete).
+VACUUM_AFTER_DELETED_CHUNKS = 1000
+# A chunk token is rarely more than this many characters: bounds the text chunked for MAX_DOCUMENT_CHUNKS.
+CHARS_PER_TOKEN_BOUND = 8
+MIN_DOCUMENT_CHARS = 1_000_000
 # Bump when parsing or chunking changes what a file turns into: every document is then re-chunked on its next sync
 # (the embedding cache still spares re-embedding chunks whose text came out the same).
 PIPELINE_VERSION = "2"
@@ -100,6 +106,30 @@ class SyncReport:
         self.failed.sort()
 
 
+def unique_chunks(drafts: Sequence[ChunkDraft]) -> list[ChunkDraft]:
+    """Identical chunks within one document (a paragraph repeated, boilerplate on every page) are stored once:
+    copies add nothing to answers, and thousands of identical vectors degrade the HNSW graph."""
+    seen: set[str] = set()
+    unique = []
+    for draft in drafts:
+        if draft.search_text not in seen:
+            seen.add(draft.search_text)
+            unique.append(draft)
+    return unique
+
+
+def truncate_blocks(document: ParsedDocument, max_chars: int) -> bool:
+    """Cut a parsed document to at most `max_chars` characters of text, so a huge file is not tokenised in full
+    only to be cut to MAX_DOCUMENT_CHUNKS afterwards. Returns whether anything was cut."""
+    total = 0
+    for index, block in enumerate(document.blocks):
+        if total + len(block.text) > max_chars:
+            document.blocks[index:] = [Block(block.headings, block.text[: max(0, max_chars - total)])]
+            return True
+        total += len(block.text)
+    return False
+
+
 @dataclass(frozen=True)
 class _Prepared:
     item: SourceItem
@@ -156,6 +186,7 @@ class Indexer:
         """Apply the source's changes since `checkpoint`, then prune when asked (None: when the source prunes on
         every sync). Each document commits on its own; `on_checkpoint` is awaited with a batch's checkpoint only
         once the whole batch is committed. Source errors propagate (the run fails; committed work stays)."""
+        source = as_source(source)
         progress = progress or _NoProgress()
         started = time.monotonic()
         report = report or SyncReport(source=source.spec.name)
@@ -189,19 +220,48 @@ class Indexer:
                 report.checkpoint = batch.checkpoint
                 if on_checkpoint is not None:
                     await on_checkpoint(batch.checkpoint)
+        # Sources may report listing problems (unreadable folders, bad access files, skipped links).
+        report.warnings.extend(w for w in getattr(source, "warnings", ()) if w not in report.warnings)
         if prune or (prune is None and source.prune_on_every_sync):
             await self.prune(source, source_id, report)
+        await self._drop_vanished(source, source_id, stored, handled, report)
         async with self.engine.begin() as conn:
             await store.mark_source_synced(conn, source_id)
+        if report.deleted:
+            await self.after_large_delete(sum(stored[i].chunks for i in report.deleted if i in stored))
         report.seconds = time.monotonic() - started
         report.finish()
         return report
+
+    async def _drop_vanished(
+        self, source: Source, source_id: int, stored: dict[str, store.StoredDocument], listed: dict[str, object],
+        report: SyncReport,
+    ) -> None:
+        """A partial sync (a subfolder or one file) still drops documents outside it whose file is gone: a file
+        moved into the synced part must not stay searchable at its old path (with its old access list)."""
+        vanished = getattr(source, "vanished", None)
+        if vanished is None or not source.listing_prefix:
+            return
+        outside = [i for i in stored if not i.startswith(source.listing_prefix) and i not in listed]
+        gone = await asyncio.to_thread(vanished, outside)
+        if gone:
+            async with self.engine.begin() as conn:
+                report.deleted.extend(await store.delete_documents(conn, source_id, gone))
+
+    async def after_large_delete(self, chunks_deleted: int) -> None:
+        """After deleting many chunks, VACUUM the chunks table: until dead rows are cleaned out of the HNSW index,
+        a filtered vector search can spend its whole scan budget on them and return nothing."""
+        if chunks_deleted < VACUUM_AFTER_DELETED_CHUNKS:
+            return
+        await store.vacuum_chunks(self.engine)
 
     async def prune(self, source: Source, source_id: int, report: SyncReport) -> None:
         """Delete what the source no longer lists and apply access lists that changed without a new version."""
         inventory = await source.inventory()
         if inventory is None:
             return
+        # Parts of the inventory that could not be listed (an unreadable folder): nothing under them is deleted.
+        unlisted: list[str] = list(getattr(source, "unlisted_prefixes", ()))
         report.pruned = True
         async with self.engine.connect() as conn:
             stored = await store.stored_documents(conn, source_id)
@@ -213,22 +273,23 @@ class Indexer:
                 f"check the path, or run `ragbot remove-source {source.spec.name}` to drop it on purpose"
             )
             return
-        async with self.engine.begin() as conn:
-            report.deleted.extend(
-                await store.delete_documents_not_in(
-                    conn, source_id, [ref.external_id for ref in inventory], source.listing_prefix
+        if "" not in unlisted:
+            async with self.engine.begin() as conn:
+                report.deleted.extend(
+                    await store.delete_documents_not_in(
+                        conn, source_id, [ref.external_id for ref in inventory], source.listing_prefix, unlisted
+                    )
                 )
-            )
         for ref in inventory:
             old = stored.get(ref.external_id)
             if ref.access is None or old is None or principals_key(old.access) == principals_key(ref.access):
                 continue
             async with self.engine.begin() as conn:
-                await store.update_document_metadata(
+                changed = await store.update_document_metadata(
                     conn, old.id, url=old.url, path=old.path, author=old.author, updated_at=old.updated_at,
                     access=ref.access,
                 )
-            if ref.external_id not in report.metadata_updated:
+            if changed and ref.external_id not in report.metadata_updated:
                 report.metadata_updated.append(ref.external_id)
 
     async def _sync_items(
@@ -260,7 +321,7 @@ class Indexer:
         for p, document_id in written:
             stored[p.item.external_id] = store.StoredDocument(
                 document_id, p.hash, p.title, p.item.url, p.item.path, p.item.author, p.item.updated_at,
-                tuple(p.item.access), self.stored_version(p.item),
+                tuple(p.item.access), chunks=len(p.drafts), version=self.stored_version(p.item),
             )
 
     async def _fetch(self, item: SourceItem) -> _Fetched:
@@ -310,10 +371,27 @@ class Indexer:
             return None
         if item.title:
             parsed.title = item.title
-        drafts = await asyncio.to_thread(
-            chunk_document, parsed, self.embedder.count_tokens_many, self.settings.chunk_tokens,
-            self.settings.chunk_overlap_tokens,
-        )
+        limit = self.settings.max_document_chunks
+        max_chars = max(limit * self.settings.chunk_tokens * CHARS_PER_TOKEN_BOUND, MIN_DOCUMENT_CHARS)
+        if truncate_blocks(parsed, max_chars):
+            report.warnings.append(
+                f"{item.external_id}: only its first {max_chars:,} characters are indexed (MAX_DOCUMENT_CHUNKS)"
+            )
+        try:
+            drafts = await asyncio.to_thread(
+                chunk_document, parsed, self.embedder.count_tokens_many, self.settings.chunk_tokens,
+                self.settings.chunk_overlap_tokens,
+            )
+        except Exception as exc:  # one document the chunker or tokenizer chokes on must not end the whole sync
+            logger.exception("could not chunk %s", item.external_id)
+            await self._fail(item, old, f"could not be split into chunks: {type(exc).__name__}: {exc}", report)
+            return None
+        drafts = unique_chunks(drafts)
+        if len(drafts) > limit:
+            drafts = drafts[:limit]
+            report.warnings.append(
+                f"{item.external_id}: only its first {limit} chunks are indexed (MAX_DOCUMENT_CHUNKS)"
+            )
         return _Prepared(item, digest, parsed.title, drafts, is_new=old is None)
 
     async def _fail(self, item: SourceItem, old: store.StoredDocument | None, reason: str, report: SyncReport) -> None:
@@ -329,11 +407,10 @@ class Indexer:
         if (old.url, old.path, old.author, old.updated_at, principals_key(old.access)) == current:
             return False
         async with self.engine.begin() as conn:
-            await store.update_document_metadata(
+            return await store.update_document_metadata(
                 conn, old.id, url=item.url, path=item.path, author=item.author, updated_at=item.updated_at,
                 access=item.access,
             )
-        return True
 
     async def _write(
         self, prepared: Sequence[_Prepared], source_id: int, report: SyncReport, progress: SyncProgress
@@ -349,7 +426,7 @@ class Indexer:
             ]
             try:
                 async with self.engine.begin() as conn:
-                    document_id = await store.replace_document(
+                    written_as = await store.replace_document(
                         conn, source_id=source_id, external_id=p.item.external_id, title=p.title, url=p.item.url,
                         path=p.item.path, author=p.item.author, updated_at=p.item.updated_at, content_hash=p.hash,
                         access=p.item.access, chunks=rows, text_search_config=self.settings.text_search_config,
@@ -359,10 +436,16 @@ class Indexer:
                 report.failed.append((p.item.external_id, f"could not store: {str(exc.orig).splitlines()[0]}"))
                 progress.advance(p.item.external_id)
                 continue
-            report.chunks_written += len(rows)
-            (report.added if p.is_new else report.updated).append(p.item.external_id)
+            # What this run really did, as decided under the writers' lock (another sync may have been first).
+            if written_as.outcome == "unchanged":
+                report.unchanged += 1
+            elif written_as.outcome == "metadata_updated":
+                report.metadata_updated.append(p.item.external_id)
+            else:
+                report.chunks_written += len(rows)
+                (report.added if written_as.outcome == "added" else report.updated).append(p.item.external_id)
             progress.advance(p.item.external_id)
-            written.append((p, document_id))
+            written.append((p, written_as.document_id))
         return written
 
     async def embeddings_for(self, texts: dict[str, str], report: SyncReport | None = None) -> dict[str, str]:

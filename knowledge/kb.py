@@ -216,7 +216,11 @@ class KnowledgeBase(BotStateMethods):
         async with self.syncs.source_lock(source_id, name):
             async with self.engine.begin() as conn:
                 removed = await store.delete_source(conn, name)
-        return removed or 0
+        if removed is None:
+            return 0
+        documents, chunks = removed
+        await self.indexer.after_large_delete(chunks)
+        return documents
 
     async def source_names(self) -> list[str]:
         async with self.engine.connect() as conn:

@@ -112,6 +112,12 @@ async def try_lock_source(conn: AsyncConnection, source_id: int) -> bool:
     return bool(got)
 
 
+async def lock_source(conn: AsyncConnection, source_id: int) -> None:
+    """Wait for the source's sync lock."""
+    await conn.execute(text("SELECT pg_advisory_lock(:k, :s)"), {"k": SYNC_LOCK_CLASS, "s": source_id})
+    await conn.commit()
+
+
 async def unlock_source(conn: AsyncConnection, source_id: int) -> None:
     await conn.execute(text("SELECT pg_advisory_unlock(:k, :s)"), {"k": SYNC_LOCK_CLASS, "s": source_id})
     await conn.commit()

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from knowledge import sources_store, store
 from knowledge.errors import SourceBusy, SourceConfigError, SourceError, UnknownSource
 from knowledge.indexing import Indexer, SyncProgress, SyncReport
-from knowledge.sources.base import Source, SourceInfo, SyncRun, build_source
+from knowledge.sources.base import Source, SourceInfo, SyncRun, as_source, build_source
 from knowledge.sources.folder import FolderSource
 
 logger = logging.getLogger(__name__)
@@ -56,21 +56,22 @@ class SyncRunner:
     async def sync_adhoc(self, source: Source, progress: SyncProgress | None, trigger: str = "cli") -> SyncReport:
         """A one-off sync of a source object (`ragbot ingest PATH`, BEIR corpora, tests): recorded and locked like
         any run; a folder becomes a stored source that `ragbot sync NAME` can run again."""
+        source = as_source(source)
         async with self.engine.begin() as conn:
             source_id = await store.ensure_source(conn, source.spec.name, source.spec.kind, source.spec.location)
             if isinstance(source, FolderSource):
                 await sources_store.ensure_folder_config(conn, source_id, str(source.root))
         return await self._run(source, source_id, trigger=trigger, full=False, progress=progress, prune=None,
-                               checkpoint=None, save_checkpoints=False, close=False)
+                               checkpoint=None, save_checkpoints=False, close=False, wait=True)
 
     async def _run(
         self, source: Source, source_id: int, *, trigger: str, full: bool, progress: SyncProgress | None,
-        prune: bool | None, checkpoint: str | None, save_checkpoints: bool, close: bool = True,
+        prune: bool | None, checkpoint: str | None, save_checkpoints: bool, close: bool = True, wait: bool = False,
     ) -> SyncReport:
         name = source.spec.name
         report = SyncReport(source=name, trigger=trigger)
         try:
-            async with self.source_lock(source_id, name):
+            async with self.source_lock(source_id, name, wait=wait):
                 async with self.engine.begin() as conn:
                     report.run_id = await sources_store.start_run(conn, source_id, trigger, full)
                 status, error = "failed", None
@@ -121,10 +122,14 @@ class SyncRunner:
             logger.exception("could not record the end of sync run %s", report.run_id)
 
     @asynccontextmanager
-    async def source_lock(self, source_id: int, name: str) -> AsyncIterator[None]:
+    async def source_lock(self, source_id: int, name: str, wait: bool = False) -> AsyncIterator[None]:
+        """Hold the source's sync lock. Raises SourceBusy if another run holds it, unless `wait` (a one-off
+        `ragbot ingest` queues behind a scheduled run of the same folder instead of failing)."""
         conn = await self.engine.connect()
         try:
-            if not await sources_store.try_lock_source(conn, source_id):
+            if wait:
+                await sources_store.lock_source(conn, source_id)
+            elif not await sources_store.try_lock_source(conn, source_id):
                 raise SourceBusy(f"source {name!r} is being synced right now (by this or another process); "
                                  "try again when that run finishes (`ragbot status` shows it)")
             try:

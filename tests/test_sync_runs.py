@@ -112,3 +112,39 @@ async def test_two_syncs_of_one_source_at_once_never_overlap(kb_factory, fresh_d
 async def _source_id(kb, name: str) -> int:
     async with kb.engine.connect() as conn:
         return (await conn.execute(text("SELECT id FROM sources WHERE name = :n"), {"n": name})).scalar_one()
+
+
+async def test_folder_sources_from_before_the_upgrade_keep_working(server_url, tmp_path, kb_factory, docs):
+    """A database at revision 0001 with an indexed folder: `db upgrade` keeps it, and it syncs by name."""
+    import uuid
+
+    from alembic import command
+
+    from conftest import create_database, drop_database
+    from db.engine import create_engine
+    from db.migrate import alembic_config
+
+    name = f"old_{uuid.uuid4().hex[:8]}"
+    url = create_database(server_url, name)
+    try:
+        engine = create_engine(url)
+
+        def to_0001(sync_connection) -> None:  # type: ignore[no-untyped-def]
+            config = alembic_config()
+            config.attributes["connection"] = sync_connection
+            command.upgrade(config, "0001")
+
+        async with engine.begin() as conn:
+            await conn.run_sync(to_0001)
+            await conn.execute(text("INSERT INTO sources (name, kind, location) VALUES ('docs', 'folder', :p)"),
+                               {"p": str(docs.resolve())})
+        await engine.dispose()
+
+        kb = await kb_factory(url)  # opening upgrades to head
+        (info,) = await kb.list_sources()
+        assert info.config == {"path": str(docs.resolve())} and info.schedule_seconds is None
+        report = await kb.sync_source("docs")
+        assert sorted(report.added) == ["vpn.md", "wifi.md"]
+        await kb.close()
+    finally:
+        drop_database(server_url, name)

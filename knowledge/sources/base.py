@@ -40,6 +40,12 @@ How a sync run uses a source (see `Indexer.sync`):
    often an unmounted drive or a wrong query than a purge); the run reports a warning instead.
 4. `await source.aclose()` - release HTTP clients.
 
+Optional extras the indexer honours when a source has them: `warnings: list[str]` (listing problems, reported
+in the run), `unlisted_prefixes: list[str]` (parts of the inventory that could not be listed: nothing under them
+is deleted; "" means none of it), and `vanished(external_ids) -> list[str]` (for a partial listing: which stored
+documents outside `listing_prefix` are definitely gone). An object with only the first-version `items()` +
+`complete_listing` still works through `as_source` / `LegacySource`.
+
 Errors while reading one item: raise `knowledge.errors.ItemUnavailable` (gone mid-sync, too large, forbidden) or
 `OSError` from `read`; the item is recorded as failed with the reason, its previous version stays indexed (with
 its new access list), and the run goes on. Any other `SourceError` from `changes`/`inventory` fails the run at
@@ -168,6 +174,44 @@ class StaticSource:
 
     async def aclose(self) -> None:
         return None
+
+
+class LegacySource:
+    """Adapts a first-version source (a plain `items()` listing plus `complete_listing`) to this interface: one
+    batch with every item, the listing as the inventory when it is complete. Its `warnings`, `unlisted_prefixes`
+    and `vanished` pass through."""
+
+    prune_on_every_sync = True
+
+    def __init__(self, legacy: Any) -> None:
+        self.legacy = legacy
+        self.spec = legacy.spec
+        self.listing_prefix = getattr(legacy, "listing_prefix", "")
+        self._listed: list[SourceItem] | None = None
+
+    def __getattr__(self, name: str) -> Any:  # warnings, unlisted_prefixes, vanished...
+        return getattr(self.legacy, name)
+
+    async def check(self) -> None:
+        return None
+
+    async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[ChangeBatch]:
+        self._listed = await asyncio.to_thread(lambda: list(self.legacy.items()))
+        yield ChangeBatch(items=list(self._listed), total=len(self._listed))
+
+    async def inventory(self) -> list[ItemRef] | None:
+        if not getattr(self.legacy, "complete_listing", True):
+            return None
+        listed = self._listed if self._listed is not None else await asyncio.to_thread(lambda: list(self.legacy.items()))
+        return [ItemRef(i.external_id, i.access) for i in listed]
+
+    async def aclose(self) -> None:
+        self._listed = None
+
+
+def as_source(source: Any) -> Source:
+    """`source` itself if it speaks this interface, else wrapped in `LegacySource`."""
+    return source if hasattr(source, "changes") else LegacySource(source)
 
 
 # --- the registry: rebuild a source from its stored row -------------------------------------------------------
