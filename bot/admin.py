@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from knowledge.botstate import InvalidPrincipal
+from knowledge.errors import KnowledgeError
 
 if TYPE_CHECKING:
     from knowledge.kb import KnowledgeBase
@@ -75,7 +76,7 @@ async def status_text(kb: "KnowledgeBase") -> str:
     for s in status.sources:
         synced = s.last_synced_at.strftime("%Y-%m-%d %H:%M UTC") if s.last_synced_at else "never"
         lines.append(f"- `{s.name}` ({s.kind}): {s.documents} documents, {s.chunks} chunks, last synced {synced}")
-    mode = "Claude" if kb.answerer.generator else "offline excerpts"
+    mode = "Claude" if kb.answer_mode == "llm" else "offline excerpts"
     lines.append(f"Answers: {mode}.")
     return "\n".join(lines)
 
@@ -103,10 +104,10 @@ async def reindex(kb: "KnowledgeBase", source: str | None = None, *, trigger: st
     for name in names:
         try:
             report = await kb.sync_source(name, trigger=trigger)  # type: ignore[attr-defined]
-        except Exception as exc:
-            if type(exc).__name__ in ("SourceBusy", "UnknownSource") or isinstance(exc, (KeyError, ValueError)):
-                lines.append(f"`{name}`: {exc}")
-                continue
+        except KnowledgeError as exc:  # SourceBusy, UnknownSource, a source's configuration: say so
+            lines.append(f"`{name}`: {exc}")
+            continue
+        except Exception:
             error_id = uuid.uuid4().hex[:8]
             logger.exception("reindex of %s failed (error id %s)", name, error_id)
             lines.append(f"`{name}`: failed (error id `{error_id}`, see the bot's logs)")

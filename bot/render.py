@@ -10,10 +10,7 @@ from typing import Sequence
 
 from knowledge.answering import Citation
 
-try:
-    from knowledge.sanitize import quote_safe
-except ImportError:  # pragma: no cover - until issue 12's knowledge/sanitize.py is merged into this branch
-    from bot._sanitize_interim import quote_safe
+from knowledge.sanitize import quote_safe
 
 # Spans a split must never cut: <...> links and mentions, [text](url) links, bare URLs, citations [1], [1, 2], [2-3].
 _PROTECTED = re.compile(

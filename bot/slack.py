@@ -15,7 +15,6 @@ other bots, edits and other subtypes are ignored.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 import uuid
@@ -36,6 +35,7 @@ from bot import admin
 from bot.access import Audience, private_audience, shared_audience
 from bot.feedback import parse_button_value, record_click, remember_answer
 from bot.render import sources_list
+from knowledge.memory import ChatMessage
 from bot.slack_format import (
     FEEDBACK_ACTION_ID, PLACEHOLDER, SlackMessage, answer_messages, question_text, stream_safe, stream_tail_blocks,
     to_mrkdwn,
@@ -303,7 +303,14 @@ class SlackAdapter:
     # Answering.
 
     async def _question(self, body: dict[str, Any], event: dict[str, Any], where: Where, mid_thread: bool = False) -> None:
-        if not await self._claim(body, event):
+        try:
+            if not await self._claim(body, event):
+                return
+        except Exception as exc:  # the database is down: say so rather than stay silent
+            reference = error_id()
+            logger.error("Slack: could not record event (error id %s): %s", reference, exc, exc_info=exc)
+            self.metrics.errors.labels(PLATFORM, "claim").inc()
+            await self._show_apology(where, reference, None, None)
             return
         question = question_text(event.get("text") or "", self.bot_user_id)
         if not question:
@@ -320,7 +327,7 @@ class SlackAdapter:
             audience = await self._audience(where)
             prior = await self._prior_messages(where, event) if mid_thread else None
             streaming = (self.settings.slack_stream_answers and where.thread_ts is not None
-                         and self.kb.answerer.generator is not None)
+                         and self.kb.answer_mode == "llm")
             if streaming:
                 stream = _AnswerStream(self, where)
             else:
@@ -354,12 +361,10 @@ class SlackAdapter:
             self.metrics.errors.labels(PLATFORM, "post").inc()
             await self._show_apology(where, reference, placeholder_ts, stream)
 
-    async def _answer(self, question: str, audience: Audience, where: Where, prior: list[Any] | None,
+    async def _answer(self, question: str, audience: Audience, where: Where, prior: list[ChatMessage] | None,
                       on_text: Callable[[str], Awaitable[None]] | None) -> "Answer":
-        extra: dict[str, Any] = {"asker": f"slack:{where.user}", "prior_messages": prior, "on_text": on_text}
-        accepted = inspect.signature(self.kb.answer).parameters
-        extra = {k: v for k, v in extra.items() if k in accepted}
-        return await self.kb.answer(question, audience.principals, where.conversation_id, **extra)
+        return await self.kb.answer(question, audience.principals, where.conversation_id, asker=f"slack:{where.user}",
+                                    prior_messages=prior, on_text=on_text)
 
     async def _audience(self, where: Where) -> Audience:
         identity = f"slack:{where.user}"
@@ -368,13 +373,9 @@ class SlackAdapter:
             return await private_audience(self.kb, identity, user.email if user else None)
         return await shared_audience(self.kb, identity, where.channel_key)
 
-    async def _prior_messages(self, where: Where, event: dict[str, Any]) -> list[Any] | None:
+    async def _prior_messages(self, where: Where, event: dict[str, Any]) -> list[ChatMessage] | None:
         """Mentioned mid-thread: the thread's earlier messages (which the bot never saw) become the history."""
         if await self.kb.bot_answered_in(where.conversation_id):
-            return None
-        try:
-            from knowledge.memory import ChatMessage
-        except ImportError:  # the answer contract (issue 5) is not merged yet
             return None
         try:
             response = await self.client.conversations_replies(channel=where.channel, ts=where.thread_ts,
@@ -499,8 +500,10 @@ class _AnswerStream:
         self.refused = False
         self.placeholder_ts: str | None = None
         self._pending = ""
+        self.received = ""  # every delta, as Claude wrote it
 
     async def on_text(self, delta: str) -> None:
+        self.received += delta
         if self.refused:
             return
         self._pending += delta
@@ -536,11 +539,11 @@ class _AnswerStream:
         self._pending = ""
         response = await self.streamer.stop(markdown_text=remaining, blocks=tail or None)
         ts = self.streamer.ts or response.get("ts")
-        if answer.abstained and ts:
-            # The streamed text was the model declining; show the plain abstention instead.
-            first = answer_messages(answer.text, [], answer_id, note)[0]
-            await self.adapter.client.chat_update(channel=self.where.channel, ts=ts, text=first.text,
-                                                  blocks=first.blocks)
+        if ts and (answer.abstained or answer.note or answer.text.strip() != self.received.strip()):
+            # What was streamed is not the answer (the stream broke off and excerpts replaced it, or the model
+            # declined): the message becomes the final answer.
+            messages = answer_messages(answer.text, sources, answer_id, note)
+            await self.adapter._deliver(self.where, messages, ts)
 
     async def abort(self, text: str) -> None:
         try:

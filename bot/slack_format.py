@@ -45,42 +45,48 @@ _RULE = re.compile(r"^[ \t]*([-*_])([ \t]*\1){2,}[ \t]*$", re.M)
 
 def to_mrkdwn(markdown: str, citation_urls: dict[int, str] | None = None) -> str:
     """Convert Markdown (bold, italics, strikethrough, links, headings, lists, quotes, code) to Slack mrkdwn, with
-    `quote_safe` and `& < >` escaping applied. A citation `[n]` links to its source when that has a URL."""
-    text = quote_safe(markdown)
+    `quote_safe` and `& < >` escaping applied. A citation `[n]` links to its source when that has a URL.
+
+    A Markdown link becomes `label (<url>)`: the reader always sees where it goes, so a masked link copied from a
+    document can't pass off one site as another."""
     stash: list[str] = []
 
     def keep(fragment: str) -> str:
         stash.append(fragment)
-        return f"\x00{len(stash) - 1}\x00"
+        return f"\ue000{len(stash) - 1}\ue001"
 
-    text = _FENCED.sub(lambda m: keep(escape(m.group(0) if m.group(0).endswith("```") and len(m.group(0)) > 3
-                                             else m.group(0) + "\n```")), text)
-    text = _INLINE_CODE.sub(lambda m: keep(escape(m.group(0))), text)
+    def code(match: re.Match[str]) -> str:
+        fragment = match.group(0)
+        if not (fragment.endswith("```") and len(fragment) > 3) and fragment.startswith("```"):
+            fragment += "\n```"
+        return keep(escape(quote_safe(fragment)))
 
     def link(match: re.Match[str]) -> str:
         label, url = match.group(1), _safe_url(match.group(2))
         if url is None:
             return match.group(0)
-        return keep(f"<{escape(url)}|{escape(label).replace('|', '¦')}>")
+        return keep(f"{escape(quote_safe(label))} (<{escape(url)}>)")
 
+    text = _FENCED.sub(code, markdown)
+    text = _INLINE_CODE.sub(code, text)
     text = _MD_LINK.sub(link, text)
-    text = escape(text)
+    text = escape(quote_safe(text))
     text = _RULE.sub("──────────", text)
-    text = _HEADING.sub(lambda m: "\x01" + m.group(1).replace("**", "").replace("__", "") + "\x01", text)
-    text = _BOLD.sub(lambda m: "\x01" + m.group(2) + "\x01", text)
+    text = _HEADING.sub(lambda m: "\ue002" + m.group(1).replace("**", "").replace("__", "") + "\ue002", text)
+    text = _BOLD.sub(lambda m: "\ue002" + m.group(2) + "\ue002", text)
     text = _ITALIC.sub(lambda m: "_" + m.group(1) + "_", text)
     text = _STRIKE.sub(lambda m: "~" + m.group(1) + "~", text)
     text = _BULLET.sub(lambda m: m.group(1) + "• ", text)
     text = _QUOTE.sub(lambda m: m.group(1) + ">", text)  # a quote marker at a line start stays a quote
-    text = text.replace("\x01", "*")
+    text = text.replace("\ue002", "*")
     if citation_urls:
         text = _CITATION.sub(
             lambda m: keep(f"<{escape(citation_urls[int(m.group(1))])}|[{m.group(1)}]>")
             if int(m.group(1)) in citation_urls else m.group(0),
             text,
         )
-    while "\x00" in text:
-        text = re.sub(r"\x00(\d+)\x00", lambda m: stash[int(m.group(1))], text)
+    while "\ue000" in text:
+        text = re.sub("\ue000(\\d+)\ue001", lambda m: stash[int(m.group(1))], text)
     return text
 
 

@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 from conftest import create_database, write
 from conftest import test_settings as kb_settings
+from fakes.anthropic_api import FakeAnthropicAPI
 from fakes.slack_api import BOT_USER_ID, FakeSlackAPI
 from slack_harness import answer_in, finished, mention, message, new_ts, running_bot, settle, wait_for
 
@@ -371,3 +372,191 @@ async def test_socket_mode_answers_through_the_fakes_websocket(offline_kb, fake)
     assert "25 days" in answer.visible_text
     assert len(fake.thread(channel, event["ts"])) == 1
     assert {"envelope_id": "env-1"} in fake.socket_acks
+
+
+# --- with Claude (the fake Messages API): streaming, memory, failures ----------------------------------------------
+
+API_KEY = "sk-ant-slack-test"
+
+
+@pytest.fixture(scope="module")
+def claude_server() -> Any:
+    with FakeAnthropicAPI() as server:
+        yield server
+
+
+@pytest.fixture
+def claude(claude_server: FakeAnthropicAPI) -> FakeAnthropicAPI:
+    """The module's fake Claude, with nothing scripted and no requests recorded."""
+    with claude_server._lock:
+        claude_server._queue.clear()
+        claude_server.requests.clear()
+    return claude_server
+
+
+@pytest_asyncio.fixture(scope="module")
+async def llm_kb(corpus_url: str, claude_server: FakeAnthropicAPI) -> AsyncIterator[KnowledgeBase]:
+    settings = kb_settings(anthropic_api_key=API_KEY, anthropic_base_url=claude_server.url, anthropic_max_retries=1,
+                           anthropic_timeout_seconds=10)
+    kb = await KnowledgeBase.open(settings, DatabaseSettings(_env_file=None, database_url=corpus_url))  # type: ignore[call-arg]
+    yield kb
+    await kb.close()
+
+
+VACATION_DELTAS = ["Full-time employees get ", "**25 days** of paid vacation ", "per year [1]. ",
+                   "Up to 5 unused days carry over into the next year [1]."]
+
+
+async def test_claude_answer_is_streamed_into_the_thread_with_sources_and_feedback(llm_kb, fake, claude) -> None:
+    channel = unique_channel()
+    claude.reply_stream(VACATION_DELTAS)
+    async with running_bot(llm_kb, fake) as slack:
+        event = mention("How many vacation days do full-time employees get?", user=ANN, channel=channel)
+        await slack.send_event(event)
+        answer = await answer_in(fake, channel, event["ts"])
+    assert claude.requests[-1].body["stream"] is True
+    start = fake.calls_to("chat.startStream")
+    assert len(start) == 1 and start[0].args["thread_ts"] == event["ts"]
+    assert start[0].args["recipient_user_id"] == ANN and start[0].args["recipient_team_id"] == "T1"
+    assert fake.calls_to("chat.stopStream") and not fake.calls_to("chat.update")
+    assert fake.calls_to("chat.postMessage") == []  # no placeholder: the stream is the answer
+    assert answer.stream_state == "stopped"
+    assert "".join(answer.streamed) == "".join(VACATION_DELTAS)
+    assert "*Sources*" in answer.visible_text and "Vacation policy" in answer.visible_text
+    assert any(b["type"] == "context_actions" for b in answer.blocks)
+
+
+async def test_refused_streaming_falls_back_to_placeholder_and_update(llm_kb, fake, claude) -> None:
+    channel = unique_channel()
+    claude.reply_stream(VACATION_DELTAS)
+    fake.refuse("chat.startStream", "not_allowed_token_type")
+    async with running_bot(llm_kb, fake) as slack:
+        event = mention("How many vacation days do full-time employees get?", user=ANN, channel=channel)
+        await slack.send_event(event)
+        answer = await answer_in(fake, channel, event["ts"])
+    assert fake.calls_to("chat.stopStream") == []
+    assert [c.args["text"] for c in fake.calls_to("chat.postMessage")] == ["_Searching the documents…_"]
+    assert fake.calls_to("chat.update")[0].args["ts"] == answer.ts
+    assert "*25 days*" in answer.visible_text and "[1]" in answer.visible_text  # Markdown bold became mrkdwn
+    assert len(fake.thread(channel, event["ts"])) == 1
+
+
+async def test_follow_up_in_the_thread_is_answered_with_memory(llm_kb, fake, claude) -> None:
+    channel = unique_channel()
+    first_question = "How many vacation days do full-time employees get?"
+    claude.reply_stream(VACATION_DELTAS)
+    async with running_bot(llm_kb, fake) as slack:
+        event = mention(first_question, user=ANN, channel=channel)
+        await slack.send_event(event)
+        await answer_in(fake, channel, event["ts"])
+        seen = len(claude.requests)
+        claude.default = lambda request: ("How many unused vacation days carry over?"
+                                          if "stream" not in request.body else "Up to 5 days carry over [1].")
+        try:
+            await slack.send_event(message("and how many of them carry over?", user=ANN, channel=channel,
+                                           channel_type="channel", thread_ts=event["ts"]))
+            await wait_for(lambda: len([m for m in fake.thread(channel, event["ts"]) if finished(m)]) == 2,
+                           what="the follow-up answer")
+        finally:
+            claude.default = lambda request: "Default fake answer [1]."
+    follow_up_requests = claude.requests[seen:]
+    assert follow_up_requests and any(first_question in json.dumps(r.body) for r in follow_up_requests)
+    follow_up = [m for m in fake.thread(channel, event["ts"]) if finished(m)][-1]
+    assert "5 days carry over" in follow_up.visible_text
+
+
+async def test_mention_mid_thread_reads_the_thread_as_history(llm_kb, fake, claude) -> None:
+    channel = unique_channel()
+    parent = fake.add_message(channel, "We are planning the offsite in the lake district next spring.", user=BOB)
+    fake.add_message(channel, "Is the summer party &amp; picnic also at the lake?", user=ANN, thread_ts=parent)
+    async with running_bot(llm_kb, fake) as slack:
+        event = mention("when is it?", user=ANN, channel=channel, thread_ts=parent)
+        await slack.send_event(event)
+        await answer_in(fake, channel, parent)
+    replies = fake.calls_to("conversations.replies")
+    assert len(replies) == 1 and replies[0].args["ts"] == parent and replies[0].args["channel"] == channel
+    sent = json.dumps([r.body for r in claude.requests])
+    assert "planning the offsite" in sent and "Is the summer party" in sent
+    assert "&amp;amp;" not in sent  # Slack's own escaping was undone before the prompt escaped it again
+
+
+async def test_claude_failing_still_answers_with_cited_excerpts_and_says_so(llm_kb, fake, claude) -> None:
+    channel = unique_channel()
+    for _ in range(2):  # the first attempt and the one retry
+        claude.overloaded()
+    async with running_bot(llm_kb, fake) as slack:
+        event = mention("How many vacation days do full-time employees get?", user=ANN, channel=channel)
+        await slack.send_event(event)
+        answer = await answer_in(fake, channel, event["ts"])
+    text = answer.visible_text
+    assert "25 days" in text and "[1]" in text and "Vacation policy" in text
+    assert "Composed answers are unavailable right now" in text
+
+
+async def test_a_failure_becomes_an_apology_with_an_error_id_that_is_logged(
+    kb_factory, fake, caplog: pytest.LogCaptureFixture
+) -> None:
+    kb = await kb_factory()
+    async with kb.engine.begin() as conn:  # a broken index: retrieval fails
+        from sqlalchemy import text as sql
+
+        await conn.execute(sql("ALTER TABLE chunks RENAME TO chunks_gone"))
+    channel = unique_channel()
+    async with running_bot(kb, fake) as slack:
+        event = mention("How many vacation days do full-time employees get?", user=ANN, channel=channel)
+        await slack.send_event(event)
+        answer = await answer_in(fake, channel, event["ts"])
+        metrics = await (await slack.http.get(f"{slack.url}/metrics")).text()
+    assert "Sorry, something went wrong" in answer.text
+    reference = answer.text.split("error id `")[1].split("`")[0]
+    assert any(reference in record.getMessage() for record in caplog.records if record.levelname == "ERROR")
+    assert fake.calls_to("chat.update")[0].args["ts"] == answer.ts  # the placeholder became the apology
+    assert len(fake.thread(channel, event["ts"])) == 1
+    assert 'ragbot_errors_total{platform="slack",stage="answer"} 1.0' in metrics
+    assert "chunks_gone" not in answer.text  # no internals in the apology
+
+
+async def test_a_long_answer_is_split_without_cutting_links_or_citations(llm_kb, fake, claude) -> None:
+    channel = unique_channel()
+    sentence = ("Vacation requests go through the HR portal [1]; see [the leave page](https://hr.example.com/leave) "
+                "for the form and the calendar of public holidays. ")
+    claude.reply_text(sentence * 60)
+    async with running_bot(llm_kb, fake, slack_stream_answers=False) as slack:
+        event = mention("How do I request vacation?", user=ANN, channel=channel)
+        await slack.send_event(event)
+        last = await answer_in(fake, channel, event["ts"])
+    messages = fake.thread(channel, event["ts"])
+    sections = [b["text"]["text"] for m in messages for b in m.blocks if b["type"] == "section"]
+    answer_sections = [s for s in sections if not s.startswith("*Sources*")]
+    assert len(answer_sections) >= 3 and all(len(s) <= 3000 for s in answer_sections)
+    for section in answer_sections:
+        assert section.count("<https://hr.example.com/leave>") == section.count("the leave page")
+        assert section.count("[1]") == section.count("HR portal")
+    assert sum(s.count("HR portal") for s in answer_sections) == 60
+    assert [any(b["type"] == "context_actions" for b in m.blocks) for m in messages][-1]
+    assert last is messages[-1]
+
+
+def test_manifest_and_compose_match_what_the_bot_handles() -> None:
+    import yaml
+
+    repo = Path(__file__).resolve().parent.parent
+    manifest = yaml.safe_load((repo / "slack-manifest.yml").read_text())
+    events = set(manifest["settings"]["event_subscriptions"]["bot_events"])
+    assert {"app_mention", "message.im", "message.channels", "message.groups", "assistant_thread_started"} <= events
+    scopes = set(manifest["oauth_config"]["scopes"]["bot"])
+    assert {"app_mentions:read", "chat:write", "commands", "users:read", "users:read.email", "assistant:write",
+            "channels:history", "im:history"} <= scopes
+    assert [c["command"] for c in manifest["features"]["slash_commands"]] == ["/kb"]
+    assert manifest["settings"]["interactivity"]["is_enabled"] and "assistant_view" in manifest["features"]
+    urls = {manifest["settings"]["event_subscriptions"]["request_url"],
+            manifest["settings"]["interactivity"]["request_url"], manifest["features"]["slash_commands"][0]["url"]}
+    assert len(urls) == 1 and urls.pop().endswith("/slack/events")
+
+    compose = yaml.safe_load((repo / "compose.yaml").read_text())
+    db, bot = compose["services"]["db"], compose["services"]["ragbot"]
+    assert db["image"].startswith("pgvector/pgvector:") and "healthcheck" in db
+    assert bot["build"] == "." and "/healthz" in " ".join(bot["healthcheck"]["test"])
+    assert bot["depends_on"]["db"]["condition"] == "service_healthy"
+    assert bot["env_file"][0]["path"] == ".env" and bot["environment"]["DATABASE_URL"].startswith("postgresql://")
+    assert any(v.endswith(":/data") for v in bot["volumes"])

@@ -12,7 +12,7 @@ delivered answers and feedback.
 Only new tables: safe on an existing database.
 
 Revision ID: 0004
-Revises: 0001
+Revises: 0003 (0001 in its own branch; chained at merge)
 Create Date: 2026-11-22
 """
 
