@@ -543,15 +543,20 @@ def _register_commands(bot: RagbotDiscord) -> None:
         if defer:
             await interaction.response.defer(ephemeral=True, thinking=True)
         result = await admin.run_command(bot.kb, shlex.join(words), caller)
-        if interaction.response.is_done():
-            await interaction.followup.send(result.text, ephemeral=True, allowed_mentions=NO_PINGS)
-        else:
-            await interaction.response.send_message(result.text, ephemeral=True, allowed_mentions=NO_PINGS)
+        pieces = split_text(result.text, MESSAGE_LIMIT) or ["Done."]
+        if not interaction.response.is_done():
+            await interaction.response.send_message(pieces.pop(0), ephemeral=True, allowed_mentions=NO_PINGS)
+        for piece in pieces:
+            await interaction.followup.send(piece, ephemeral=True, allowed_mentions=NO_PINGS)
         if result.followup is not None:
             job = result.followup
 
             async def report() -> None:
-                await interaction.followup.send(await job(), ephemeral=True, allowed_mentions=NO_PINGS)
+                try:
+                    for piece in split_text(await job(), MESSAGE_LIMIT):
+                        await interaction.followup.send(piece, ephemeral=True, allowed_mentions=NO_PINGS)
+                except Exception:  # e.g. the interaction's 15 minutes ran out during a long sync
+                    logger.exception("discord: could not report the result of /kb %s", " ".join(words))
 
             bot.run_in_background(report(), name=f"ragbot-discord-kb-{interaction.id}")
 
