@@ -43,8 +43,11 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 def fail(message: str) -> None:
     """A clear one-line error and exit code 2, for anything the user can fix."""
+    from knowledge.sanitize import strip_control
+
     # escape: paths and messages may contain [brackets]; soft_wrap: one line, however long.
-    err_console.print(f"[red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    one_line = " ".join(strip_control(message).split("\n"))
+    err_console.print(f"[red]Error:[/] {escape(one_line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -59,6 +62,24 @@ def cli_message(exc: Exception) -> str:
         return (f"unknown source {', '.join(exc.names)}; indexed sources: {', '.join(exc.known) or 'none yet'} "
                 "(check --source)")
     return str(exc)
+
+
+def print_json(payload: object) -> None:
+    """--json output: every string in it passes through quote_safe, like every other surface (document titles,
+    paths and text are data, never mentions, markup or terminal control)."""
+    print(json.dumps(_quote_safe_strings(payload), indent=2))
+
+
+def _quote_safe_strings(value: object) -> object:
+    from knowledge.sanitize import quote_safe
+
+    if isinstance(value, str):
+        return quote_safe(value)
+    if isinstance(value, dict):
+        return {_quote_safe_strings(k): _quote_safe_strings(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_quote_safe_strings(v) for v in value]
+    return value
 
 
 def run_async(factory: Callable[[], Awaitable[T]]) -> T:
@@ -122,7 +143,7 @@ def ingest(
 
     reports = with_kb(sync_all)
     if as_json:
-        print(json.dumps({"reports": reports}, indent=2))
+        print_json({"reports": reports})
 
 
 @app.command()
@@ -153,7 +174,7 @@ def search(
 
     results = with_kb(run_search)
     if as_json:
-        print(json.dumps({"results": [hit.to_dict() for hit in results.hits]}, indent=2))
+        print_json({"results": [hit.to_dict() for hit in results.hits]})
     else:
         render_hits(results.hits)
 
@@ -181,7 +202,7 @@ def ask(
 
     answer = with_kb(run_ask)
     if as_json:
-        print(json.dumps({**answer.to_dict(), "conversation_id": conversation_id}, indent=2))
+        print_json({**answer.to_dict(), "conversation_id": conversation_id})
     else:
         render_searched_for(question, answer)
         render_answer(answer)
@@ -204,7 +225,7 @@ def status(as_json: JsonOption = False) -> None:
 
     result = with_kb(lambda kb: kb.status())
     if as_json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print_json(result.to_dict())
     else:
         render_status(result)
 
@@ -213,7 +234,9 @@ def status(as_json: JsonOption = False) -> None:
 def remove_source(name: Annotated[str, typer.Argument(help="The source to forget.")]) -> None:
     """Remove a source and everything indexed from it (the files themselves are not touched)."""
     removed = with_kb(lambda kb: kb.remove_source(name))
-    console.print(f"Removed source {escape(name)} and its {removed} documents.")
+    from bot.terminal import shown
+
+    console.print(f"Removed source {shown(name)} and its {removed} documents.")
 
 
 @app.command()
@@ -259,7 +282,7 @@ def evaluate(
     results = with_kb(lambda kb: run_eval(kb, file, beir, modes, principals or [], sources or [], corpus=corpus,
                                           memory=not no_memory))
     if as_json:
-        print(json.dumps(results, indent=2))
+        print_json(results)
     else:
         from bot.evaluate import render_eval
 

@@ -7,14 +7,16 @@ over `KnowledgeBase` (add_source, list_sources, remove_source, sync_source, sync
 from __future__ import annotations
 
 import asyncio
-import json
+
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.markup import escape
+
 from rich.table import Table
+
+from bot.terminal import shown
 
 if TYPE_CHECKING:
     from knowledge.indexing import SyncReport
@@ -64,8 +66,8 @@ def _save(name: str, kind: str, config: dict[str, object], every: int | None, pr
     from knowledge.scheduler import format_interval
 
     console.print(
-        f"Saved source [bold]{escape(info.name)}[/] ({info.kind}, {escape(info.location or '')}); syncs "
-        f"{'every ' + format_interval(every) if every else 'on demand'}. Run `ragbot sync {escape(info.name)}` to index it now."
+        f"Saved source [bold]{shown(info.name)}[/] ({info.kind}, {shown(info.location or '')}); syncs "
+        f"{'every ' + format_interval(every) if every else 'on demand'}. Run `ragbot sync {shown(info.name)}` to index it now."
     )
 
 
@@ -118,7 +120,7 @@ def list_sources(as_json: JsonOption = False) -> None:
 
     sources = with_kb(lambda kb: kb.list_sources())
     if as_json:
-        print(json.dumps({"sources": [s.to_dict() for s in sources]}, indent=2))
+        _print_json({"sources": [s.to_dict() for s in sources]})
         return
     if not sources:
         console.print("No sources yet: `ragbot source add folder NAME PATH` or `ragbot source add confluence ...`.")
@@ -128,8 +130,8 @@ def list_sources(as_json: JsonOption = False) -> None:
         schedule = format_interval(s.schedule_seconds)
         if s.schedule_seconds and s.prune_seconds:
             schedule += f"\nprune {format_interval(s.prune_seconds)}"
-        table.add_row(escape(s.name), s.kind, schedule, str(s.documents), describe_run(s.last_run, s.running),
-                      escape(_where(s)))
+        table.add_row(shown(s.name), s.kind, schedule, str(s.documents), describe_run(s.last_run, s.running),
+                      shown(_where(s)))
     console.print(table)
 
 
@@ -148,7 +150,7 @@ def remove(name: Annotated[str, typer.Argument(help="The source to forget.")]) -
     from bot.terminal import console
 
     removed = with_kb(lambda kb: kb.remove_source(name))
-    console.print(f"Removed source {escape(name)} and its {removed} documents.")
+    console.print(f"Removed source {shown(name)} and its {removed} documents.")
 
 
 def sync(
@@ -181,10 +183,10 @@ def sync(
 
     reports, errors = with_kb(go)
     if as_json:
-        print(json.dumps({"reports": [r.to_dict() for r in reports],
-                          "errors": [{"source": s, "error": e} for s, e in errors]}, indent=2))
+        _print_json({"reports": [r.to_dict() for r in reports],
+                          "errors": [{"source": s, "error": e} for s, e in errors]})
     for source, error in errors:
-        err_console.print(f"[red]Error:[/] {escape(error)}", highlight=False, soft_wrap=True)
+        err_console.print(f"[red]Error:[/] {shown(error)}", highlight=False, soft_wrap=True)
     if not name and not reports and not errors and not as_json:
         fail("no sources to sync: add one with `ragbot source add folder NAME PATH` (or `ingest PATH`)")
     if errors:
@@ -208,7 +210,7 @@ def sync_runs(
 
     runs = with_kb(lambda kb: kb.sync_runs(name, limit))
     if as_json:
-        print(json.dumps({"runs": [r.to_dict() for r in runs]}, indent=2))
+        _print_json({"runs": [r.to_dict() for r in runs]})
         return
     if not runs:
         console.print("No sync runs yet.")
@@ -219,8 +221,8 @@ def sync_runs(
             (run.added, "added"), (run.updated, "updated"), (run.deleted, "deleted"), (run.unchanged, "unchanged"),
             (run.skipped, "skipped"), (run.failed, "failed")) if n) or "no changes"
         if run.error:
-            counts += f"\n[red]{escape(run.error[:300])}[/]"
-        table.add_row(str(run.id), escape(run.source), escape(run.trigger), _status(run),
+            counts += f"\n[red]{shown(run.error[:300])}[/]"
+        table.add_row(str(run.id), shown(run.source), shown(run.trigger), _status(run),
                       f"{run.started_at:%Y-%m-%d %H:%M:%S}", _took(run), counts)
     console.print(table)
 
@@ -249,7 +251,7 @@ def scheduler(
         sources = [s for s in await kb.list_sources() if s.schedule_seconds]
         if sources:
             listed = ", ".join(f"{s.name} every {format_interval(s.schedule_seconds)}" for s in sources)
-            console.print(f"Scheduler running: {escape(listed)}. Ctrl-C stops it.")
+            console.print(f"Scheduler running: {shown(listed)}. Ctrl-C stops it.")
         else:
             console.print("Scheduler running, but no source has a schedule yet (`ragbot source add ... --every 1h`); "
                           "new sources are picked up automatically.")
@@ -267,3 +269,9 @@ def scheduler(
             console.print("Scheduler stopped.")
 
     with_kb(go)
+
+
+def _print_json(payload: object) -> None:
+    from bot.cli import print_json
+
+    print_json(payload)

@@ -8,19 +8,26 @@ from typing import Sequence
 
 from rich.console import Console
 from rich.markup import escape
-from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from knowledge.answering import Answer
 from knowledge.indexing import SyncReport
 from knowledge.kb import IndexStatus, KnowledgeBase
 from knowledge.retrieval import SearchHit
+from knowledge.sanitize import quote_safe
 from knowledge.sources.base import SyncRun
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+def shown(value: object) -> str:
+    """Document-derived text for a rich markup string: sanitised (no escape sequences, no mentions or image
+    markup), then markup-escaped so `[brackets]` in it are shown, never parsed."""
+    return escape(quote_safe(str(value)))
 
 
 class RichSyncProgress:
@@ -52,23 +59,23 @@ class RichSyncProgress:
 
     def advance(self, label: str) -> None:
         if self.task is not None:
-            self.progress.update(self.task, advance=1, description=label[-50:])
+            self.progress.update(self.task, advance=1, description=shown(label[-50:]))
 
 
 def render_sync_report(report: SyncReport) -> None:
     console.print(
-        f"[bold]{escape(report.source)}[/]: {len(report.added)} added, {len(report.updated)} updated, "
+        f"[bold]{shown(report.source)}[/]: {len(report.added)} added, {len(report.updated)} updated, "
         f"{report.unchanged} unchanged, {len(report.metadata_updated)} metadata-only, {len(report.deleted)} deleted, "
         f"{len(report.skipped)} skipped, {len(report.failed)} failed "
         f"({report.chunks_written} chunks written, {report.chunks_embedded} embedded, "
         f"{report.chunks_from_cache} from cache, {report.seconds:.1f}s)"
     )
     for external_id, reason in report.skipped:
-        console.print(f"  [yellow]skipped[/] {escape(external_id)}: {escape(reason)}")
+        console.print(f"  [yellow]skipped[/] {shown(external_id)}: {shown(reason)}")
     for external_id, reason in report.failed:
-        console.print(f"  [red]failed[/] {escape(external_id)}: {escape(reason)}")
+        console.print(f"  [red]failed[/] {shown(external_id)}: {shown(reason)}")
     for warning in report.warnings:
-        console.print(f"  [yellow]warning[/] {escape(warning)}")
+        console.print(f"  [yellow]warning[/] {shown(warning)}")
 
 
 def render_hits(hits: Sequence[SearchHit]) -> None:
@@ -81,25 +88,27 @@ def render_hits(hits: Sequence[SearchHit]) -> None:
     table.add_column("document")
     table.add_column("text")
     for hit in hits:
-        # Titles, paths and text come from documents: escaped, so [brackets] in them are shown, not parsed as markup.
-        where = f"[bold]{escape(hit.title)}[/]\n{escape(hit.path or hit.external_id)}" + (
-            f"\n[dim]{escape(hit.heading)}[/]" if hit.heading else ""
+        # Titles, paths and text come from documents: sanitised and escaped, so they are shown, never obeyed.
+        where = f"[bold]{shown(hit.title)}[/]\n{shown(hit.path or hit.external_id)}" + (
+            f"\n[dim]{shown(hit.heading)}[/]" if hit.heading else ""
         )
-        snippet = escape(hit.text if len(hit.text) < 300 else hit.text[:299] + "…")
+        snippet = shown(hit.text if len(hit.text) < 300 else hit.text[:299] + "…")
         table.add_row(str(hit.rank), f"{hit.score:.3f}", where, snippet)
     console.print(table)
 
 
 def render_answer(answer: Answer) -> None:
-    console.print(Markdown(answer.text))
+    # The answer is built from document text: printed literally (a Text is never parsed as markup or Markdown),
+    # so `<!channel> …`, `[bold]` or `![image](url)` in a document show as written.
+    console.print(Text(quote_safe(answer.text)))
     if answer.citations:
         console.print()
         for citation in answer.citations:
             location = citation.url or citation.path or citation.external_id
             heading = f" › {citation.heading}" if citation.heading else ""
-            console.print(f"  [bold][{citation.n}][/] {escape(citation.title + heading)} [dim]{escape(location)}[/]")
+            console.print(f"  [bold][{citation.n}][/] {shown(citation.title + heading)} [dim]{shown(location)}[/]")
     if answer.note:
-        console.print(f"[dim]({escape(answer.note)})[/]")
+        console.print(f"[dim]({shown(answer.note)})[/]")
 
 
 def render_searched_for(question: str, answer: Answer) -> None:
@@ -109,21 +118,21 @@ def render_searched_for(question: str, answer: Answer) -> None:
 
 
 def render_status(status: IndexStatus) -> None:
-    console.print(f"Database: {status.database}")
-    console.print(f"Embedding model: {status.embedding_model} ({status.embedding_dimension} dimensions)")
+    console.print(f"Database: {shown(status.database)}")
+    console.print(f"Embedding model: {shown(status.embedding_model)} ({status.embedding_dimension} dimensions)")
     console.print(
         f"{status.documents} documents, {status.chunks} chunks, {status.vocabulary} terms, "
         f"{status.avg_chunk_length:.1f} terms per chunk on average"
     )
     table = Table("source", "kind", "documents", "chunks", "last synced", "last run", "location")
     for s in status.sources:
-        table.add_row(escape(s.name), s.kind, str(s.documents), str(s.chunks),
+        table.add_row(shown(s.name), shown(s.kind), str(s.documents), str(s.chunks),
                       s.last_synced_at.strftime("%Y-%m-%d %H:%M") if s.last_synced_at else "never",
-                      describe_run(s.last_run, s.running), escape(s.location or ""))
+                      describe_run(s.last_run, s.running), shown(s.location or ""))
     console.print(table)
     running = [s.name for s in status.sources if s.running]
     if running:
-        console.print(f"Syncing now: {escape(', '.join(running))}")
+        console.print(f"Syncing now: {shown(', '.join(running))}")
 
 
 def describe_run(run: SyncRun | None, running: bool = False) -> str:
@@ -136,11 +145,11 @@ def describe_run(run: SyncRun | None, running: bool = False) -> str:
     colour = {"ok": "green", "failed": "red", "interrupted": "yellow"}.get(run.status, "white")
     counts = ", ".join(f"{n} {label}" for n, label in (
         (run.added, "added"), (run.updated, "updated"), (run.deleted, "deleted"), (run.failed, "failed")) if n)
-    text = f"[{colour}]{run.status}[/] {run.started_at:%Y-%m-%d %H:%M} ({escape(run.trigger)})"
+    text = f"[{colour}]{run.status}[/] {run.started_at:%Y-%m-%d %H:%M} ({shown(run.trigger)})"
     if counts:
         text += f": {counts}"
     if run.error:
-        text += f"\n[dim]{escape(run.error[:160])}[/]"
+        text += f"\n[dim]{shown(run.error[:160])}[/]"
     return text
 
 

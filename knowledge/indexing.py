@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -302,6 +303,8 @@ class Indexer:
             old = stored.get(item.external_id)
             version = self.stored_version(item)
             if old is not None and version is not None and old.version == version:
+                if item.resolve_access is not None:  # not resolved for unchanged items: the prune pass re-checks
+                    item = dataclasses.replace(item, access=old.access, resolve_access=None)
                 if await self._update_metadata_if_changed(item, old):
                     report.metadata_updated.append(item.external_id)
                 else:
@@ -309,6 +312,11 @@ class Indexer:
                 progress.advance(item.external_id)
             else:
                 need.append(item)
+        need = [
+            dataclasses.replace(item, access=tuple(await item.resolve_access()), resolve_access=None)
+            if item.resolve_access is not None else item
+            for item in need
+        ]
         fetched = await asyncio.gather(*(self._fetch(item) for item in need))
         prepared = []
         for item, result in zip(need, fetched, strict=True):

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
@@ -121,13 +121,15 @@ class SchedulerHandle:
     def jobs(self) -> list[str]:
         return sorted(job.id for job in self.scheduler.get_jobs())
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 60.0) -> None:
         if self._refresher is not None:
             self._refresher.cancel()
-        self.scheduler.shutdown(wait=False)
-        # Let syncs that already started finish their current document and record their run.
+        # No new runs; let the ones already going finish and record themselves (shutting the executor down
+        # would cancel them: safe, but the run would show as interrupted), then stop.
+        self.scheduler.pause()
         if self._running:
-            await asyncio.wait(list(self._running), timeout=60)
+            await asyncio.wait(list(self._running), timeout=timeout)
+        self.scheduler.shutdown(wait=False)
 
 
 async def start_scheduler(kb: "KnowledgeBase", *, refresh_seconds: float = 60.0,
@@ -142,3 +144,22 @@ async def start_scheduler(kb: "KnowledgeBase", *, refresh_seconds: float = 60.0,
     await handle.refresh()
     handle._refresher = asyncio.create_task(handle._refresh_forever())
     return handle
+
+
+class SchedulerService:
+    """The scheduler as a background service with `start()` / `stop()` (the shape `ragbot run`'s composition root
+    gives its services). `get_kb` returns the opened knowledge base when `start()` runs (it may not exist yet when
+    the service is built)."""
+
+    def __init__(self, get_kb: "Callable[[], KnowledgeBase]", *, refresh_seconds: float = 60.0) -> None:
+        self.get_kb = get_kb
+        self.refresh_seconds = refresh_seconds
+        self.handle: SchedulerHandle | None = None
+
+    async def start(self) -> None:
+        self.handle = await start_scheduler(self.get_kb(), refresh_seconds=self.refresh_seconds)
+
+    async def stop(self) -> None:
+        if self.handle is not None:
+            await self.handle.stop()
+            self.handle = None

@@ -8,6 +8,7 @@ the outcome. Any error fails the run with its message recorded; the index keeps 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -94,7 +95,10 @@ class SyncRunner:
                 except SourceError as exc:
                     error = str(exc)
                     raise
-                except BaseException as exc:  # cancelled, killed, a bug: recorded, then re-raised
+                except (asyncio.CancelledError, KeyboardInterrupt) as exc:  # stopped mid-run: resumes next time
+                    status, error = "interrupted", f"stopped before the end ({type(exc).__name__}); the next run resumes"
+                    raise
+                except BaseException as exc:  # a bug: recorded, then re-raised
                     error = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
                     raise
                 finally:

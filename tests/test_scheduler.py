@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from fakes.confluence_api import FakeConfluence
-from knowledge.scheduler import format_interval, parse_interval, start_scheduler
+from knowledge.scheduler import SchedulerService, format_interval, parse_interval, start_scheduler
 
 
 async def test_two_schedulers_sync_on_the_interval_and_never_overlap(kb_factory, fresh_database, monkeypatch):
@@ -47,7 +47,10 @@ async def test_two_schedulers_sync_on_the_interval_and_never_overlap(kb_factory,
 
 
 async def test_the_scheduler_picks_up_sources_added_and_removed_while_it_runs(fresh_kb, tmp_path):
-    handle = await start_scheduler(fresh_kb, refresh_seconds=3600)
+    service = SchedulerService(lambda: fresh_kb, refresh_seconds=3600)  # as `ragbot run` holds it
+    await service.start()
+    handle = service.handle
+    assert handle is not None
     try:
         assert handle.jobs() == []
         (tmp_path / "a.md").write_text("# A\n\nAlpha.")
@@ -58,9 +61,11 @@ async def test_the_scheduler_picks_up_sources_added_and_removed_while_it_runs(fr
         await handle.refresh()
         assert handle.jobs() == []
     finally:
-        await handle.stop()
+        await service.stop()
+    assert service.handle is None
 
 
+def test_intervals_are_read_and_shown():
     assert [parse_interval(v) for v in ("30s", "15m", "1h", "1h30m", "1d", "2w")] == [
         30, 900, 3600, 5400, 86400, 1209600]
     assert format_interval(5400) == "1h30m" and format_interval(None) == "on demand"

@@ -78,6 +78,11 @@ class SourceItem:
     function (HTTP sources; the source bounds its own concurrency). `title` overrides the title found in the
     content (a Confluence page's own title). `version` is the cheap change marker; None means "unknown: always
     read and compare the content hash". `parent_id` links an item to another (an attachment to its page).
+
+    `resolve_access`, when set, computes the access list lazily (an `async def` returning principals; `access` is
+    then ignored): the indexer awaits it only for items it fetches, and keeps the stored access of items whose
+    version is unchanged, so a source whose permissions cost API calls pays them only for changed items; its
+    `inventory()` must then return access on prune passes, which is where permission-only changes are found.
     """
 
     external_id: str
@@ -91,6 +96,7 @@ class SourceItem:
     access: tuple[str, ...] = (EVERYONE,)
     version: str | None = None
     parent_id: str | None = None
+    resolve_access: Callable[[], Awaitable[Sequence[str]]] | None = None
 
 
 async def read_item(item: SourceItem) -> bytes:

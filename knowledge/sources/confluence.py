@@ -391,7 +391,7 @@ class ConfluenceSource:
                 if self._excluded(content):
                     batch.deleted.append(str(content["id"]))
                     continue
-                batch.items.append(await self._page_item(content, base))
+                batch.items.append(self._page_item(content, base))
             batch.checkpoint = latest.isoformat() if latest else None
             yield batch
 
@@ -401,7 +401,7 @@ class ConfluenceSource:
         labels = {label.get("name", "").lower() for label in _labels(content)}
         return bool(labels & {label.lower() for label in self.config.exclude_labels})
 
-    async def _page_item(self, content: Mapping[str, Any], base: str) -> SourceItem:
+    def _page_item(self, content: Mapping[str, Any], base: str) -> SourceItem:
         body = ((content.get("body") or {}).get("storage") or {}).get("value") or ""
         title = content.get("title") or str(content["id"])
         markdown = f"# {title}\n\n" + storage_to_markdown(body)
@@ -414,7 +414,8 @@ class ConfluenceSource:
             path=self._breadcrumb(content),
             author=_author(content),
             updated_at=_when(content),
-            access=await self.access_for(content),
+            access=(),
+            resolve_access=lambda: self.access_for(content),
             version=str((content.get("version") or {}).get("number", "")) or None,
         )
 
@@ -445,7 +446,8 @@ class ConfluenceSource:
             path=f"{self._breadcrumb(page)} > {filename}",
             author=_author(content),
             updated_at=_when(content),
-            access=await self.access_for(page),
+            access=(),
+            resolve_access=lambda: self.access_for(page),
             version=str((content.get("version") or {}).get("number", "")) or None,
             parent_id=page_id,
         )
