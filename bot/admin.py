@@ -56,14 +56,31 @@ class CommandResult:
 # The commands themselves.
 
 
+def _when(moment: object) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M UTC") if moment else "never"  # type: ignore[attr-defined]
+
+
+def _last_run(run: object | None, running: bool) -> str:
+    """"last sync 2026-11-22 10:00 UTC (ok)" from a recorded SyncRun."""
+    if running:
+        return "syncing now"
+    if run is None:
+        return "never synced"
+    status = getattr(run, "status", "?")
+    return f"last sync {_when(getattr(run, 'finished_at', None) or getattr(run, 'started_at', None))} ({status})"
+
+
 async def sources_text(kb: "KnowledgeBase") -> str:
-    status = await kb.status()
-    if not status.sources:
+    from knowledge.scheduler import format_interval
+
+    sources = await kb.list_sources()
+    if not sources:
         return "Nothing is indexed yet."
     lines = ["**Sources**"]
-    for s in status.sources:
-        synced = s.last_synced_at.strftime("%Y-%m-%d %H:%M UTC") if s.last_synced_at else "never"
-        lines.append(f"- `{s.name}` ({s.kind}): {s.documents} documents, last synced {synced}")
+    for s in sources:
+        lines.append(f"- `{s.name}` ({s.kind}): {s.documents} documents, synced "
+                     f"{format_interval(s.schedule_seconds) if s.schedule_seconds else 'on demand'}, "
+                     f"{_last_run(s.last_run, s.running)}")
     return "\n".join(lines)
 
 
@@ -74,8 +91,8 @@ async def status_text(kb: "KnowledgeBase") -> str:
         f"`{status.embedding_model or 'none yet'}`"
     ]
     for s in status.sources:
-        synced = s.last_synced_at.strftime("%Y-%m-%d %H:%M UTC") if s.last_synced_at else "never"
-        lines.append(f"- `{s.name}` ({s.kind}): {s.documents} documents, {s.chunks} chunks, last synced {synced}")
+        run = _last_run(s.last_run, s.running) if s.last_run or s.running else f"last synced {_when(s.last_synced_at)}"
+        lines.append(f"- `{s.name}` ({s.kind}): {s.documents} documents, {s.chunks} chunks, {run}")
     mode = "Claude" if kb.answer_mode == "llm" else "offline excerpts"
     lines.append(f"Answers: {mode}.")
     return "\n".join(lines)

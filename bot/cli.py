@@ -58,7 +58,7 @@ def cli_message(exc: Exception) -> str:
     if isinstance(exc, SourceConflict):
         where = f"{exc.kind} {exc.location}" if exc.location else exc.kind
         return f"source {exc.name!r} already indexes {where}; pick another name with --source"
-    if isinstance(exc, UnknownSource) and exc.names:
+    if isinstance(exc, UnknownSource) and exc.names:  # raised with a ready message otherwise (sync by name)
         return (f"unknown source {', '.join(exc.names)}; indexed sources: {', '.join(exc.known) or 'none yet'} "
                 "(check --source)")
     return str(exc)

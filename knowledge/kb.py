@@ -92,7 +92,7 @@ class KnowledgeBase(BotStateMethods):
         self.retriever = Retriever(engine, embedder, settings)
         self.generator = make_generator(settings)
         self.memory = ConversationMemory(engine, memory_settings(settings, self.generator is not None),
-                                         embedder.count_tokens_many, self.generator)
+                                         embedder.count_tokens_many, self.generator, settings.text_search_config)
         self.answerer = Answerer(self.retriever, self.memory, self.generator, embedder.count_tokens_many,
                                  AnswerSettings.from_settings(settings), embedder)
         self.syncs = SyncRunner(engine, self.indexer)

@@ -91,6 +91,7 @@ _STOP = frozenset(
 # Words that point back into the conversation: a question using them leans on what came before.
 _ANAPHORA = frozenset(
     "it its it's they them their theirs those these that this there one ones same else also too instead either "
+    "mine yours ours him her hers his "
     "former latter second first other another".split()
 )
 _FOLLOW_UP_OPENERS = re.compile(
@@ -99,21 +100,25 @@ _FOLLOW_UP_OPENERS = re.compile(
 )
 # A question with at least this many content words and no pointing words is taken to stand alone.
 STANDALONE_CONTENT_WORDS = 4
+# A shorter one stands alone too when it names a rare term (in at most this fraction of chunks): "How do I report
+# phishing?" names its topic, "What happens if I started recently?" does not.
+RARE_TERM_FRACTION = 0.03
 
 
 def content_words(text: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(text) if w.lower() not in _STOP and len(w) > 1]
 
 
-def looks_like_follow_up(question: str, min_content_words: int = STANDALONE_CONTENT_WORDS) -> bool:
-    """Does the question lean on earlier turns? Pointing words ("it", "those", "the second one"), an opener
-    ("and for contractors?", "what about…") or too few content words to search on."""
-    words = [w.lower() for w in _WORD.findall(question)]
+def points_back(question: str) -> bool:
+    """Pointing words ("it", "those", "the second one") or an opener ("and for contractors?", "what about…")."""
     if _FOLLOW_UP_OPENERS.match(question):
         return True
-    if any(w in _ANAPHORA for w in words):
-        return True
-    return len(content_words(question)) < min_content_words
+    return any(w.lower() in _ANAPHORA for w in _WORD.findall(question))
+
+
+def looks_like_follow_up(question: str, min_content_words: int = STANDALONE_CONTENT_WORDS) -> bool:
+    """Does the question lean on earlier turns? It points back, or has too few content words to search on."""
+    return points_back(question) or len(content_words(question)) < min_content_words
 
 
 def _stem(word: str) -> str:
@@ -121,20 +126,23 @@ def _stem(word: str) -> str:
 
 
 def rewrite_offline(
-    question: str, history: History, *, min_content_words: int = STANDALONE_CONTENT_WORDS, pick: str = "overlap",
-    limit: int = 8,
+    question: str, history: History, *, rarest_term: float | None = None,
+    min_content_words: int = STANDALONE_CONTENT_WORDS, pick: str = "overlap", limit: int = 8,
 ) -> str:
     """A deterministic standalone query: the question, followed, when it looks like a follow-up, by the content
     words of the earlier user turn it most likely refers to (each earlier turn itself resolved the same way) that
     the question does not already contain. The turn referred to is the one sharing the most words with the
     question ("back to the incidents…"), else the most recent. A question that stands alone comes back
     unchanged, so single-turn retrieval cannot get worse and a change of topic does not drag the old topic along.
-    The defaults were chosen by measurement (README, "Conversation memory").
+    `rarest_term`: the fraction of indexed chunks holding the question's rarest term, if known: a short question
+    naming a rare term stands alone. The defaults were chosen by measurement (README, "Conversation memory").
     """
     previous = history.user_messages()
     if not previous and not history.summary:
         return question
     if not looks_like_follow_up(question, min_content_words):
+        return question
+    if not points_back(question) and rarest_term is not None and rarest_term <= RARE_TERM_FRACTION:
         return question
     # Resolve each earlier user turn in order, so a chain of follow-ups keeps the topic of its start.
     resolved: list[str] = []
@@ -271,9 +279,10 @@ class ConversationMemory:
 
     def __init__(
         self, engine: AsyncEngine, settings: MemorySettings, count_tokens: CountTokens,
-        generator: "Generator | None" = None,
+        generator: "Generator | None" = None, text_search_config: str = "english",
     ) -> None:
         self.engine = engine
+        self.text_search_config = text_search_config
         self.settings = settings
         self.count_tokens = count_tokens
         self.generator = generator if settings.rewrite_model else None
@@ -373,7 +382,7 @@ class ConversationMemory:
         if history.empty:
             return Rewrite(question, "none")
         if self.generator is None:
-            return Rewrite(rewrite_offline(question, history), "offline")
+            return Rewrite(await self.rewrite_offline(question, history), "offline")
         from knowledge.generators.anthropic_client import GenerationError
 
         user = f"{format_conversation(history)}\n\nLast message:\n<question>\n{_escape(question)}\n</question>"
@@ -383,11 +392,19 @@ class ConversationMemory:
             )
         except GenerationError as exc:
             logger.warning("follow-up rewrite by Claude failed, rewriting offline: %s", exc)
-            return Rewrite(rewrite_offline(question, history), "offline", f"rewrite offline: {exc}")
+            return Rewrite(await self.rewrite_offline(question, history), "offline", f"rewrite offline: {exc}")
         query = _clean_query(reply, question)
         if query is None:
-            return Rewrite(rewrite_offline(question, history), "offline")
+            return Rewrite(await self.rewrite_offline(question, history), "offline")
         return Rewrite(query, "llm")
+
+    async def rewrite_offline(self, question: str, history: History) -> str:
+        """`rewrite_offline`, told how rare the question's rarest term is when that decides (short questions)."""
+        rarest = None
+        if looks_like_follow_up(question) and not points_back(question):
+            async with self.engine.connect() as conn:
+                rarest = await memory_store.rarest_term_fraction(conn, question, self.text_search_config)
+        return rewrite_offline(question, history, rarest_term=rarest)
 
     # Storing -----------------------------------------------------------------------------------------------
 

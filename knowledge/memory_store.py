@@ -88,15 +88,15 @@ async def save_summary(conn: AsyncConnection, conversation_id: str, summary: str
     )
 
 
-async def chunk_texts(conn: AsyncConnection, chunk_ids: Sequence[int]) -> list[tuple[str, str]]:
-    """(document title, chunk text) of chunks still in the index (re-indexing replaces chunk ids)."""
-    if not chunk_ids:
-        return []
-    rows = await conn.execute(
-        text(
-            "SELECT d.title, c.text FROM chunks c JOIN documents d ON d.id = c.document_id "
-            "WHERE c.id = ANY(CAST(:ids AS bigint[])) ORDER BY array_position(CAST(:ids AS bigint[]), c.id)"
-        ),
-        {"ids": list(chunk_ids)},
-    )
-    return [(r.title, r.text) for r in rows]
+async def rarest_term_fraction(conn: AsyncConnection, text_: str, config: str) -> float | None:
+    """The fraction of indexed chunks that hold the text's rarest (stemmed) term; None if no term is indexed."""
+    return (
+        await conn.execute(
+            text(
+                "SELECT min(l.df::float8 / greatest(s.n_chunks, 1)) FROM lexemes l, corpus_stats s "
+                "WHERE s.id = 1 AND l.df > 0 "
+                "AND l.lexeme = ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :text)))"
+            ),
+            {"config": config, "text": text_},
+        )
+    ).scalar()

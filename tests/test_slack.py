@@ -255,7 +255,7 @@ async def test_kb_help_sources_status_are_ephemeral(offline_kb, fake) -> None:
         _, unknown = await slack.slash("dance", user=BOB)
     assert "/kb reindex" in help_reply["text"]
     assert "`docs`" in sources["text"] and "documents" in sources["text"]
-    assert "chunks" in status["text"] and "last synced" in status["text"]
+    assert "chunks" in status["text"] and "last sync" in status["text"]
     assert "Budget" not in status["text"] + sources["text"]  # counts and names only, never titles
     assert "Unknown command" in unknown["text"]
     assert all(r["response_type"] == "ephemeral" for r in (help_reply, sources, status, unknown))
