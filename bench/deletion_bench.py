@@ -7,6 +7,8 @@ worst case: the HNSW scan meets them first), then that source is deleted. Dense 
 is measured (a) with the synthetic chunks present but restricted to another group, (b) right after the delete,
 before any vacuum, using the bare index scan (what ragbot did before) and the retriever with its exact fallback,
 (c) after `VACUUM (ANALYZE) chunks`, which syncs and `remove-source` now run after deleting >= 1000 chunks.
+With --identical the synthetic chunks repeat 8 vectors exactly (what a pasted paragraph did before identical
+chunks were merged), which is what degrades the HNSW graph.
 Uses DATABASE_URL if set, else a throwaway embedded Postgres.
 """
 
@@ -60,7 +62,7 @@ async def measure(kb: KnowledgeBase, label: str, questions: list[str]) -> None:
           f"p50 {statistics.median(samples):6.1f} ms, max {max(samples):6.1f} ms")
 
 
-async def main(n_chunks: int) -> None:
+async def main(n_chunks: int, identical: bool) -> None:
     kb = await KnowledgeBase.open()
     try:
         await kb.sync(FolderSource(HANDBOOK, "handbook"))
@@ -75,8 +77,8 @@ async def main(n_chunks: int) -> None:
         for doc in range(n_chunks // per_doc):
             rows = []
             for i in range(per_doc):
-                anchor = anchors[(doc * per_doc + i) % len(anchors)]
-                vector = [v + rng.gauss(0, 0.02) for v in anchor]
+                anchor = anchors[(doc * per_doc + i) % (8 if identical else len(anchors))]
+                vector = list(anchor) if identical else [v + rng.gauss(0, 0.02) for v in anchor]
                 norm = sum(v * v for v in vector) ** 0.5
                 body = f"bulk chunk {doc}-{i}"
                 rows.append(store.ChunkRow(i, body, "", 5, f"bulk-{doc}-{i}",
@@ -102,4 +104,7 @@ async def main(n_chunks: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--chunks", type=int, default=30_000)
-    asyncio.run(main(parser.parse_args().chunks))
+    parser.add_argument("--identical", action="store_true",
+                        help="8 distinct vectors repeated (a document of one paragraph pasted thousands of times)")
+    args = parser.parse_args()
+    asyncio.run(main(args.chunks, args.identical))

@@ -17,7 +17,7 @@ from rich.markup import escape
 from bot.settings import BotSettings
 from bot.terminal import (
     RichSyncProgress, chat_loop, console, err_console, render_answer, render_hits, render_searched_for, render_status,
-    render_sync_report,
+    render_sync_report, shown,
 )
 
 app = typer.Typer(help="ragbot: answers questions from your documents, with citations.", no_args_is_help=True,
@@ -58,7 +58,7 @@ def cli_message(exc: Exception) -> str:
     if isinstance(exc, SourceConflict):
         where = f"{exc.kind} {exc.location}" if exc.location else exc.kind
         return f"source {exc.name!r} already indexes {where}; pick another name with --source"
-    if isinstance(exc, UnknownSource) and exc.names:  # raised with a ready message otherwise (sync by name)
+    if isinstance(exc, UnknownSource) and exc.known is not None:
         return (f"unknown source {', '.join(exc.names)}; indexed sources: {', '.join(exc.known) or 'none yet'} "
                 "(check --source)")
     return str(exc)
@@ -206,6 +206,8 @@ def ask(
     else:
         render_searched_for(question, answer)
         render_answer(answer)
+        if conversation is None:  # on stderr, so piping the answer stays clean
+            err_console.print(f"[dim]Follow up with: --conversation {shown(conversation_id)}[/]", highlight=False)
 
 
 @app.command()

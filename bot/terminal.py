@@ -114,7 +114,7 @@ def render_answer(answer: Answer) -> None:
 def render_searched_for(question: str, answer: Answer) -> None:
     """When a follow-up was rewritten into a standalone query, show (dimmed) what was searched for."""
     if answer.standalone_query and answer.standalone_query.strip() != question.strip():
-        console.print(f"[dim]searched for: {escape(answer.standalone_query)}[/]", highlight=False)
+        console.print(f"[dim]searched for: {shown(answer.standalone_query)}[/]", highlight=False)
 
 
 def render_status(status: IndexStatus) -> None:

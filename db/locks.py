@@ -6,3 +6,5 @@
 MIGRATIONS = 727274001  # one process at a time runs the Alembic migrations
 EMBEDDING_SPACE = 727274002  # checking or switching the embedding model (re-embedding every chunk)
 INDEX_WRITERS = 727274003  # writers of chunks serialised: the BM25 triggers could otherwise deadlock
+# Two-key locks (class, object id): one sync at a time per source, held for the whole run.
+SOURCE_SYNC_CLASS = 727274100

@@ -183,10 +183,9 @@ class Answerer:
         best = results.best_similarity
         if not results.hits or best is None or best < settings.abstain_below_similarity:
             answer = Answer(ABSTAIN_MESSAGE, self.mode, True, [], results.hits, timings, rewrite.note)
-            return await self._remember(conversation_id, question, query, principals, asker, answer, [])
+            return await self._remember(conversation_id, question, query, principals, asker, answer, [], history)
 
-        conversation = format_conversation(history) if not history.empty else ""
-        groups = self._fit_prompt(question, conversation, results.hits)
+        conversation, groups = self._fit_prompt(question, history, results.hits)
         in_context = [hit for group in groups for hit in group.hits]
         started = time.perf_counter()
         note = None
@@ -203,21 +202,35 @@ class Answerer:
         timings["generation_ms"] = (time.perf_counter() - started) * 1000
         answer.timings = timings
         answer.note = note or rewrite.note
-        return await self._remember(conversation_id, question, query, principals, asker, answer, cited)
+        return await self._remember(conversation_id, question, query, principals, asker, answer, cited, history)
 
-    def _fit_prompt(self, question: str, conversation: str, hits: Sequence[SearchHit]) -> list[_SourceGroup]:
-        """Sources for the prompt such that system + conversation + sources + question stay within the prompt
-        budget (and the sources within the context budget): fill by estimate, then drop the weakest chunks while
-        the real prompt is still too long."""
+    def _fit_prompt(
+        self, question: str, history: History, hits: Sequence[SearchHit]
+    ) -> tuple[str, list[_SourceGroup]]:
+        """The conversation block and the sources such that system + conversation + sources + question stay
+        within the prompt budget (and the sources within the context budget). The conversation may take at most
+        half of the budget (its oldest messages go first, then the summary); the sources fill the rest by estimate,
+        then the weakest chunks are dropped while the real prompt is still too long."""
         budget = self.settings.prompt_token_budget
-        fixed = sum(self.count_tokens([SYSTEM_PROMPT, conversation, question])) + 16
-        room = max(0, min(self.settings.context_token_budget, budget - fixed))
+        messages, summary = list(history.messages), history.summary
+
+        def fixed_tokens(conversation: str) -> int:
+            return sum(self.count_tokens([SYSTEM_PROMPT, conversation, question])) + 16
+
+        conversation = format_conversation(History(summary, messages)) if summary or messages else ""
+        while conversation and fixed_tokens(conversation) > budget // 2:
+            if messages:
+                messages.pop(0)
+            else:
+                summary = ""
+            conversation = format_conversation(History(summary, messages)) if summary or messages else ""
+        room = max(0, min(self.settings.context_token_budget, budget - fixed_tokens(conversation)))
         groups = group_into_sources(hits, self.count_tokens, room) if room else []
         kept = [hit for group in groups for hit in group.hits]
         while kept and self.prompt_tokens(question, conversation, groups) > budget:
             kept = sorted(kept, key=lambda h: h.rank)[:-1]
             groups = group_into_sources(kept, self.count_tokens, room)
-        return groups
+        return conversation, groups
 
     def prompt_tokens(self, question: str, conversation: str, groups: Sequence[_SourceGroup]) -> int:
         user = build_user_message(question, [g.prompt_source() for g in groups], conversation)
@@ -265,13 +278,13 @@ class Answerer:
 
     async def _remember(
         self, conversation_id: str, question: str, query: str, principals: Sequence[str], asker: str | None,
-        answer: Answer, cited_chunk_ids: Sequence[int],
+        answer: Answer, cited_chunk_ids: Sequence[int], history: History,
     ) -> Answer:
         """Keep the turn (follow-up rewriting and summaries build on it); the answer carries its id and query."""
         answer.standalone_query = query
         answer.id = await self.memory.remember(
             conversation_id, question=question, standalone_query=query, answer=answer.text, principals=principals,
-            asker=asker, cited_chunk_ids=cited_chunk_ids,
+            asker=asker, cited_chunk_ids=cited_chunk_ids, history=history,
         )
         return answer
 

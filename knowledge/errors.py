@@ -1,7 +1,7 @@
 """Typed errors the knowledge core raises.
 
-Their messages describe the problem in plain words and never name a CLI flag: the same errors are shown in the
-terminal, in Slack and in Discord. Each surface adds its own wording (the CLI's lives in bot/cli.py).
+Messages name what went wrong and how to fix it in plain words, never a CLI flag: the same errors are shown in
+the terminal, in Slack and in Discord. Each surface adds its own wording (the CLI's lives in bot/cli.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ from typing import Sequence
 
 
 class KnowledgeError(Exception):
-    """Base class: something the person asking can fix or should know about (its message says how)."""
+    """Base class: an error a user can act on (its message says how)."""
+
+
+# --- questions -------------------------------------------------------------------------------------------------
 
 
 class EmptyQuestion(KnowledgeError, ValueError):
@@ -18,44 +21,40 @@ class EmptyQuestion(KnowledgeError, ValueError):
         super().__init__("the question is empty")
 
 
-class SourceConflict(KnowledgeError, ValueError):
+# --- sources and sync runs -----------------------------------------------------------------------------------
+
+
+class SourceError(KnowledgeError):
+    """A source cannot be used or synced right now. A sync run fails; the index keeps what it had."""
+
+
+class UnknownSource(SourceError, ValueError):
+    """No stored source has that name. Built with `named()`, it also carries the names asked for and the known
+    ones, so a surface can word its own hint."""
+
+    names: tuple[str, ...] = ()
+    known: tuple[str, ...] | None = None
+
+    @classmethod
+    def named(cls, names: Sequence[str], known: Sequence[str]) -> "UnknownSource":
+        error = cls(f"unknown source {', '.join(names)}; indexed sources: {', '.join(known) or 'none yet'}")
+        error.names, error.known = tuple(names), tuple(known)
+        return error
+
+
+class SourceBusy(SourceError):
+    """Another process (or task) is syncing that source right now."""
+
+
+class SourceConflict(SourceError, ValueError):
     """A source name already used for another kind of source or another location."""
 
     def __init__(self, name: str, kind: str, location: str | None) -> None:
         self.name = name
         self.kind = kind
         self.location = location
-        super().__init__(f"source {name!r} already indexes {kind} {location or ''}".rstrip() + "; pick another name")
-
-
-# --- sources and sync runs -----------------------------------------------------------------------------------
-
-
-class SourceError(KnowledgeError):
-    """A source cannot be synced right now. The run fails; the index keeps what it had."""
-
-
-class UnknownSource(SourceError, ValueError):
-    """No stored source has that name. `known` lists the ones that are (when the raiser knew them).
-
-    Raised either as `UnknownSource(names, known)` or with a ready message, `UnknownSource("unknown source 'x'")`.
-    """
-
-    def __init__(self, names: Sequence[str] | str, known: Sequence[str] | None = None) -> None:
-        if isinstance(names, str) and known is None:
-            self.names: tuple[str, ...] = ()
-            self.known: tuple[str, ...] = ()
-            super().__init__(names)
-            return
-        self.names = (names,) if isinstance(names, str) else tuple(names)
-        self.known = tuple(known or ())
-        super().__init__(
-            f"unknown source {', '.join(self.names)}; indexed sources: {', '.join(self.known) or 'none yet'}"
-        )
-
-
-class SourceBusy(SourceError):
-    """Another process (or task) is syncing that source right now."""
+        where = f"{kind} {location}" if location else kind
+        super().__init__(f"source {name!r} already indexes {where}; pick another name")
 
 
 class SourceConfigError(SourceError, ValueError):

@@ -212,7 +212,7 @@ class KnowledgeBase(BotStateMethods):
         async with self.engine.connect() as conn:
             source_id = await store.source_id_by_name(conn, name)
         if source_id is None:
-            raise UnknownSource([name], await self.source_names())
+            raise UnknownSource.named([name], await self.source_names())
         async with self.syncs.source_lock(source_id, name):
             async with self.engine.begin() as conn:
                 removed = await store.delete_source(conn, name)
@@ -233,16 +233,16 @@ class KnowledgeBase(BotStateMethods):
         known = await self.source_names()
         unknown = [name for name in names if name not in known]
         if unknown:
-            raise UnknownSource(unknown, known)
+            raise UnknownSource.named(unknown, known)
 
     async def status(self) -> IndexStatus:
         infos = {info.name: info for info in await self.list_sources()}
         async with self.engine.connect() as conn:
             sources = [
-                SourceStatus(s.name, s.kind, s.location, s.documents, s.chunks, s.last_synced_at,
-                              infos[s.name].last_run if s.name in infos else None,
-                              infos[s.name].running if s.name in infos else False)
-                for s in await store.source_counts(conn)
+                SourceStatus(r.name, r.kind, r.location, r.documents, r.chunks, r.last_synced_at,
+                             infos[r.name].last_run if r.name in infos else None,
+                             infos[r.name].running if r.name in infos else False)
+                for r in await store.source_counts(conn)
             ]
             counts = await store.index_counts(conn)
         return IndexStatus(

@@ -60,6 +60,8 @@ class History:
 
     summary: str = ""
     messages: list[ChatMessage] = field(default_factory=list)
+    from_thread: bool = False  # built from prior thread messages, not from stored turns
+    searched: list[str] = field(default_factory=list)  # what each stored turn searched for, in user-message order
 
     @property
     def empty(self) -> bool:
@@ -144,14 +146,27 @@ def rewrite_offline(
         return question
     if not points_back(question) and rarest_term is not None and rarest_term <= RARE_TERM_FRACTION:
         return question
-    # Resolve each earlier user turn in order, so a chain of follow-ups keeps the topic of its start.
-    resolved: list[str] = []
-    for text in previous:
-        if resolved and looks_like_follow_up(text, min_content_words):
-            text = _expand_with(text, _referent(text, resolved, pick), limit)
+    # Resolve each earlier user turn in order, so a chain of follow-ups keeps the topic of its start (stored turns
+    # come resolved already: what they searched for).
+    resolved: list[str] = list(history.searched) if len(history.searched) == len(previous) else []
+    for text in previous[len(resolved):]:
+        if looks_like_follow_up(text, min_content_words):
+            if resolved:
+                text = _expand_with(text, _referent(text, resolved, pick), limit)
+            elif history.summary:  # the turn before came from the summary
+                text = _expand_with(text, _last_summary_line(history.summary), limit)
         resolved.append(text)
-    context = _referent(question, resolved, pick) if resolved else history.summary
+    context = _referent(question, resolved, pick) if resolved else _last_summary_line(history.summary)
     return _expand_with(question, context, limit)
+
+
+def _last_summary_line(summary: str) -> str:
+    """What the summary's last question was about (its last "Asked:" line without the answer, else its last line)."""
+    lines = [line.strip() for line in summary.splitlines() if line.strip()]
+    asked = [line for line in lines if line.startswith("- Asked:")]
+    if asked:
+        return asked[-1].removeprefix("- Asked:").split("→", 1)[0].strip()
+    return lines[-1].lstrip("-*• ") if lines else ""
 
 
 def _referent(question: str, earlier: list[str], pick: str) -> str:
@@ -202,6 +217,14 @@ def _sentence_weight(sentence: str, question_terms: set[str]) -> float:
     terms = set(content_words(sentence))
     digits = 1.0 if re.search(r"\d", sentence) else 0.0
     return len(terms & question_terms) + 0.5 * digits + 0.05 * min(len(terms), 12)
+
+
+def _thread_lines(messages: Sequence[ChatMessage]) -> str:
+    """Thread messages as summary lines (a question's words lead, as in folded turns)."""
+    return "\n".join(
+        f"- Asked: {m.text.strip()}" if m.role == "user" else f"- Replied: {plain_answer_text(m.text)}"
+        for m in messages if m.text.strip()
+    )
 
 
 def _has_figure(line: str) -> bool:
@@ -310,7 +333,10 @@ class ConversationMemory:
         messages: list[ChatMessage] = []
         for turn in turns:
             messages += [ChatMessage("user", turn.question), ChatMessage("assistant", plain_answer_text(turn.answer))]
-        return self._trim(History(summary_text, messages))
+        history = self._trim(History(summary_text, messages, searched=[t.standalone_query for t in turns]))
+        kept = len(history.user_messages())  # trimming may have dropped the oldest turns
+        history.searched = history.searched[len(history.searched) - kept:] if kept else []
+        return history
 
     def _tokens(self, summary: str, turns: Sequence[StoredTurn]) -> int:
         texts = [summary] + [t.question for t in turns] + [t.answer for t in turns]
@@ -331,9 +357,8 @@ class ConversationMemory:
         older = messages[: len(messages) - len(kept)]
         summary = ""
         if older:
-            pairs = [(m.text, "") if m.role == "user" else ("(reply)", m.text) for m in older]
-            summary = summarize_offline("", pairs, self.settings.summary_token_budget, self.count_tokens)
-        return self._trim(History(summary, kept))
+            summary = summarize_offline(_thread_lines(older), [], self.settings.summary_token_budget, self.count_tokens)
+        return self._trim(History(summary, kept, from_thread=True))
 
     def budget_used(self, history: History) -> int:
         return sum(self.count_tokens([history.summary] + [m.text for m in history.messages]))
@@ -410,10 +435,15 @@ class ConversationMemory:
 
     async def remember(
         self, conversation_id: str, *, question: str, standalone_query: str, answer: str, principals: Sequence[str],
-        asker: str | None, cited_chunk_ids: Sequence[int],
+        asker: str | None, cited_chunk_ids: Sequence[int], history: History | None = None,
     ) -> int:
-        """Store the turn; returns its id (what feedback refers to)."""
+        """Store the turn; returns its id (what feedback refers to). When the turn's history came from thread
+        messages the bot never saw, they are kept as the conversation's summary so later turns still see them."""
         async with self.engine.begin() as conn:
+            if history is not None and history.from_thread and not history.empty:
+                carried = "\n".join(line for line in (history.summary, _thread_lines(history.messages)) if line)
+                summary = summarize_offline(carried, [], self.settings.summary_token_budget, self.count_tokens)
+                await memory_store.save_summary(conn, conversation_id, summary, 0)
             return await memory_store.record_turn(
                 conn, conversation_id, question=question, standalone_query=standalone_query, answer=answer,
                 principals=principals, asker=asker, cited_chunk_ids=cited_chunk_ids,

@@ -57,14 +57,6 @@ async def turns_after(conn: AsyncConnection, conversation_id: str, after_id: int
     ]
 
 
-async def has_turns(conn: AsyncConnection, conversation_id: str) -> bool:
-    return bool(
-        (await conn.execute(
-            text("SELECT EXISTS (SELECT 1 FROM conversation_turns WHERE conversation_id = :c)"), {"c": conversation_id}
-        )).scalar()
-    )
-
-
 async def load_summary(conn: AsyncConnection, conversation_id: str) -> StoredSummary | None:
     row = (
         await conn.execute(

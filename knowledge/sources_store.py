@@ -15,9 +15,11 @@ from typing import Any, Sequence
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from db import locks
+
 from knowledge.sources.base import SyncRun
 
-SYNC_LOCK_CLASS = 727274100
+SYNC_LOCK_CLASS = locks.SOURCE_SYNC_CLASS  # (class, source id); every key lives in db/locks.py
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,19 @@ async def test_prior_thread_messages_count_only_until_the_bot_has_turns_of_its_o
     assert "laptop" not in later.standalone_query
 
 
+async def test_the_thread_before_the_first_mention_stays_in_view_on_later_turns(handbook_kb):
+    chat = conversation()
+    thread = [ChatMessage("user", "What laptop do engineers get?"),
+              ChatMessage("assistant", "A MacBook Pro 14 inch, from the Equipment & Laptop Policy.")]
+    await handbook_kb.answer("How often are they refreshed?", EVERYONE, chat, prior_messages=thread)
+
+    history = await handbook_kb.memory.history(chat)
+    assert "What laptop do engineers get?" in history.summary
+    answer = await handbook_kb.answer("Who approves an early one?", EVERYONE, chat)
+    assert "refreshed" in answer.standalone_query and "laptop" in answer.standalone_query
+    assert cited_ids(answer)[0] == "it/equipment.html"
+
+
 def test_the_offline_rewrite_leaves_standalone_questions_alone():
     history = History("", [ChatMessage("user", "How many sick days do we get per year?"),
                            ChatMessage("assistant", "10 paid sick days.")])
@@ -277,6 +290,14 @@ def test_chat_remembers_and_shows_what_it_searched_for(on_handbook):
 
 
 def test_ask_starts_a_new_conversation_unless_told_to_continue_one(on_handbook):
+    from test_cli import ok
+
+    shown = ok("ask", "How many sick days do we get per year?")
+    hint = shown.stderr.strip().splitlines()[-1]
+    assert hint.startswith("Follow up with: --conversation cli:")
+    follow_up = ok("ask", "Do they carry over if I don't use them?", *hint.removeprefix("Follow up with: ").split())
+    assert "searched for: Do they carry over if I don't use them? sick" in " ".join(follow_up.stdout.split())
+
     first = ok_json("ask", "How many sick days do we get per year?")
     fresh = ok_json("ask", "Do they carry over if I don't use them?")
     assert fresh["conversation_id"] != first["conversation_id"]
@@ -311,3 +332,25 @@ async def test_turns_stored_before_the_memory_migration_still_serve_as_history(k
 
     assert "sick" in answer.standalone_query
     assert answer.citations[0].external_id == "policies/sick-leave.md"
+
+
+async def test_a_failing_summary_call_falls_back_to_the_offline_summary(kb_factory, fake_anthropic, tmp_path):
+    kb = await open_kb(kb_factory, fake_anthropic, tmp_path, CORPUS, memory_token_budget=250,
+                       memory_recent_turns=1, anthropic_max_retries=1)
+    fake_anthropic.default = fake_claude
+    fake_anthropic.fail_requests(lambda request: "running summary" in request.system_text)
+    chat = conversation()
+    fake_anthropic.reply_text("Full-time employees get 25 days of paid vacation per year [1].")
+    await kb.answer("How many vacation days do full-time employees get?", EVERYONE, chat)
+    for question in ("How many sick days do employees get?", "When is a doctor's note needed?",
+                     "How do I set up the VPN?", "Why do I need the VPN?"):
+        answer = await kb.answer(question, EVERYONE, chat)
+        assert answer.mode == "llm" and not answer.abstained
+
+    history = await kb.memory.history(chat)  # the next question would fold the older turns now
+
+    assert any("running summary" in r.system_text for r in fake_anthropic.requests)  # Claude was tried
+    # Folded offline: the key sentence of the first answer, in the offline summary's own format.
+    assert "- Asked: How many vacation days do full-time employees get?" in history.summary
+    assert "25 days of paid vacation" in history.summary
+    assert kb.memory.budget_used(history) <= 250

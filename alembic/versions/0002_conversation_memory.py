@@ -5,14 +5,14 @@ Safe on an existing database: the new columns are nullable or have defaults, so 
 revision keep working (their standalone query reads as the question itself, and they cite nothing).
 
 Revision ID: 0002
-Revises: 0001
+Revises: 0003 (issue 8's 0003 reached main first; chained after it so databases already at 0003 upgrade cleanly)
 Create Date: 2026-11-22
 """
 
 from alembic import op
 
 revision = "0002"
-down_revision = "0001"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

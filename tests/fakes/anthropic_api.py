@@ -77,6 +77,8 @@ class FakeAnthropicAPI:
         self._ids = itertools.count(1)
         # Answers when nothing is scripted: request -> reply text.
         self.default: Callable[[RecordedRequest], str] = lambda request: default_text
+        # Requests matching this predicate get an error instead (after the scripted queue is empty).
+        self._failing: tuple[Callable[[RecordedRequest], bool], ScriptedResponse] | None = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -102,6 +104,11 @@ class FakeAnthropicAPI:
     def stream_breaks(self, deltas: list[str], error_type: str = "overloaded_error") -> None:
         """A streamed reply that sends these deltas and then an SSE `error` event instead of finishing."""
         self.script(200, {"deltas": list(deltas), "error": error_type})
+
+    def fail_requests(self, predicate: Callable[[RecordedRequest], bool], status: int = 529,
+                      error_type: str = "overloaded_error") -> None:
+        """From now on, unscripted requests matching `predicate` get this error (e.g. only the summary calls)."""
+        self._failing = (predicate, ScriptedResponse(status, error_body(error_type, "failing on purpose"), RETRY_NOW))
 
     def rate_limited(self, message: str = "slow down") -> None:
         self.script(429, error_body("rate_limit_error", message), RETRY_NOW)
@@ -163,6 +170,8 @@ class FakeAnthropicAPI:
         if request.method != "POST" or request.path.split("?")[0] != "/v1/messages":
             return ScriptedResponse(404, error_body("not_found_error", f"no route {request.path}"), {})
         streaming = isinstance(request.body, dict) and request.body.get("stream") is True
+        if scripted is None and self._failing is not None and self._failing[0](request):
+            return self._failing[1]
         if scripted is None:
             scripted = ScriptedResponse(200, {"text": self.default(request)}, {})
         if scripted.status != 200 or not isinstance(scripted.body, dict):
