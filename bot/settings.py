@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class BotSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
 
     slack_bot_token: SecretStr | None = None
     slack_app_token: SecretStr | None = None  # set: Socket Mode; unset: HTTP mode on PORT
@@ -18,7 +18,6 @@ class BotSettings(BaseSettings):
     slack_thread_followups: bool = True
     # Stream Claude's answers into Slack as they are written (falls back to a placeholder + update if refused).
     slack_stream_answers: bool = True
-    discord_bot_token: SecretStr | None = None
 
     # Comma-separated platform user ids that count as bot admins besides workspace admins/owners
     # ("U012ABC", "slack:U012ABC", "discord:4242").
@@ -33,6 +32,22 @@ class BotSettings(BaseSettings):
     host: str = "0.0.0.0"
     port: int = Field(default=3000, ge=0, le=65535)
     log_level: str = "WARNING"
+
+    # Discord. DISCORD_TOKEN is the bot token from the Developer Portal (DISCORD_BOT_TOKEN is accepted too).
+    discord_bot_token: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("DISCORD_TOKEN", "DISCORD_BOT_TOKEN", "discord_bot_token")
+    )
+    # Sync the slash commands to this server only (they appear at once); unset: globally (can take up to an hour).
+    discord_guild_id: int | None = None
+    # Another base URL for Discord's REST API (tests point it at a local fake), e.g. http://127.0.0.1:8080/api/v10.
+    discord_api_url: str | None = None
+    # Another gateway (websocket) URL, e.g. ws://127.0.0.1:8080/gateway for a local fake; unset: Discord's.
+    discord_gateway_url: str | None = None
+    # Read the text of thread replies that do not mention the bot (the privileged Message Content intent, to be
+    # switched on in the Developer Portal). Off: follow-ups in a thread need an @mention.
+    discord_message_content: bool = True
+    # Seconds between edits of a message while an answer streams in (Discord allows about 5 edits per 5 s).
+    discord_edit_interval_seconds: float = Field(default=1.2, ge=0.0)
 
     @property
     def chat_platforms(self) -> list[str]:

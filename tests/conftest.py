@@ -21,7 +21,7 @@ os.environ["RAGBOT_HOME"] = str(_HOME)
 os.environ["DATABASE_URL"] = ""
 os.environ["ANTHROPIC_API_KEY"] = ""
 os.environ["HF_HUB_OFFLINE"] = "1"
-for _name in ("SLACK_BOT_TOKEN", "DISCORD_BOT_TOKEN", "ANTHROPIC_BASE_URL", "FUSION", "EMBEDDING_MODEL"):
+for _name in ("SLACK_BOT_TOKEN", "DISCORD_BOT_TOKEN", "DISCORD_TOKEN", "ANTHROPIC_BASE_URL", "FUSION", "EMBEDDING_MODEL"):
     os.environ.pop(_name, None)
 
 import psycopg
