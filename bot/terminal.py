@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -13,10 +13,11 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from knowledge.answering import Answer
-from knowledge.indexing import SyncReport
-from knowledge.kb import IndexStatus, KnowledgeBase
-from knowledge.retrieval import SearchHit
+if TYPE_CHECKING:  # the knowledge core (SQLAlchemy and friends) is imported only by commands that use it
+    from knowledge.answering import Answer
+    from knowledge.indexing import SyncReport
+    from knowledge.kb import IndexStatus, KnowledgeBase
+    from knowledge.retrieval import SearchHit
 
 console = Console()
 err_console = Console(stderr=True)
