@@ -174,7 +174,7 @@ def test_help_shows_metavars_not_python_types(command: list[str]) -> None:
     for leaked in ("<bool>", "<str>", "<list[", "<int", "<path>", "<datetime>", "{"):
         assert leaked not in out, f"{leaked!r} in:\n{out}"
     if command == ["ask"]:
-        assert "Usage: ragbot ask [OPTIONS] QUESTION" in out
+        assert "ask [OPTIONS] QUESTION" in out
         assert re.search(r"--as\s+PRINCIPAL", out)
     if command == ["search"]:
         assert re.search(r"-k\s+N", out) and re.search(r"--updated-after\s+DATE", out)
