@@ -7,6 +7,8 @@ source still returns k rows instead of whatever survived the first pass over the
 from __future__ import annotations
 
 from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine, AsyncSession
 
 from db.embedded import embedded_database_url
@@ -15,6 +17,10 @@ from db.settings import DatabaseSettings
 
 # Candidate lists are up to a few hundred rows long; ef_search must be at least that for HNSW to return them.
 HNSW_EF_SEARCH = 200
+# How many index tuples an iterative HNSW scan may visit before giving up (pgvector's default). A scan can stop
+# short when the rows it meets are filtered out (other people's chunks) or dead (a large delete not yet vacuumed);
+# the retriever then falls back to an exact search, and syncs VACUUM after large deletes.
+HNSW_MAX_SCAN_TUPLES = 20_000
 
 
 def database_url(settings: DatabaseSettings | None = None) -> str:
@@ -22,7 +28,8 @@ def database_url(settings: DatabaseSettings | None = None) -> str:
     settings = settings or DatabaseSettings()
     if not settings.database_url:
         return embedded_database_url(settings.home)
-    url = settings.database_url
+    url = settings.database_url.strip()
+    check_database_url(url)
     authority = url.partition("://")[2].partition("/")[0]
     if authority.count("@") > 1:
         raise DatabaseUnavailable(
@@ -35,6 +42,28 @@ def database_url(settings: DatabaseSettings | None = None) -> str:
     return url
 
 
+_POSTGRES_SCHEMES = ("postgres", "postgresql", "postgresql+psycopg", "postgresql+psycopg2", "postgresql+asyncpg")
+_URL_EXAMPLE = "postgresql://USER:PASSWORD@HOST:5432/DATABASE"
+
+
+def check_database_url(url: str) -> None:
+    """A malformed DATABASE_URL gets one line naming the fix (never a traceback, never the password)."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        raise DatabaseUnavailable(
+            f"DATABASE_URL is not a URL (no '://' after the scheme): it should look like {_URL_EXAMPLE}"
+        )
+    if scheme.lower() not in _POSTGRES_SCHEMES:
+        raise DatabaseUnavailable(
+            f"DATABASE_URL uses {scheme[:30]!r}, but ragbot needs PostgreSQL with pgvector: use a URL like "
+            f"{_URL_EXAMPLE}, or unset DATABASE_URL for the embedded database"
+        )
+    try:
+        make_url(url)
+    except (ArgumentError, ValueError):
+        raise DatabaseUnavailable(f"DATABASE_URL could not be parsed: it should look like {_URL_EXAMPLE}") from None
+
+
 def create_engine(url: str) -> AsyncEngine:
     engine = create_async_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
 
@@ -43,6 +72,7 @@ def create_engine(url: str) -> AsyncEngine:
         cursor = dbapi_connection.cursor()
         cursor.execute("SET hnsw.iterative_scan = relaxed_order")
         cursor.execute(f"SET hnsw.ef_search = {HNSW_EF_SEARCH}")
+        cursor.execute(f"SET hnsw.max_scan_tuples = {int(HNSW_MAX_SCAN_TUPLES)}")
         cursor.close()
         # Commit: the SETs ran in the driver's implicit transaction, and a read-only first use of the connection
         # ends in a rollback, which would silently undo them.

@@ -101,6 +101,25 @@ class Retriever:
             self._query_vectors[query] = vector_literal(vector)
         return self._query_vectors[query]
 
+    async def _index_scan_fell_short(self, conn, rows, params: dict[str, object]) -> bool:  # type: ignore[no-untyped-def]
+        """Did the HNSW scan return fewer candidates than the asker may see? It can, when the rows it visits first
+        are ones the filter rejects (other people's chunks) or dead rows of a large deletion not yet vacuumed:
+        pgvector stops after hnsw.max_scan_tuples. Only then is the permitted set counted (at most n rows)."""
+        found = rows[0].dense_found if rows else 0
+        if found >= params["n"]:  # type: ignore[operator]
+            return False
+        permitted = (await conn.execute(text(_PERMITTED_COUNT_SQL), params)).scalar_one()
+        return permitted > found
+
+    async def _exact_search(self, conn, sql: str, params: dict[str, object]):  # type: ignore[no-untyped-def]
+        """The same statement without the vector index: an exact scan of the permitted chunks (fast for the
+        small permitted sets where the index falls short)."""
+        # SET LOCAL lasts until the end of the connection's current transaction, which the rollback ends.
+        await conn.execute(text("SET LOCAL enable_indexscan = off"))
+        rows = (await conn.execute(text(sql), params)).all()
+        await conn.rollback()
+        return rows
+
     async def search(
         self,
         query: str,
@@ -138,6 +157,10 @@ class Retriever:
         started = time.perf_counter()
         async with self.engine.connect() as conn:
             rows = (await conn.execute(text(sql), params)).all()
+            if vector is not None and await self._index_scan_fell_short(conn, rows, params):
+                # Not reported in the timings: whether the index scan fell short depends on chunks the asker may
+                # not see crowding it, which is not theirs to learn.
+                rows = await self._exact_search(conn, sql, params)
         timings["sql_ms"] = (time.perf_counter() - started) * 1000
         best = rows[0].best_dense if rows else None
         hits = [
@@ -160,11 +183,18 @@ _FILTERS = """
     AND (CAST(:updated_after AS timestamptz) IS NULL OR c.doc_updated_at >= CAST(:updated_after AS timestamptz))
 """
 
+_PERMITTED_COUNT_SQL = "SELECT count(*) FROM (SELECT 1 FROM chunks c WHERE " + _FILTERS + " LIMIT :n) permitted"
+
 _LEXICAL_CTES = """
 query_terms AS (
-    SELECT l.id, l.lexeme, l.df
+    -- The question's terms that occur in at least one chunk the asker may search. A term found only in chunks
+    -- they may not see must change nothing they receive (scores, order, abstention, candidates), or scores would
+    -- tell them the word exists in a document hidden from them. One GIN probe per term; EXISTS stops at a hit.
+    SELECT l.id, l.lexeme, l.df, _q.literal
     FROM lexemes l
+    CROSS JOIN LATERAL (SELECT '''' || replace(replace(l.lexeme, '\\', '\\\\'), '''', '''''') || '''' AS literal) _q
     WHERE l.lexeme = ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :query))) AND l.df > 0
+      AND EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(_q.literal AS tsquery) AND {filters})
 ),
 bm25_query AS (
     SELECT
@@ -175,12 +205,11 @@ bm25_query AS (
         coalesce(sum(ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5))), 0) AS full_match_score,
         -- OR-query over the terms that find candidates (in a large corpus, the ones in <= 10% of chunks)
         coalesce(
-            string_agg(_q.literal, ' | ') FILTER (WHERE s.n < :rare_corpus OR t.df <= 0.1 * s.n),
-            string_agg(_q.literal, ' | ')
+            string_agg(t.literal, ' | ') FILTER (WHERE s.n < :rare_corpus OR t.df <= 0.1 * s.n),
+            string_agg(t.literal, ' | ')
         )::tsquery AS candidates
     FROM query_terms t
     CROSS JOIN (SELECT greatest(n_chunks, 1)::float8 AS n FROM corpus_stats WHERE id = 1) s
-    CROSS JOIN LATERAL (SELECT '''' || replace(replace(t.lexeme, '\\', '\\\\'), '''', '''''') || '''' AS literal) _q
 ),
 lexical AS MATERIALIZED (
     SELECT c.id, -(c.bm25 <#> q.weights) AS score, q.full_match_score
@@ -234,12 +263,15 @@ fused AS (
     FROM dense_ranked d FULL OUTER JOIN lexical_ranked l ON d.id = l.id
 )"""
         best = "(SELECT max(score) FROM dense)"
+        found = "(SELECT count(*) FROM dense)"
     elif mode == "dense":
         fused = "fused AS (SELECT id, score AS dense_score, NULL::float8 AS lexical_score, score FROM dense_ranked)"
         best = "(SELECT max(score) FROM dense)"
+        found = "(SELECT count(*) FROM dense)"
     else:
         fused = "fused AS (SELECT id, NULL::float8 AS dense_score, score AS lexical_score, score FROM lexical_ranked)"
         best = "NULL::float8"
+        found = "NULL::bigint"
     ctes.append(fused)
     ctes.append(
         """
@@ -253,7 +285,8 @@ per_document AS (
         + ",".join(ctes)
         + f"""
 SELECT p.id AS chunk_id, p.score, p.dense_score, p.lexical_score, c.text, c.heading, c.ordinal,
-       d.id AS document_id, d.external_id, d.title, d.url, d.path, s.name AS source, {best} AS best_dense
+       d.id AS document_id, d.external_id, d.title, d.url, d.path, s.name AS source, {best} AS best_dense,
+       {found} AS dense_found
 FROM per_document p
 JOIN chunks c ON c.id = p.id
 JOIN documents d ON d.id = c.document_id

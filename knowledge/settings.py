@@ -21,6 +21,9 @@ class KnowledgeSettings(BaseSettings):
 
     # Files larger than this are reported and skipped.
     max_file_mb: int = Field(default=50, ge=1)
+    # A document yielding more chunks than this (after identical chunks are merged) keeps only its first ones,
+    # reported in the sync report. 2000 chunks of 256 tokens is a book of about 1,500 pages.
+    max_document_chunks: int = Field(default=2000, ge=1)
 
     # Postgres text search configuration used to tokenise and stem for BM25.
     text_search_config: str = "english"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Sequence
+from typing import Literal, Sequence
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 
 class SourceConflict(ValueError):
@@ -28,6 +28,14 @@ class StoredDocument:
     author: str | None
     updated_at: datetime | None
     access: tuple[str, ...]
+    chunks: int = 0
+    version: str | None = None  # the source's cheap version of what was indexed (see Indexer.stored_version)
+
+
+@dataclass(frozen=True)
+class WriteOutcome:
+    document_id: int
+    outcome: Literal["added", "updated", "metadata_updated", "unchanged"]
 
 
 @dataclass(frozen=True)
@@ -46,16 +54,19 @@ def vector_literal(values: Sequence[float]) -> str:
 
 
 async def ensure_source(conn: AsyncConnection, name: str, kind: str, location: str | None) -> int:
+    # ON CONFLICT: two first syncs of one source at once must both get its id, not a unique violation.
+    inserted = (
+        await conn.execute(
+            text("INSERT INTO sources (name, kind, location) VALUES (:name, :kind, :location) "
+                 "ON CONFLICT (name) DO NOTHING RETURNING id"),
+            {"name": name, "kind": kind, "location": location},
+        )
+    ).scalar()
+    if inserted is not None:
+        return inserted
     row = (
         await conn.execute(text("SELECT id, kind, location FROM sources WHERE name = :name"), {"name": name})
-    ).first()
-    if row is None:
-        return (
-            await conn.execute(
-                text("INSERT INTO sources (name, kind, location) VALUES (:name, :kind, :location) RETURNING id"),
-                {"name": name, "kind": kind, "location": location},
-            )
-        ).scalar_one()
+    ).one()
     if row.kind != kind or (location and row.location and row.location != location):
         raise SourceConflict(
             f"source {name!r} already indexes {row.kind} {row.location}; pick another name with --source"
@@ -63,17 +74,30 @@ async def ensure_source(conn: AsyncConnection, name: str, kind: str, location: s
     return row.id
 
 
-async def delete_source(conn: AsyncConnection, name: str) -> int | None:
-    """Delete a source and everything indexed from it. Returns how many documents went, None if no such source."""
+async def delete_source(conn: AsyncConnection, name: str) -> tuple[int, int] | None:
+    """Delete a source and everything indexed from it. Returns how many (documents, chunks) went, None if there is
+    no such source."""
     await lock_index_for_writing(conn)
     source_id = await source_id_by_name(conn, name)
     if source_id is None:
         return None
-    documents = (
-        await conn.execute(text("SELECT count(*) FROM documents WHERE source_id = :s"), {"s": source_id})
-    ).scalar_one()
+    documents, chunks = (
+        await conn.execute(
+            text("SELECT (SELECT count(*) FROM documents WHERE source_id = :s), "
+                 "(SELECT count(*) FROM chunks WHERE source_id = :s)"),
+            {"s": source_id},
+        )
+    ).one()
     await conn.execute(text("DELETE FROM sources WHERE id = :s"), {"s": source_id})
-    return documents
+    return documents, chunks
+
+
+async def vacuum_chunks(engine: AsyncEngine) -> None:
+    """VACUUM (ANALYZE) the chunks table: removes deleted rows from the HNSW and GIN indexes and refreshes the
+    planner's statistics. VACUUM cannot run inside a transaction, hence its own autocommit connection."""
+    async with engine.connect() as conn:
+        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await conn.execute(text("VACUUM (ANALYZE) chunks"))
 
 
 async def folder_source_roots(conn: AsyncConnection) -> list[tuple[str, str]]:
@@ -88,62 +112,96 @@ async def source_id_by_name(conn: AsyncConnection, name: str) -> int | None:
 async def stored_documents(conn: AsyncConnection, source_id: int) -> dict[str, StoredDocument]:
     rows = await conn.execute(
         text(
-            "SELECT id, external_id, content_hash, title, url, path, author, updated_at, access "
-            "FROM documents WHERE source_id = :s"
+            "SELECT id, external_id, content_hash, title, url, path, author, updated_at, access, version, "
+            "(SELECT count(*) FROM chunks c WHERE c.document_id = d.id) AS chunks "
+            "FROM documents d WHERE source_id = :s"
         ),
         {"s": source_id},
     )
     return {
         r.external_id: StoredDocument(
-            r.id, r.content_hash, r.title, r.url, r.path, r.author, r.updated_at, tuple(r.access)
+            r.id, r.content_hash, r.title, r.url, r.path, r.author, r.updated_at, tuple(r.access), r.chunks,
+            r.version,
         )
         for r in rows
     }
 
 
+async def set_document_version(conn: AsyncConnection, document_id: int, version: str | None) -> None:
+    """The content was fetched and found identical: remember the new version so it is not fetched again."""
+    await conn.execute(
+        text("UPDATE documents SET version = :v WHERE id = :id AND version IS DISTINCT FROM :v"),
+        {"v": version, "id": document_id},
+    )
+
+
 async def update_document_metadata(
     conn: AsyncConnection, document_id: int, *, url: str | None, path: str | None, author: str | None,
     updated_at: datetime | None, access: Sequence[str],
-) -> None:
-    """Metadata changed but the content did not: no re-chunking, but chunks take the new access list."""
+) -> bool:
+    """Metadata changed but the content did not: no re-chunking, but chunks take the new access list. Returns
+    whether anything changed (False when a concurrent sync already wrote the same metadata)."""
     params = {"id": document_id, "url": url, "path": path, "author": author, "updated_at": updated_at,
               "access": list(access)}
     await lock_index_for_writing(conn)
-    await conn.execute(
+    changed = await conn.execute(
         text(
             "UPDATE documents SET url = :url, path = :path, author = :author, updated_at = :updated_at, "
-            "access = :access, indexed_at = now() WHERE id = :id"
+            "access = :access, indexed_at = now() WHERE id = :id AND (url, path, author, updated_at, access) "
+            "IS DISTINCT FROM (CAST(:url AS text), CAST(:path AS text), CAST(:author AS text), "
+            "CAST(:updated_at AS timestamptz), CAST(:access AS text[]))"
         ),
         params,
     )
+    if changed.rowcount == 0:
+        return False
     await conn.execute(
         text("UPDATE chunks SET access = :access, doc_updated_at = :updated_at WHERE document_id = :id"), params
     )
+    return True
 
 
 async def replace_document(
     conn: AsyncConnection, *, source_id: int, external_id: str, title: str, url: str | None, path: str | None,
     author: str | None, updated_at: datetime | None, content_hash: str, access: Sequence[str],
-    chunks: Sequence[ChunkRow], text_search_config: str,
-) -> int:
-    """Upsert the document and swap its chunks. Call inside a transaction."""
+    chunks: Sequence[ChunkRow], text_search_config: str, version: str | None = None,
+) -> WriteOutcome:
+    """Upsert the document and swap its chunks. Call inside a transaction.
+
+    What happened is decided here, under the writers' lock, not from what the sync read earlier: when two syncs
+    of one folder run at once, only the one that really inserted a document reports it added, and the other finds
+    the same content already there ("unchanged") instead of rewriting it."""
     await lock_index_for_writing(conn)
+    existing = (
+        await conn.execute(
+            text("SELECT id, content_hash FROM documents WHERE source_id = :s AND external_id = :e"),
+            {"s": source_id, "e": external_id},
+        )
+    ).first()
+    if existing is not None and existing.content_hash == content_hash:
+        changed = await update_document_metadata(
+            conn, existing.id, url=url, path=path, author=author, updated_at=updated_at, access=access
+        )
+        await set_document_version(conn, existing.id, version)
+        return WriteOutcome(existing.id, "metadata_updated" if changed else "unchanged")
     document_id = (
         await conn.execute(
             text(
                 """
                 INSERT INTO documents (source_id, external_id, title, url, path, author, updated_at, content_hash,
-                                       access)
-                VALUES (:source_id, :external_id, :title, :url, :path, :author, :updated_at, :content_hash, :access)
+                                       access, version)
+                VALUES (:source_id, :external_id, :title, :url, :path, :author, :updated_at, :content_hash, :access,
+                        :version)
                 ON CONFLICT (source_id, external_id) DO UPDATE SET
                     title = EXCLUDED.title, url = EXCLUDED.url, path = EXCLUDED.path, author = EXCLUDED.author,
                     updated_at = EXCLUDED.updated_at, content_hash = EXCLUDED.content_hash,
-                    access = EXCLUDED.access, indexed_at = now()
+                    access = EXCLUDED.access, version = EXCLUDED.version, indexed_at = now()
                 RETURNING id
                 """
             ),
             {"source_id": source_id, "external_id": external_id, "title": title, "url": url, "path": path,
-             "author": author, "updated_at": updated_at, "content_hash": content_hash, "access": list(access)},
+             "author": author, "updated_at": updated_at, "content_hash": content_hash, "access": list(access),
+             "version": version},
         )
     ).scalar_one()
     await conn.execute(text("DELETE FROM chunks WHERE document_id = :id"), {"id": document_id})
@@ -173,7 +231,7 @@ async def replace_document(
                 "search_texts": [c.search_text for c in chunks],
             },
         )
-    return document_id
+    return WriteOutcome(document_id, "added" if existing is None else "updated")
 
 
 async def lock_index_for_writing(conn: AsyncConnection) -> None:
@@ -184,16 +242,32 @@ async def lock_index_for_writing(conn: AsyncConnection) -> None:
 
 
 async def delete_documents_not_in(
-    conn: AsyncConnection, source_id: int, keep: Sequence[str], prefix: str = ""
+    conn: AsyncConnection, source_id: int, keep: Sequence[str], prefix: str = "", protect: Sequence[str] = ()
 ) -> list[str]:
-    """Delete the source's documents under `prefix` (all when "") whose external id is not in `keep`."""
+    """Delete the source's documents under `prefix` (all when "") whose external id is not in `keep`, except those
+    under a `protect` prefix (a folder that could not be listed)."""
     await lock_index_for_writing(conn)
     rows = await conn.execute(
         text(
             "DELETE FROM documents WHERE source_id = :s AND left(external_id, length(:prefix)) = :prefix "
-            "AND external_id <> ALL(:keep) RETURNING external_id"
+            "AND external_id <> ALL(:keep) "
+            "AND NOT EXISTS (SELECT 1 FROM unnest(CAST(:protect AS text[])) p "
+            "                WHERE left(external_id, length(p)) = p) "
+            "RETURNING external_id"
         ),
-        {"s": source_id, "keep": list(keep), "prefix": prefix},
+        {"s": source_id, "keep": list(keep), "prefix": prefix, "protect": list(protect)},
+    )
+    return sorted(r.external_id for r in rows)
+
+
+async def delete_documents(conn: AsyncConnection, source_id: int, external_ids: Sequence[str]) -> list[str]:
+    """Delete these documents of the source. Returns the ids that were really there (and are now gone)."""
+    if not external_ids:
+        return []
+    await lock_index_for_writing(conn)
+    rows = await conn.execute(
+        text("DELETE FROM documents WHERE source_id = :s AND external_id = ANY(:ids) RETURNING external_id"),
+        {"s": source_id, "ids": list(external_ids)},
     )
     return sorted(r.external_id for r in rows)
 

@@ -1,21 +1,109 @@
 """A local folder of files. A document's external id is its path relative to the source's root folder.
 
-Access lists come from `.access` files: one principal per line (`everyone`, `user:alice@example.com`,
-`group:eng`), applying to the folder they sit in and everything below it; the nearest one wins, looking all the way
-up the file system (so indexing a subfolder or a single file never loses a restriction set above it). No `.access`
-file anywhere above a document means `everyone`; an `.access` file with no principals means nobody.
+Access rules (every ambiguity fails closed, and is reported in the sync report):
+- `.access` files list one principal per line (`everyone`, `user:alice@example.com`, `group:eng`,
+  `domain:example.com`; `#` starts a comment line). One applies to the folder it sits in and everything below;
+  the nearest one wins, looking all the way up the file system (indexing a subfolder or a single file never loses a
+  restriction set above it). No `.access` anywhere above a document means `everyone`; one with no principals means
+  nobody.
+- An `.access` that cannot be read, is not a regular file (a directory, a dangling symlink, a pipe), is not UTF-8,
+  is over 64 KB, or holds a line that is not a principal, means nobody. A UTF-8 byte-order mark is ignored.
+- Symbolic links are followed only when their target is inside the source's root folder (and not hidden); a
+  document reached through one gets the intersection of the access of the link's location and of the target's
+  location (the stricter of both). Links leaving the root, dangling links and link loops are skipped and reported.
+- A folder that cannot be listed makes the listing incomplete: nothing indexed under it is deleted (reported).
+- File names that are not valid UTF-8 keep their undecodable bytes as `\\xNN` in the document's id and title.
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import os
+import re
+import stat
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping
 
-from knowledge.sources.base import EVERYONE, SourceItem, SourceSpec
+from knowledge.errors import SourceConfigError, SourceUnavailable
+from knowledge.sources.base import EVERYONE, ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 
 ACCESS_FILE = ".access"
+MAX_ACCESS_FILE_BYTES = 64 * 1024
+NOBODY: tuple[str, ...] = ()
+# everyone, or kind:value with no spaces, for the kinds ragbot's sources produce.
+_PRINCIPAL = re.compile(r"everyone|(?:user|group|domain):\S+")
+
+
+@dataclass(frozen=True)
+class AccessFile:
+    """What one `.access` file grants. `problem` set means the file is unusable, so it grants nobody."""
+
+    principals: tuple[str, ...]
+    problem: str | None = None
+
+
+def read_access_file(path: Path) -> AccessFile:
+    """Parse an `.access` file; anything unreadable or malformed grants nobody (with the reason)."""
+    try:
+        info = path.stat()  # follows a symlink; a dangling one raises
+    except OSError as exc:
+        return AccessFile(NOBODY, f"cannot be read ({_reason(exc)})")
+    if not stat.S_ISREG(info.st_mode):
+        return AccessFile(NOBODY, "is not a regular file")
+    if info.st_size > MAX_ACCESS_FILE_BYTES:
+        return AccessFile(NOBODY, f"is larger than {MAX_ACCESS_FILE_BYTES // 1024} KB")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return AccessFile(NOBODY, f"cannot be read ({_reason(exc)})")
+    try:
+        content = data.decode("utf-8-sig")  # a byte-order mark must not become part of the first principal
+    except UnicodeDecodeError:
+        return AccessFile(NOBODY, "is not UTF-8 text")
+    return parse_access_lines(content)
+
+
+def parse_access_lines(content: str) -> AccessFile:
+    principals: list[str] = []
+    for number, line in enumerate(content.splitlines(), start=1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        if not _PRINCIPAL.fullmatch(entry):
+            return AccessFile(
+                NOBODY, f"line {number} is not a principal (everyone, user:…, group:… or domain:…): {entry[:60]!r}"
+            )
+        principals.append(entry)
+    return AccessFile(tuple(dict.fromkeys(principals)))
+
+
+def nearest_access(folder: Path, warn: Callable[[str], None]) -> tuple[str, ...]:
+    """The access list of the nearest `.access` at or above `folder` (everyone if there is none)."""
+    for current in (folder, *folder.parents):
+        candidate = current / ACCESS_FILE
+        if os.path.lexists(candidate):  # lexists: a dangling symlink or a directory named .access counts too
+            found = read_access_file(candidate)
+            if found.problem:
+                warn(f"{candidate} {found.problem}: nobody may see the documents under {current} until it is fixed")
+            return found.principals
+    return (EVERYONE,)
+
+
+def intersect_access(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    """Who may see a document that two access lists both govern (a link and its target): the stricter of both.
+    Group membership is not known here, so `group:hr` ∩ `user:alice` is nobody: fail closed."""
+    if EVERYONE in a:
+        return b
+    if EVERYONE in b:
+        return a
+    return tuple(p for p in a if p in set(b))
+
+
+def is_inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
 
 
 class FolderSource:
@@ -23,64 +111,204 @@ class FolderSource:
 
     `root` defaults to `path` itself (or a file's folder). Indexing a subfolder or a file of an existing source
     passes that source's root, so external ids stay relative to it and only the listed part can be deleted.
+
+    On the source interface: every sync lists the folder (cheap) and reports every file as a change with
+    version "mtime_ns:size", so only files whose version moved are read; the same listing is the inventory, so
+    files that are gone are pruned on every sync (`prune_on_every_sync`). There is no checkpoint. `warnings`,
+    `unlisted_prefixes` and `vanished()` are the optional listing extras the indexer honours (see base.py).
     """
+
+    prune_on_every_sync = True
 
     def __init__(self, path: Path, name: str | None = None, root: Path | None = None) -> None:
         if not path.exists():
             raise FileNotFoundError(f"no such file or folder: {path}")
         self.path = path.resolve()
         self.root = (root or (self.path.parent if self.path.is_file() else self.path)).resolve()
-        if self.path != self.root and self.root not in self.path.parents:
+        if not is_inside(self.path, self.root):
             raise ValueError(f"{self.path} is not inside the source folder {self.root}")
         self.spec = SourceSpec(name=name or self.root.name, kind="folder", location=str(self.root))
         # A folder listing is complete for that folder: what is no longer there was deleted. One file says nothing
         # about its neighbours.
         self.complete_listing = self.path.is_dir()
         self.listing_prefix = "" if self.path == self.root else self.path.relative_to(self.root).as_posix() + "/"
+        # Filled by each listing: problems to report, and folders that could not be listed (nothing under them
+        # may be deleted, as prefixes of external ids).
+        self.warnings: list[str] = []
+        self.unlisted_prefixes: list[str] = []
         self._access_cache: dict[Path, tuple[str, ...]] = {}
+        self._listed: list[SourceItem] | None = None
+
+    # --- listing ---------------------------------------------------------------------------------------------
 
     def files(self) -> list[Path]:
-        """Every file that is not hidden. Unsupported types are listed too, so the sync can report them."""
+        """Every regular file that is not hidden, by its path under the root (symlinks not resolved). Unsupported
+        types are listed too, so the sync can report them."""
+        self.warnings = []
+        self.unlisted_prefixes = []
         if self.path.is_file():
             return [self.path]
-        found = []
-        for path in sorted(self.path.rglob("*")):
-            relative = path.relative_to(self.path)
-            if any(part.startswith(".") for part in relative.parts) or not path.is_file():
-                continue
-            found.append(path)
+        found: list[Path] = []
+        self._scan(self.path, self.path, (self.path,), found)
         return found
 
+    def _scan(self, folder: Path, real_folder: Path, real_ancestors: tuple[Path, ...], found: list[Path]) -> None:
+        """List `folder` (its path as the source sees it) whose real location is `real_folder`; `real_ancestors`
+        are the real folders being listed above it, so a link back to one of them is caught as a loop."""
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError as exc:
+            prefix = self._external_id(folder) + "/" if folder != self.root else ""
+            self.unlisted_prefixes.append(prefix)
+            self.warn(f"could not list {self._external_id(folder) or '.'}/ ({_reason(exc)}): nothing indexed under "
+                      "it was deleted or updated")
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            path = folder / entry.name
+            try:
+                if entry.is_symlink():
+                    self._follow_link(path, real_ancestors, found)
+                elif entry.is_dir(follow_symlinks=False):
+                    real = real_folder / entry.name
+                    self._scan(path, real, (*real_ancestors, real), found)
+                elif entry.is_file(follow_symlinks=False):
+                    found.append(path)
+            except OSError as exc:
+                self.warn(f"skipped {self._external_id(path)}: {_reason(exc)}")
+
+    def _follow_link(self, path: Path, real_ancestors: tuple[Path, ...], found: list[Path]) -> None:
+        try:
+            target = path.resolve(strict=True)
+        except (OSError, RuntimeError) as exc:  # dangling (OSError) or a loop (RuntimeError before Python 3.13)
+            self.warn(f"skipped {self._external_id(path)}: a broken symbolic link ({_reason(exc)})")
+            return
+        if not is_inside(target, self.root):
+            self.warn(f"skipped {self._external_id(path)}: a symbolic link to outside the source folder")
+            return
+        if any(part.startswith(".") for part in target.relative_to(self.root).parts):
+            self.warn(f"skipped {self._external_id(path)}: a symbolic link to a hidden file or folder")
+            return
+        if target.is_dir():
+            if any(target == a or is_inside(a, target) for a in real_ancestors):
+                self.warn(f"skipped {self._external_id(path)}: a symbolic link to a folder that contains it (a loop)")
+                return
+            self._scan(path, target, (*real_ancestors, target), found)
+        elif target.is_file():
+            found.append(path)
+
     def items(self) -> Iterator[SourceItem]:
+        seen: set[str] = set()
         for path in self.files():
-            relative = _printable(path.relative_to(self.root).as_posix())
-            stat = path.stat()
+            external_id = self._external_id(path)
+            if external_id in seen:  # two names differing only in undecodable bytes
+                self.warn(f"skipped {external_id}: another file has the same printable name")
+                continue
+            seen.add(external_id)
+            try:
+                info = path.stat()
+            except OSError as exc:
+                self.warn(f"skipped {external_id}: {_reason(exc)}")
+                continue
             yield SourceItem(
-                external_id=relative,
-                filename=path.name,
+                external_id=external_id,
+                filename=printable_name(path.name),
                 read=path.read_bytes,
                 url=path.as_uri(),
-                path=f"{self.spec.name}/{relative}",
-                updated_at=datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc),
-                access=self._access_for(path.parent),
+                path=f"{self.spec.name}/{external_id}",
+                updated_at=datetime.fromtimestamp(info.st_mtime, tz=timezone.utc),
+                access=self.access_for(path),
+                version=f"{info.st_mtime_ns}:{info.st_size}",
             )
 
-    def _access_for(self, folder: Path) -> tuple[str, ...]:
+    # --- the source interface (see knowledge.sources.base) ---------------------------------------------------
+
+    async def check(self) -> None:
+        if not self.path.exists():
+            raise SourceUnavailable(
+                f"source {self.spec.name!r}: the folder {self.path} does not exist (is the drive mounted?); "
+                f"fix the path or run `ragbot source remove {self.spec.name}`"
+            )
+
+    async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[ChangeBatch]:
+        self._access_cache.clear()  # .access files may have changed since the last listing
+        listed = await asyncio.to_thread(lambda: list(self.items()))
+        self._listed = listed
+        yield ChangeBatch(items=listed, total=len(listed))
+
+    async def inventory(self) -> list[ItemRef] | None:
+        if not self.complete_listing:
+            return None  # one file says nothing about its neighbours
+        listed = self._listed if self._listed is not None else await asyncio.to_thread(lambda: list(self.items()))
+        return [ItemRef(item.external_id, item.access) for item in listed]
+
+    async def aclose(self) -> None:
+        self._listed = None
+
+    def vanished(self, external_ids: list[str]) -> list[str]:
+        """Which of these indexed documents no longer exist on disk (so a partial sync can drop a moved file's old
+        copy). Only a definite "no such file" counts; a permission error or an id that cannot be mapped back to a
+        file name (undecodable bytes) keeps the document."""
+        gone = []
+        for external_id in external_ids:
+            if "\\" in external_id:
+                continue
+            try:
+                os.lstat(self.root / external_id)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    gone.append(external_id)
+        return gone
+
+    # --- access ----------------------------------------------------------------------------------------------
+
+    def access_for(self, path: Path) -> tuple[str, ...]:
+        """The access of a file: its folder's nearest `.access`, intersected with its real location's when it is
+        reached through a symbolic link."""
+        access = self._folder_access(path.parent)
+        real = path.resolve()
+        if real.parent != path.parent:
+            access = intersect_access(access, self._folder_access(real.parent))
+        return access
+
+    def _folder_access(self, folder: Path) -> tuple[str, ...]:
         if folder not in self._access_cache:
-            self._access_cache[folder] = _nearest_access(folder)
+            self._access_cache[folder] = nearest_access(folder, self.warn)
         return self._access_cache[folder]
 
+    def warn(self, message: str) -> None:
+        message = printable_name(message)
+        if message not in self.warnings:
+            self.warnings.append(message)
 
-def _printable(name: str) -> str:
-    """File names that are not valid UTF-8 (undecodable bytes) are kept with a replacement character, so they can
-    be stored and shown; reading still uses the real path."""
-    return os.fsencode(name).decode("utf-8", errors="replace")
+    def _external_id(self, path: Path) -> str:
+        return printable_name(path.relative_to(self.root).as_posix()) if path != self.root else ""
 
 
-def _nearest_access(folder: Path) -> tuple[str, ...]:
-    for current in (folder, *folder.parents):
-        access_file = current / ACCESS_FILE
-        if access_file.is_file():
-            lines = access_file.read_text(encoding="utf-8", errors="replace").splitlines()
-            return tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
-    return (EVERYONE,)
+def printable_name(name: str) -> str:
+    """File names that are not valid UTF-8 keep their undecodable bytes as `\\xNN`, so they can be stored and
+    shown (and two such names stay distinct); reading still uses the real path."""
+    return os.fsencode(name).decode("utf-8", errors="backslashreplace")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc) or type(exc).__name__
+
+
+@register_source("folder")
+def build_folder_source(name: str, config: Mapping[str, Any]) -> FolderSource:
+    """A stored folder source: config {"path": "/abs/path"}."""
+    path = Path(str(config["path"]))
+    try:
+        return FolderSource(path, name)
+    except FileNotFoundError as exc:
+        raise SourceUnavailable(
+            f"source {name!r}: the folder {path} does not exist (is the drive mounted?); "
+            f"fix the path or run `ragbot source remove {name}`"
+        ) from exc
+    except ValueError as exc:
+        raise SourceConfigError(f"source {name!r}: {exc}") from exc

@@ -1,0 +1,90 @@
+"""Nothing an asker receives may depend on whether a query term occurs in documents they may not see.
+
+Two indexes differ only in one word of a restricted document ("hunter3" in one, "hunter2" in the other): same
+number of chunks, same lengths, same statistics for every other term. Searching as someone who cannot see that
+document must give exactly the same hits, scores and abstention signal in both, for every mode.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import pytest_asyncio
+
+from conftest import create_database, drop_database
+from conftest import test_settings as kb_settings
+from db.settings import DatabaseSettings
+from knowledge import retrieval
+from knowledge.kb import KnowledgeBase
+from knowledge.retrieval import MODES, SearchFilters
+from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
+
+PUBLIC = {
+    "bands": "# Salary bands\n\nEvery salary band is published on the wiki; a band covers one level.",
+    "review": "# Reviews\n\nSalary reviews happen in January; your band may change after a promotion.",
+    "ladder": "# Career ladder\n\nThe ladder lists the expectations for each level and its salary band.",
+    "benefits": "# Benefits\n\nHealth insurance, a pension plan and a yearly learning budget for everyone.",
+    "office": "# Office\n\nThe office opens at eight; the band rehearses in the basement on Fridays.",
+    # Filler, so that a word in one chunk is rare (in at most 10% of chunks) and "salary" is not.
+    **{f"note-{i}": f"# Note {i}\n\nThe kitchen rota for week {i} is pinned by the coffee machine." for i in range(8)},
+}
+SECRET = "# Vault\n\nThe salary band spreadsheet password is {word}; rotate it every quarter."
+
+
+def _items(word: str) -> list[SourceItem]:
+    items = [SourceItem(external_id=k, filename=f"{k}.md", read=(lambda v=v: v.encode())) for k, v in PUBLIC.items()]
+    body = SECRET.format(word=word)
+    items.append(SourceItem(external_id="vault", filename="vault.md", read=lambda: body.encode(), access=("group:hr",)))
+    return items
+
+
+@pytest_asyncio.fixture(scope="module")
+async def twin_kbs(server_url, template_db):
+    """(index where the hidden document says hunter3, index where it says hunter2), built once for the module."""
+    kbs, names = [], []
+    for word in ("hunter3", "hunter2"):
+        name = f"t_oracle_{uuid.uuid4().hex[:8]}"
+        names.append(name)
+        url = create_database(server_url, name, template_db)
+        kb = await KnowledgeBase.open(kb_settings(), DatabaseSettings(_env_file=None, database_url=url))  # type: ignore[call-arg]
+        await kb.sync(StaticSource(SourceSpec("wiki", "test"), _items(word)))
+        kbs.append(kb)
+    yield kbs
+    for kb in kbs:
+        await kb.close()
+    for name in names:
+        drop_database(server_url, name)
+
+
+def _seen(results) -> list[tuple[str, float, float | None, float | None]]:  # type: ignore[no-untyped-def]
+    return [(h.external_id, round(h.score, 9),
+             None if h.dense_score is None else round(h.dense_score, 9),
+             None if h.lexical_score is None else round(h.lexical_score, 9)) for h in results.hits]
+
+
+@pytest.mark.parametrize("rare_terms_only", [False, True], ids=["small-corpus", "large-corpus-candidates"])
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(
+    twin_kbs, mode, rare_terms_only, monkeypatch
+):
+    if rare_terms_only:
+        # Behave as a large corpus does: candidates come only from terms in <= 10% of chunks.
+        monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)
+    with_word, without_word = twin_kbs
+    for k in (1, 5):
+        a = await with_word.search("salary band hunter3", SearchFilters(("user:bob@example.com",)), k=k, mode=mode)
+        b = await without_word.search("salary band hunter3", SearchFilters(("user:bob@example.com",)), k=k, mode=mode)
+        assert _seen(a) == _seen(b)
+        assert a.hits, "the public documents match the question"
+        assert "vault" not in {h.external_id for h in a.hits}
+        assert a.best_similarity == b.best_similarity
+
+
+async def test_the_hidden_word_does_count_for_someone_who_may_see_it(twin_kbs):
+    """The same comparison as HR is not blind: the filter is by access, not a dropped term."""
+    with_word, without_word = twin_kbs
+    a = await with_word.search("hunter3", SearchFilters(("group:hr",)), k=3, mode="lexical")
+    b = await without_word.search("hunter3", SearchFilters(("group:hr",)), k=3, mode="lexical")
+    assert [h.external_id for h in a.hits] == ["vault"]
+    assert b.hits == []
