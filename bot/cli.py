@@ -311,7 +311,7 @@ def run() -> None:
 
 @app.command(name="eval")
 def evaluate(
-    file: Annotated[Optional[Path], typer.Argument(help="JSONL, one question per line: {\"question\": ..., \"relevant\": (document ids)}.")] = None,
+    file: Annotated[Optional[Path], typer.Argument(help="JSONL, one question per line with \"question\", \"relevant\" (document ids) and, for --answers, \"facts\".")] = None,
     beir: Annotated[Optional[Path], typer.Option("--beir", metavar="DIR", help="A BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.")] = None,
     mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense, lexical, or all.")] = "all",
     principals: AsOption = None,
