@@ -246,7 +246,7 @@ def _chat(runner: asyncio.Runner, kb: "KnowledgeBase", principals: Sequence[str]
     conversation_id = f"terminal:{uuid.uuid4()}"
     mode = "Claude" if kb.answerer.generator else "offline excerpts (set ANTHROPIC_API_KEY for composed answers)"
     console.print(f"[bold]ragbot[/] — ask about your documents. Answers: {mode}.")
-    console.print(f"[dim]{LEAVE_HINT}[/]")
+    console.print(LEAVE_HINT, style="dim", highlight=False)
     while True:
         try:
             question = input("\nyou> ")
