@@ -13,15 +13,76 @@ from typing import TYPE_CHECKING, Annotated, Awaitable, Callable, Optional, Type
 
 import typer
 from rich.markup import escape
+from typer import _click as click
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from bot.settings import BotSettings
 from bot.terminal import (
-    RichSyncProgress, chat_loop, console, err_console, render_answer, render_hits, render_searched_for, render_status,
+    RichSyncProgress, chat_session, console, err_console, render_answer, render_hits, render_searched_for, render_status,
     render_sync_report, shown,
 )
 
+
+
+class _PlainArgument(TyperArgument):
+    """An argument shown the way command-line users expect (`QUESTION`, `[FILE]`, `PATHS...`), without its Python
+    type: Typer would print `{question}` in the usage line and `<str>` beside it."""
+
+    @property
+    def display_name_raw(self) -> str:
+        return self.metavar or (self.name or "").upper()
+
+    def display_type_rich(self, ctx: click.Context) -> str | None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+
+def _plain_parameters(params: list) -> None:  # type: ignore[type-arg]
+    """Flags show no value, options show their metavar (`--as PRINCIPAL`), never `<bool>` or `<list[str]>`."""
+    for param in params:
+        if type(param) is TyperArgument:
+            param.__class__ = _PlainArgument
+        elif isinstance(param, TyperOption) and param.metavar is None:
+            param.metavar = "" if param.is_flag else (param.name or "value").upper()
+
+
+class PlainHelpCommand(TyperCommand):
+    def get_help_option(self, ctx: click.Context):  # type: ignore[no-untyped-def]
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class PlainHelpGroup(TyperGroup):
+    """The root command: every command and group below it gets plain help (so commands added later do too)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        _make_plain(self)
+
+    def get_help_option(self, ctx: click.Context):  # type: ignore[no-untyped-def]
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+def _make_plain(command: click.Command) -> None:
+    _plain_parameters(command.params)
+    for sub in getattr(command, "commands", {}).values():
+        if type(sub) is TyperCommand:
+            sub.__class__ = PlainHelpCommand
+        elif type(sub) is TyperGroup:
+            sub.__class__ = PlainHelpGroup
+        _make_plain(sub)
+
+
 app = typer.Typer(help="ragbot: answers questions from your documents, with citations.", no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_enable=False)
+                  add_completion=False, pretty_exceptions_enable=False, cls=PlainHelpGroup)
 db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
@@ -34,10 +95,12 @@ T = TypeVar("T")
 
 AsOption = Annotated[
     Optional[list[str]],
-    typer.Option("--as", help="Search as this principal (repeatable), e.g. user:alice@example.com or group:eng. "
+    typer.Option("--as", metavar="PRINCIPAL", help="Search as this principal (repeatable), e.g. user:alice@example.com or group:eng. "
                               "Documents shared with 'everyone' are always included."),
 ]
-SourceOption = Annotated[Optional[list[str]], typer.Option("--source", help="Only this source (repeatable).")]
+SourceOption = Annotated[
+    Optional[list[str]], typer.Option("--source", metavar="SOURCE", help="Only this source (repeatable).")
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
@@ -83,6 +146,11 @@ def cli_message(exc: Exception) -> str:
 
 
 def run_async(factory: Callable[[], Awaitable[T]]) -> T:
+    return run_sync(lambda: asyncio.run(factory()))  # type: ignore[arg-type]
+
+
+def run_sync(work: Callable[[], T]) -> T:
+    """Run `work`, turning the errors a user can fix into one clear line and exit code 2."""
     from knowledge.embedding import EmbeddingModelError
     from knowledge.errors import KnowledgeError
     from knowledge.evaluation import EvalFileError
@@ -92,7 +160,7 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
     from db.errors import DatabaseUnavailable
 
     try:
-        return asyncio.run(factory())  # type: ignore[arg-type]
+        return work()
     except (KnowledgeError, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError) as exc:
         fail(cli_message(exc))
     except DBAPIError as exc:
@@ -122,7 +190,7 @@ def main() -> None:
 @app.command()
 def ingest(
     paths: Annotated[list[Path], typer.Argument(help="Folders or files to index.")],
-    source: Annotated[Optional[str], typer.Option("--source", help="Source name (default: the folder's name).")] = None,
+    source: Annotated[Optional[str], typer.Option("--source", metavar="NAME", help="Source name (default: the folder's name).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Index folders of .md, .txt, .html, .pdf and .docx files (incremental: unchanged files are skipped)."""
@@ -149,12 +217,12 @@ def ingest(
 @app.command()
 def search(
     query: Annotated[str, typer.Argument(help="What to search for.")],
-    k: Annotated[int, typer.Option("-k", help="How many results.", min=1, max=200)] = 10,
-    mode: Annotated[str, typer.Option("--mode", help="hybrid, dense or lexical.")] = "hybrid",
+    k: Annotated[int, typer.Option("-k", metavar="N", help="How many results.", min=1, max=200)] = 10,
+    mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense or lexical.")] = "hybrid",
     principals: AsOption = None,
     sources: SourceOption = None,
     updated_after: Annotated[
-        Optional[datetime], typer.Option("--updated-after", help="Only documents updated on or after this date.")
+        Optional[datetime], typer.Option("--updated-after", metavar="DATE", help="Only documents updated on or after this date (YYYY-MM-DD).")
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -214,11 +282,12 @@ def ask(
 def chat(principals: AsOption = None, sources: SourceOption = None) -> None:
     """Chat with the knowledge base in the terminal."""
 
-    async def run_chat(kb: KnowledgeBase) -> None:
-        await kb.check_sources(sources)
-        await chat_loop(kb, principals or ["everyone"], sources)
+    from knowledge.kb import KnowledgeBase
 
-    with_kb(run_chat)
+    def session() -> None:
+        chat_session(KnowledgeBase.open, principals or ["everyone"], sources, lambda kb: kb.check_sources(sources))
+
+    run_sync(session)
 
 
 @app.command()
@@ -252,22 +321,27 @@ def run() -> None:
 
 @app.command(name="eval")
 def evaluate(
-    file: Annotated[Optional[Path], typer.Argument(help="JSONL: {\"question\", \"relevant\": [external ids]} per line.")] = None,
-    beir: Annotated[Optional[Path], typer.Option("--beir", help="A BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.")] = None,
+    file: Annotated[Optional[Path], typer.Argument(help="JSONL, one question per line with \"question\", \"relevant\" (document ids) and, for --answers, \"facts\".")] = None,
+    beir: Annotated[Optional[Path], typer.Option("--beir", metavar="DIR", help="A BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.")] = None,
     corpus: Annotated[
         Optional[Path],
-        typer.Option("--corpus", help="A BEIR-style corpus.jsonl ({\"_id\", \"title\", \"text\"} per line) to index "
-                                      "and search for FILE's questions; its _ids are the relevant ids."),
+        typer.Option("--corpus", metavar="FILE", help="A BEIR-style corpus.jsonl (\"_id\", \"title\", \"text\" per line) to "
+                                      "index and search for FILE's questions; its _ids are the relevant ids."),
     ] = None,
     no_memory: Annotated[
         bool, typer.Option("--no-memory", help="Search each question alone, ignoring its history (the baseline).")
     ] = False,
-    mode: Annotated[str, typer.Option("--mode", help="hybrid, dense, lexical, or all.")] = "all",
+    mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense, lexical, or all.")] = "all",
     principals: AsOption = None,
     sources: SourceOption = None,
+    answers: Annotated[
+        bool, typer.Option("--answers", help="Score the answers instead of retrieval: expected facts quoted, right "
+                                             "document cited, no unrelated source, unanswerable questions declined.")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Measure retrieval: precision@5, recall@10, recall@100, MRR@10, MAP@100, nDCG@10 per mode."""
+    """Measure retrieval (precision@5, recall@10, recall@100, MRR@10, MAP@100, nDCG@10 per mode), or with
+    --answers the answers themselves."""
     from bot.evaluate import run_eval
 
     if (file is None) == (beir is None):
@@ -277,6 +351,17 @@ def evaluate(
     for target in (file, beir, corpus):
         if target is not None and not target.exists():
             fail(f"no such file or folder: {target}")
+    if answers:
+        if file is None:
+            fail("--answers needs an eval FILE.jsonl with expected facts")
+        from bot.evaluate import render_answer_eval, run_answer_eval
+
+        summary = with_kb(lambda kb: run_answer_eval(kb, file, principals or ["everyone"], sources or []))
+        if as_json:
+            print_json(summary)
+        else:
+            render_answer_eval(summary)
+        return
     modes = ("dense", "lexical", "hybrid") if mode == "all" else (mode,)
     if any(m not in ("dense", "lexical", "hybrid") for m in modes):
         fail("--mode must be one of hybrid, dense, lexical, all")

@@ -19,7 +19,8 @@ from typing import Awaitable, Callable, Protocol, Sequence
 from knowledge.embedding import Embedder
 from knowledge.errors import EmptyQuestion
 from knowledge.generators.anthropic_client import AnthropicGenerator, GenerationError
-from knowledge.generators.extractive import best_sentences, format_excerpts
+from knowledge.generators import extractive
+from knowledge.generators.passages import section_path
 from knowledge.memory import ChatMessage, ConversationMemory, CountTokens, History, format_conversation
 from knowledge.prompts import NO_ANSWER, SYSTEM_PROMPT, PromptSource, build_user_message, cited_numbers, renumber_citations
 from knowledge.retrieval import Retriever, SearchFilters, SearchHit
@@ -91,19 +92,21 @@ class Answer:
     note: str | None = None  # e.g. why the LLM was not used this time
     id: int | None = None  # the stored turn's id: feedback refers to it
     standalone_query: str = ""  # what was searched: the question, or its rewrite when it was a follow-up
+    related: list[Citation] = field(default_factory=list)  # when abstaining: the nearest documents, numbered 1..n
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        fields = ("n", "title", "url", "path", "external_id", "heading")
+        result: dict[str, object] = {
             "id": self.id,
             "answer": self.text,
             "standalone_query": self.standalone_query,
             "mode": self.mode,
             "abstained": self.abstained,
-            "citations": [
-                {"n": c.n, "title": c.title, "url": c.url, "path": c.path, "external_id": c.external_id}
-                for c in self.citations
-            ],
+            "citations": [{f: getattr(c, f) for f in fields} for c in self.citations],
         }
+        if self.abstained:
+            result["related"] = [{f: getattr(c, f) for f in fields} for c in self.related]
+        return result
 
 
 @dataclass
@@ -125,7 +128,8 @@ class _SourceGroup:
     def citation(self, n: int) -> Citation:
         best = self.first
         snippet = best.text if len(best.text) <= SNIPPET_CHARS else best.text[: SNIPPET_CHARS - 1].rstrip() + "…"
-        return Citation(n, best.title, best.url, best.path, best.external_id, best.source, best.heading, snippet)
+        heading = section_path(best.title, best.heading)
+        return Citation(n, best.title, best.url, best.path, best.external_id, best.source, heading, snippet)
 
 
 def group_into_sources(hits: Sequence[SearchHit], count_tokens, budget: int) -> list[_SourceGroup]:  # type: ignore[no-untyped-def]
@@ -246,7 +250,7 @@ class Answerer:
         if gate is not None:
             await gate.finish(reply)
         if _is_no_answer(reply):
-            return Answer(ABSTAIN_MESSAGE, self.generator.mode, True, [], hits), []
+            return Answer(ABSTAIN_MESSAGE, self.generator.mode, True, [], hits, related=related_documents(groups)), []
         by_number = {g.n: g for g in groups}
         if gate is not None:
             # Streamed: the asker has seen these numbers; keep them and list only the sources cited.
@@ -262,19 +266,18 @@ class Answerer:
         return Answer(text_out, self.generator.mode, False, citations, hits), cited
 
     async def _extract(self, query: str, groups: list[_SourceGroup], hits: list[SearchHit]) -> tuple[Answer, list[int]]:
-        """Offline: quote the sentences closest to the standalone query (a follow-up's own words are too thin)."""
-        passages = [(g.n, h.text) for g in groups[:4] for h in g.hits]
-        excerpts = await asyncio.to_thread(best_sentences, query, passages, self.embedder)
-        if not excerpts:
-            return Answer(ABSTAIN_MESSAGE, "extractive", True, [], hits), []
+        """Offline: quote the passage that best answers the standalone query (a follow-up's own words are too thin),
+        or decline and offer the nearest documents when nothing retrieved addresses it."""
+        passages = [
+            extractive.Passage(g.n, h.title, h.heading, h.ordinal, h.text) for g in groups[:3] for h in g.hits
+        ]
+        offline = await asyncio.to_thread(extractive.compose, query, passages, self.embedder)
+        if offline is None:  # retrieved, but nothing in it addresses the question
+            return Answer(ABSTAIN_MESSAGE, "extractive", True, [], hits, related=related_documents(groups)), []
         by_number = {g.n: g for g in groups}
-        mapping: dict[int, int] = {}
-        for excerpt in excerpts:
-            mapping.setdefault(excerpt.source_n, len(mapping) + 1)
-        text_out = format_excerpts(excerpts, mapping)
-        citations = [by_number[old].citation(new) for old, new in mapping.items()]
-        cited = [hit.chunk_id for n in mapping for hit in by_number[n].hits]
-        return Answer(text_out, "extractive", False, citations, hits), cited
+        citations = [by_number[old].citation(new) for new, old in enumerate(offline.sources, start=1)]
+        cited = [hit.chunk_id for n in offline.sources for hit in by_number[n].hits]
+        return Answer(offline.text, "extractive", False, citations, hits), cited
 
     async def _remember(
         self, conversation_id: str, question: str, query: str, principals: Sequence[str], asker: str | None,
@@ -325,6 +328,11 @@ class _StreamGate:
         if delta:
             self.sent.append(delta)
             await self.on_text(delta)
+
+
+def related_documents(groups: Sequence[_SourceGroup], limit: int = 3) -> list[Citation]:
+    """The nearest documents, offered when the answer abstains although something was retrieved."""
+    return [group.citation(n) for n, group in enumerate(groups[:limit], start=1)]
 
 
 def make_generator(settings) -> Generator | None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import create_engine, database_url
-from db.migrate import upgrade_to_head
+from db.migrate import ensure_schema
 from db.settings import DatabaseSettings, redact_url
 from knowledge.answering import Answer, Answerer, AnswerSettings, make_generator
 from knowledge.botstate import BotStateMethods
@@ -96,6 +96,7 @@ class KnowledgeBase(BotStateMethods):
         self.answerer = Answerer(self.retriever, self.memory, self.generator, embedder.count_tokens_many,
                                  AnswerSettings.from_settings(settings), embedder)
         self.syncs = SyncRunner(engine, self.indexer)
+        self._embedding_space_ready = False
 
     @classmethod
     async def open(
@@ -105,11 +106,19 @@ class KnowledgeBase(BotStateMethods):
         settings = settings or KnowledgeSettings()
         url = database_url(db_settings)
         engine = create_engine(url)
-        await upgrade_to_head(engine)
+        await ensure_schema(engine)  # Alembic runs only when the stored revision is behind
         embedder = get_embedder(settings.embedding_model, settings.embedding_batch_size)
         kb = cls(engine, settings, embedder, url)
-        await kb.indexer.ensure_embedding_space()
+        # The model is not loaded here (that takes seconds): the stored model name says whether the vectors match,
+        # and re-embedding after a model change waits for the first command that embeds anything.
+        kb._embedding_space_ready = await kb.indexer.embedding_space_matches()
         return kb
+
+    async def ensure_embedding_space(self) -> None:
+        """Before anything embeds or compares vectors: make the stored vectors match the configured model."""
+        if not self._embedding_space_ready:
+            await self.indexer.ensure_embedding_space()
+            self._embedding_space_ready = True
 
     async def close(self) -> None:
         if self.generator is not None:
@@ -152,6 +161,7 @@ class KnowledgeBase(BotStateMethods):
 
     async def sync(self, source: Source, progress: SyncProgress | None = None) -> SyncReport:
         """A one-off sync of a source object (`ragbot ingest PATH`): recorded and locked like any run."""
+        await self.ensure_embedding_space()
         return await self.syncs.sync_adhoc(source, progress)
 
     async def sync_source(
@@ -164,6 +174,7 @@ class KnowledgeBase(BotStateMethods):
         prunes when `prune` is True, or, when None, if its prune interval has passed. Records the run. Raises
         `knowledge.errors.UnknownSource`, `SourceBusy` (another process is syncing it), `SourceAuthError` /
         `SourceUnavailable` / `SourceConfigError` (the run is recorded as failed; the index is untouched)."""
+        await self.ensure_embedding_space()
         return await self.syncs.sync_stored(name, trigger=trigger, full=full, progress=progress, prune=prune)
 
     async def list_sources(self) -> list[SourceInfo]:
@@ -187,6 +198,8 @@ class KnowledgeBase(BotStateMethods):
         self, query: str, filters: SearchFilters, *, k: int = 10, mode: Mode = "hybrid",
         max_per_document: int | None = None, candidates: int | None = None,
     ) -> SearchResults:
+        if mode != "lexical":
+            await self.ensure_embedding_space()
         return await self.retriever.search(
             query, filters, k=k, mode=mode, max_per_document=max_per_document, candidates=candidates
         )

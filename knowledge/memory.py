@@ -198,12 +198,14 @@ def _expand_with(question: str, context: str, limit: int = 8) -> str:
 
 _CITATION_MARK = re.compile(r"\s*\[\d+(?:\s*[,;\-–]\s*\d+)*\]")
 _EXCERPTS_HEADER = re.compile(r"^Excerpts from the knowledge base.*$", re.MULTILINE)
+# The offline answer's closing note and its Markdown table rules carry nothing to remember.
+_OFFLINE_NOISE = re.compile(r"^(?:_Quoted from your documents.*_|\|(?:-+\|)+)\s*$", re.MULTILINE)
 
 
 def plain_answer_text(answer: str) -> str:
     """An answer as history: without citation markers (their numbers meant sources of that turn only) and without
     the offline excerpts' header and quote marks."""
-    text = _EXCERPTS_HEADER.sub("", answer)
+    text = _OFFLINE_NOISE.sub("", _EXCERPTS_HEADER.sub("", answer))
     text = re.sub(r"^\s*>\s?", "", text, flags=re.MULTILINE)
     return _CITATION_MARK.sub("", text).strip()
 
