@@ -87,15 +87,17 @@ def score_units(question: str, passages: Sequence[Passage], embedder: Embedder) 
     scored = []
     for (passage, unit), vector in zip(candidates, vectors, strict=True):
         similarity = sum(a * b for a, b in zip(question_vector, vector))
-        overlap = len(question_terms & _terms(unit.scoring_text() + " " + passage.heading)) / max(1, len(question_terms))
+        where = f"{passage.title} {passage.heading}"
+        overlap = len(question_terms & _terms(unit.scoring_text() + " " + where)) / max(1, len(question_terms))
         scored.append(ScoredUnit(passage.source_n, passage, unit, similarity, similarity + 0.3 * overlap))
     return sorted(scored, key=lambda s: -s.score)
 
 
 def _context(passage: Passage, unit: Unit) -> str:
     """A unit is embedded with its section's name: "15 days" means something only under "How much PTO you earn"."""
-    section = passage.heading.split(" > ")[-1] if passage.heading else passage.title
-    return f"{section}: {unit.scoring_text()}"
+    section = passage.heading.split(" > ")[-1] if passage.heading else ""
+    where = f"{passage.title} › {section}" if section else passage.title
+    return f"{where}: {unit.scoring_text()}"
 
 
 def compose(question: str, passages: Sequence[Passage], embedder: Embedder) -> OfflineAnswer | None:
