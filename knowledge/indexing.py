@@ -183,6 +183,8 @@ class Indexer:
             await store.mark_source_synced(conn, source_id)
         if report.deleted:
             await self.after_large_delete(sum(stored[i].chunks for i in report.deleted if i in stored))
+        # After the writes, not inside them: see store.reweight_bm25.
+        await store.reweight_bm25(self.engine)
         report.seconds = time.monotonic() - started
         return report
 
@@ -265,34 +267,53 @@ class Indexer:
     async def _write(
         self, prepared: Sequence[_Prepared], source_id: int, report: SyncReport, progress: SyncProgress
     ) -> None:
+        """Write a batch of documents in one transaction (a few statements for the whole batch: the store path is
+        then not what limits a sync). If Postgres refuses any of them (e.g. text it cannot store), the batch is
+        retried one document per transaction, so only the bad document is reported and the rest are written."""
         texts = {content_hash(d.search_text): d.search_text for p in prepared for d in p.drafts}
         embeddings = await self.embeddings_for(texts, report)
-        for p in prepared:
-            rows = [
-                store.ChunkRow(d.ordinal, d.text, d.heading, d.token_count, content_hash(d.search_text),
-                               embeddings[content_hash(d.search_text)], d.search_text)
-                for d in p.drafts
-            ]
+        writes = [
+            store.DocumentWrite(
+                p.item.external_id, p.title, p.item.url, p.item.path, p.item.author, p.item.updated_at, p.hash,
+                p.item.access,
+                [store.ChunkRow(d.ordinal, d.text, d.heading, d.token_count, content_hash(d.search_text),
+                                embeddings[content_hash(d.search_text)], d.search_text) for d in p.drafts],
+            )
+            for p in prepared
+        ]
+        try:
+            async with self.engine.begin() as conn:
+                outcomes = await store.write_documents(conn, source_id, writes, self.settings.text_search_config)
+            for write, outcome in zip(writes, outcomes, strict=True):
+                self._record(write, outcome, report, progress)
+            return
+        except DBAPIError:
+            pass  # find the document Postgres refused: one transaction each
+        for write in writes:
             try:
                 async with self.engine.begin() as conn:
-                    written = await store.replace_document(
-                        conn, source_id=source_id, external_id=p.item.external_id, title=p.title, url=p.item.url,
-                        path=p.item.path, author=p.item.author, updated_at=p.item.updated_at, content_hash=p.hash,
-                        access=p.item.access, chunks=rows, text_search_config=self.settings.text_search_config,
+                    (outcome,) = await store.write_documents(
+                        conn, source_id, [write], self.settings.text_search_config
                     )
             except DBAPIError as exc:  # e.g. text Postgres cannot store; the rest of the sync goes on
-                report.failed.append((p.item.external_id, f"could not store: {str(exc.orig).splitlines()[0]}"))
-                progress.advance(p.item.external_id)
+                report.failed.append((write.external_id, f"could not store: {str(exc.orig).splitlines()[0]}"))
+                progress.advance(write.external_id)
                 continue
-            # What this run really did, as decided under the writers' lock (another sync may have been first).
-            if written.outcome == "unchanged":
-                report.unchanged += 1
-            elif written.outcome == "metadata_updated":
-                report.metadata_updated.append(p.item.external_id)
-            else:
-                report.chunks_written += len(rows)
-                (report.added if written.outcome == "added" else report.updated).append(p.item.external_id)
-            progress.advance(p.item.external_id)
+            self._record(write, outcome, report, progress)
+
+    @staticmethod
+    def _record(
+        write: store.DocumentWrite, written: store.WriteOutcome, report: SyncReport, progress: SyncProgress
+    ) -> None:
+        # What this run really did, as decided under the writers' lock (another sync may have been first).
+        if written.outcome == "unchanged":
+            report.unchanged += 1
+        elif written.outcome == "metadata_updated":
+            report.metadata_updated.append(write.external_id)
+        else:
+            report.chunks_written += len(write.chunks)
+            (report.added if written.outcome == "added" else report.updated).append(write.external_id)
+        progress.advance(write.external_id)
 
     async def embeddings_for(self, texts: dict[str, str], report: SyncReport | None = None) -> dict[str, str]:
         """Embeddings (pgvector text form) for {hash: text}, from the cache where possible."""

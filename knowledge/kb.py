@@ -141,6 +141,7 @@ class KnowledgeBase:
             raise ValueError(f"unknown source {name!r}; indexed sources: {', '.join(await self.source_names()) or 'none'}")
         documents, chunks = removed
         await self.indexer.after_large_delete(chunks)
+        await store.reweight_bm25(self.engine)
         return documents
 
     async def source_names(self) -> list[str]:
