@@ -329,6 +329,8 @@ async def _insert_chunks(
     rows = [(document_id, c) for document_id, d in documents for c in d.chunks]
     if not rows:
         return
+    # A batch's (chunk, lexeme) pairs are sorted and grouped in memory rather than spilled to disk.
+    await conn.execute(text("SET LOCAL work_mem = '64MB'"))
     await conn.execute(
         text(_INSERT_CHUNKS.replace("{sparse_dim}", str(BM25_SPARSE_DIM))),
         {
