@@ -12,14 +12,75 @@ from typing import TYPE_CHECKING, Annotated, Awaitable, Callable, Optional, Type
 
 import typer
 from rich.markup import escape
+from typer import _click as click
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from bot.settings import BotSettings
 from bot.terminal import (
-    RichSyncProgress, chat_loop, console, err_console, render_answer, render_hits, render_status, render_sync_report,
+    RichSyncProgress, chat_session, console, err_console, render_answer, render_hits, render_status, render_sync_report,
 )
 
+
+
+class _PlainArgument(TyperArgument):
+    """An argument shown the way command-line users expect (`QUESTION`, `[FILE]`, `PATHS...`), without its Python
+    type: Typer would print `{question}` in the usage line and `<str>` beside it."""
+
+    @property
+    def display_name_raw(self) -> str:
+        return self.metavar or (self.name or "").upper()
+
+    def display_type_rich(self, ctx: click.Context) -> str | None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+
+def _plain_parameters(params: list) -> None:  # type: ignore[type-arg]
+    """Flags show no value, options show their metavar (`--as PRINCIPAL`), never `<bool>` or `<list[str]>`."""
+    for param in params:
+        if type(param) is TyperArgument:
+            param.__class__ = _PlainArgument
+        elif isinstance(param, TyperOption) and param.metavar is None:
+            param.metavar = "" if param.is_flag else (param.name or "value").upper()
+
+
+class PlainHelpCommand(TyperCommand):
+    def get_help_option(self, ctx: click.Context):  # type: ignore[no-untyped-def]
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class PlainHelpGroup(TyperGroup):
+    """The root command: every command and group below it gets plain help (so commands added later do too)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        _make_plain(self)
+
+    def get_help_option(self, ctx: click.Context):  # type: ignore[no-untyped-def]
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+def _make_plain(command: click.Command) -> None:
+    _plain_parameters(command.params)
+    for sub in getattr(command, "commands", {}).values():
+        if type(sub) is TyperCommand:
+            sub.__class__ = PlainHelpCommand
+        elif type(sub) is TyperGroup:
+            sub.__class__ = PlainHelpGroup
+        _make_plain(sub)
+
+
 app = typer.Typer(help="ragbot: answers questions from your documents, with citations.", no_args_is_help=True,
-                  add_completion=False, pretty_exceptions_enable=False)
+                  add_completion=False, pretty_exceptions_enable=False, cls=PlainHelpGroup)
 db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
@@ -32,10 +93,12 @@ T = TypeVar("T")
 
 AsOption = Annotated[
     Optional[list[str]],
-    typer.Option("--as", help="Search as this principal (repeatable), e.g. user:alice@example.com or group:eng. "
+    typer.Option("--as", metavar="PRINCIPAL", help="Search as this principal (repeatable), e.g. user:alice@example.com or group:eng. "
                               "Documents shared with 'everyone' are always included."),
 ]
-SourceOption = Annotated[Optional[list[str]], typer.Option("--source", help="Only this source (repeatable).")]
+SourceOption = Annotated[
+    Optional[list[str]], typer.Option("--source", metavar="SOURCE", help="Only this source (repeatable).")
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
@@ -47,6 +110,11 @@ def fail(message: str) -> None:
 
 
 def run_async(factory: Callable[[], Awaitable[T]]) -> T:
+    return run_sync(lambda: asyncio.run(factory()))  # type: ignore[arg-type]
+
+
+def run_sync(work: Callable[[], T]) -> T:
+    """Run `work`, turning the errors a user can fix into one clear line and exit code 2."""
     from knowledge.embedding import EmbeddingModelError
     from knowledge.evaluation import EvalFileError
     from knowledge.store import SourceConflict
@@ -56,7 +124,7 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
     from db.errors import DatabaseUnavailable
 
     try:
-        return asyncio.run(factory())  # type: ignore[arg-type]
+        return work()
     except (SourceConflict, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     except DBAPIError as exc:
@@ -86,7 +154,7 @@ def main() -> None:
 @app.command()
 def ingest(
     paths: Annotated[list[Path], typer.Argument(help="Folders or files to index.")],
-    source: Annotated[Optional[str], typer.Option("--source", help="Source name (default: the folder's name).")] = None,
+    source: Annotated[Optional[str], typer.Option("--source", metavar="NAME", help="Source name (default: the folder's name).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Index folders of .md, .txt, .html, .pdf and .docx files (incremental: unchanged files are skipped)."""
@@ -113,12 +181,12 @@ def ingest(
 @app.command()
 def search(
     query: Annotated[str, typer.Argument(help="What to search for.")],
-    k: Annotated[int, typer.Option("-k", help="How many results.", min=1, max=200)] = 10,
-    mode: Annotated[str, typer.Option("--mode", help="hybrid, dense or lexical.")] = "hybrid",
+    k: Annotated[int, typer.Option("-k", metavar="N", help="How many results.", min=1, max=200)] = 10,
+    mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense or lexical.")] = "hybrid",
     principals: AsOption = None,
     sources: SourceOption = None,
     updated_after: Annotated[
-        Optional[datetime], typer.Option("--updated-after", help="Only documents updated on or after this date.")
+        Optional[datetime], typer.Option("--updated-after", metavar="DATE", help="Only documents updated on or after this date (YYYY-MM-DD).")
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -178,11 +246,12 @@ def ask(
 def chat(principals: AsOption = None, sources: SourceOption = None) -> None:
     """Chat with the knowledge base in the terminal."""
 
-    async def run_chat(kb: KnowledgeBase) -> None:
-        await check_sources(kb, sources)
-        await chat_loop(kb, principals or ["everyone"], sources)
+    from knowledge.kb import KnowledgeBase
 
-    with_kb(run_chat)
+    def session() -> None:
+        chat_session(KnowledgeBase.open, principals or ["everyone"], sources, lambda kb: check_sources(kb, sources))
+
+    run_sync(session)
 
 
 @app.command()
@@ -217,9 +286,9 @@ def run() -> None:
 
 @app.command(name="eval")
 def evaluate(
-    file: Annotated[Optional[Path], typer.Argument(help="JSONL: {\"question\", \"relevant\": [external ids]} per line.")] = None,
-    beir: Annotated[Optional[Path], typer.Option("--beir", help="A BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.")] = None,
-    mode: Annotated[str, typer.Option("--mode", help="hybrid, dense, lexical, or all.")] = "all",
+    file: Annotated[Optional[Path], typer.Argument(help="JSONL, one question per line: {\"question\": ..., \"relevant\": (document ids)}.")] = None,
+    beir: Annotated[Optional[Path], typer.Option("--beir", metavar="DIR", help="A BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.")] = None,
+    mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense, lexical, or all.")] = "all",
     principals: AsOption = None,
     sources: SourceOption = None,
     as_json: JsonOption = False,

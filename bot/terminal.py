@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Sequence
+from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
 from rich.console import Console
 from rich.markup import escape
-from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from knowledge.answering import Answer
-from knowledge.indexing import SyncReport
-from knowledge.kb import IndexStatus, KnowledgeBase
-from knowledge.retrieval import SearchHit
+if TYPE_CHECKING:  # the knowledge core (SQLAlchemy and friends) is imported only by commands that use it
+    from knowledge.answering import Answer
+    from knowledge.indexing import SyncReport
+    from knowledge.kb import IndexStatus, KnowledgeBase
+    from knowledge.retrieval import SearchHit
 
 console = Console()
 err_console = Console(stderr=True)
@@ -54,19 +54,58 @@ def render_sync_report(report: SyncReport) -> None:
         f"{report.unchanged} unchanged, {len(report.metadata_updated)} metadata-only, {len(report.deleted)} deleted, "
         f"{len(report.skipped)} skipped, {len(report.failed)} failed "
         f"({report.chunks_written} chunks written, {report.chunks_embedded} embedded, "
-        f"{report.chunks_from_cache} from cache, {report.seconds:.1f}s)"
+        f"{report.chunks_from_cache} from cache, {report.seconds:.1f}s)",
+        soft_wrap=True,
     )
-    for external_id, reason in report.skipped:
-        console.print(f"  [yellow]skipped[/] {escape(external_id)}: {escape(reason)}")
     for external_id, reason in report.failed:
-        console.print(f"  [red]failed[/] {escape(external_id)}: {escape(reason)}")
+        console.print(f"  [red]failed[/] {escape(external_id)}: {escape(reason)}", soft_wrap=True)
     for warning in report.warnings:
-        console.print(f"  [yellow]warning[/] {escape(warning)}")
+        console.print(f"  [yellow]warning[/] {escape(warning)}", soft_wrap=True)
+    if report.skipped:
+        console.print(f"  {escape(not_documents_summary([i for i, _ in report.skipped]))}", soft_wrap=True)
+
+
+def not_documents_summary(names: Sequence[str]) -> str:
+    """One line for the files a sync left out because they are not documents (data such as an evaluation set
+    next to the handbook, images, archives): how many, of which types, and what ragbot does read. Not a warning:
+    nothing went wrong."""
+    from collections import defaultdict
+    from pathlib import PurePosixPath
+
+    from knowledge.parsing import SUPPORTED_SUFFIXES
+
+    by_type: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        by_type[PurePosixPath(name).suffix.lower() or "no extension"].append(PurePosixPath(name).name)
+    kinds = []
+    for suffix, files in sorted(by_type.items(), key=lambda item: (-len(item[1]), item[0])):
+        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        kinds.append(f"{suffix} ({shown})")
+    count = len(names)
+    return (
+        f"{count} {'file is' if count == 1 else 'files are'} not {'a document' if count == 1 else 'documents'} "
+        f"and {'was' if count == 1 else 'were'} left out: {'; '.join(kinds)}. "
+        f"ragbot indexes {', '.join(SUPPORTED_SUFFIXES)}."
+    )
+
+
+def plain_output() -> bool:
+    """Piped to a file or narrower than a table: print plain lines that the terminal (or reader) wraps, instead of
+    rich tables and panels whose cells would break titles mid-line."""
+    return not console.is_terminal or console.width < 100
 
 
 def render_hits(hits: Sequence[SearchHit]) -> None:
     if not hits:
         console.print("No results.")
+        return
+    if plain_output():
+        for hit in hits:
+            # Titles, paths and text come from documents: escaped, so [brackets] in them are shown, not parsed.
+            where = escape(section_breadcrumb(hit.title, hit.heading))
+            console.print(f"{hit.rank}. [bold]{where}[/] (score {hit.score:.3f})", soft_wrap=True, highlight=False)
+            console.print(f"   {escape(hit.path or hit.external_id)}", soft_wrap=True, highlight=False)
+            console.print(f"   {escape(' '.join(hit.text.split()))}", soft_wrap=True, highlight=False)
         return
     table = Table(show_lines=True)
     table.add_column("#", justify="right")
@@ -74,34 +113,62 @@ def render_hits(hits: Sequence[SearchHit]) -> None:
     table.add_column("document")
     table.add_column("text")
     for hit in hits:
-        # Titles, paths and text come from documents: escaped, so [brackets] in them are shown, not parsed as markup.
         where = f"[bold]{escape(hit.title)}[/]\n{escape(hit.path or hit.external_id)}" + (
-            f"\n[dim]{escape(hit.heading)}[/]" if hit.heading else ""
+            f"\n[dim]{escape(section_breadcrumb('', hit.heading))}[/]" if hit.heading else ""
         )
         snippet = escape(hit.text if len(hit.text) < 300 else hit.text[:299] + "…")
         table.add_row(str(hit.rank), f"{hit.score:.3f}", where, snippet)
     console.print(table)
 
 
+def section_breadcrumb(title: str, heading: str) -> str:
+    from knowledge.generators.passages import breadcrumb
+
+    return breadcrumb(title, heading)
+
+
 def render_answer(answer: Answer) -> None:
-    console.print(Markdown(answer.text))
+    if plain_output():
+        console.print(escape(answer.text), soft_wrap=True, highlight=False)
+    else:
+        
+        console.print(Markdown(answer.text))
     if answer.citations:
         console.print()
         for citation in answer.citations:
-            location = citation.url or citation.path or citation.external_id
-            heading = f" › {citation.heading}" if citation.heading else ""
-            console.print(f"  [bold][{citation.n}][/] {escape(citation.title + heading)} [dim]{escape(location)}[/]")
+            _print_reference(citation)
+    if answer.abstained and answer.related:
+        console.print()
+        console.print("Related documents that may help:")
+        for citation in answer.related:
+            _print_reference(citation)
     if answer.note:
-        console.print(f"[dim]({escape(answer.note)})[/]")
+        console.print(f"[dim]({escape(answer.note)})[/]", soft_wrap=True)
+
+
+def _print_reference(citation) -> None:  # type: ignore[no-untyped-def]
+    location = citation.url or citation.path or citation.external_id
+    where = citation.title + (f" › {citation.heading}" if citation.heading else "")
+    console.print(f"  [bold][{citation.n}][/] {escape(where)} [dim]{escape(location)}[/]", soft_wrap=True, highlight=False)
 
 
 def render_status(status: IndexStatus) -> None:
-    console.print(f"Database: {status.database}")
-    console.print(f"Embedding model: {status.embedding_model} ({status.embedding_dimension} dimensions)")
+    console.print(f"Database: {status.database}", soft_wrap=True, highlight=False)
+    model = status.embedding_model or "none yet"
+    dimensions = f" ({status.embedding_dimension} dimensions)" if status.embedding_dimension else ""
+    console.print(f"Embedding model: {escape(model)}{dimensions}", soft_wrap=True, highlight=False)
     console.print(
         f"{status.documents} documents, {status.chunks} chunks, {status.vocabulary} terms, "
-        f"{status.avg_chunk_length:.1f} terms per chunk on average"
+        f"{status.avg_chunk_length:.1f} terms per chunk on average", soft_wrap=True,
     )
+    if plain_output():
+        for s in status.sources:
+            synced = s.last_synced_at.strftime("%Y-%m-%d %H:%M") if s.last_synced_at else "never"
+            console.print(
+                f"{escape(s.name)} ({s.kind}): {s.documents} documents, {s.chunks} chunks, last synced {synced}, "
+                f"{escape(s.location or '')}", soft_wrap=True, highlight=False,
+            )
+        return
     table = Table("source", "kind", "documents", "chunks", "last synced", "location")
     for s in status.sources:
         table.add_row(escape(s.name), s.kind, str(s.documents), str(s.chunks),
@@ -109,23 +176,51 @@ def render_status(status: IndexStatus) -> None:
     console.print(table)
 
 
-async def chat_loop(kb: KnowledgeBase, principals: Sequence[str], sources: Sequence[str] | None) -> None:
-    """Ask questions in a loop, one conversation per session. Works with piped input too."""
+QUIT_WORDS = ("/quit", "/exit", "quit", "exit")
+LEAVE_HINT = "Type exit or /quit (or press Ctrl-D or Ctrl-C) to leave; Ctrl-C while an answer runs cancels it."
+
+
+def chat_session(
+    open_kb: "Callable[[], Awaitable[KnowledgeBase]]", principals: Sequence[str], sources: Sequence[str] | None,
+    before: "Callable[[KnowledgeBase], Awaitable[None]] | None" = None,
+) -> None:
+    """Ask questions in a loop, one conversation per session. Works with piped input too.
+
+    The prompt is read in the main thread, outside the event loop, so Ctrl-C there ends the chat at once (a prompt
+    read in a worker thread would keep waiting for Enter and swallow what was typed). Each answer runs as its own
+    task; asyncio's runner turns Ctrl-C into cancelling that task, which brings the prompt back.
+    """
+    with asyncio.Runner() as runner:
+        kb = runner.run(open_kb())
+        try:
+            if before is not None:
+                runner.run(before(kb))
+            _chat(runner, kb, principals, sources)
+        finally:
+            runner.run(kb.close())
+
+
+def _chat(runner: asyncio.Runner, kb: "KnowledgeBase", principals: Sequence[str], sources: Sequence[str] | None) -> None:
     conversation_id = f"terminal:{uuid.uuid4()}"
     mode = "Claude" if kb.answerer.generator else "offline excerpts (set ANTHROPIC_API_KEY for composed answers)"
-    console.print(f"[bold]ragbot[/] — ask about your documents. Answers: {mode}. Type /quit to leave.")
+    console.print(f"[bold]ragbot[/] — ask about your documents. Answers: {mode}.")
+    console.print(f"[dim]{LEAVE_HINT}[/]")
     while True:
         try:
-            question = await asyncio.to_thread(input, "\nyou> ")
+            question = input("\nyou> ")
         except (EOFError, KeyboardInterrupt):
             console.print()
             return
         question = question.strip()
         if not question:
             continue
-        if question in ("/quit", "/exit", "quit", "exit"):
+        if question.lower() in QUIT_WORDS:
             return
-        with console.status("Searching…"):
-            answer = await kb.answer(question, principals, conversation_id, sources=sources)
+        try:
+            with console.status("Searching…"):
+                answer = runner.run(kb.answer(question, principals, conversation_id, sources=sources))
+        except KeyboardInterrupt:
+            console.print("[dim](cancelled)[/]")
+            continue
         console.print("[bold]ragbot>[/]")
         render_answer(answer)

@@ -15,7 +15,8 @@ from typing import Protocol, Sequence
 
 from knowledge import store
 from knowledge.generators.anthropic_client import AnthropicGenerator, GenerationError
-from knowledge.generators.extractive import best_sentences, format_excerpts
+from knowledge.generators import extractive
+from knowledge.generators.passages import section_path
 from knowledge.prompts import NO_ANSWER, SYSTEM_PROMPT, PromptSource, build_user_message, cited_numbers, renumber_citations
 from knowledge.retrieval import SearchFilters, SearchHit
 
@@ -60,17 +61,19 @@ class Answer:
     chunks_used: list[SearchHit]
     timings: dict[str, float] = field(default_factory=dict)
     note: str | None = None  # e.g. why the LLM was not used this time
+    related: list[Citation] = field(default_factory=list)  # when abstaining: the nearest documents, numbered 1..n
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        fields = ("n", "title", "url", "path", "external_id", "heading")
+        result: dict[str, object] = {
             "answer": self.text,
             "mode": self.mode,
             "abstained": self.abstained,
-            "citations": [
-                {"n": c.n, "title": c.title, "url": c.url, "path": c.path, "external_id": c.external_id}
-                for c in self.citations
-            ],
+            "citations": [{f: getattr(c, f) for f in fields} for c in self.citations],
         }
+        if self.abstained:
+            result["related"] = [{f: getattr(c, f) for f in fields} for c in self.related]
+        return result
 
 
 @dataclass
@@ -92,7 +95,8 @@ class _SourceGroup:
     def citation(self, n: int) -> Citation:
         best = self.first
         snippet = best.text if len(best.text) <= SNIPPET_CHARS else best.text[: SNIPPET_CHARS - 1].rstrip() + "…"
-        return Citation(n, best.title, best.url, best.path, best.external_id, best.source, best.heading, snippet)
+        heading = section_path(best.title, best.heading)
+        return Citation(n, best.title, best.url, best.path, best.external_id, best.source, heading, snippet)
 
 
 def group_into_sources(hits: Sequence[SearchHit], count_tokens, budget: int) -> list[_SourceGroup]:  # type: ignore[no-untyped-def]
@@ -158,7 +162,7 @@ class Answerer:
         user = build_user_message(question, [g.prompt_source() for g in groups])
         reply = await self.generator.generate(SYSTEM_PROMPT, user)
         if not reply or reply.strip().strip(".").upper() == NO_ANSWER or reply.strip().startswith(NO_ANSWER):
-            return Answer(ABSTAIN_MESSAGE, self.generator.mode, True, [], hits)
+            return Answer(ABSTAIN_MESSAGE, self.generator.mode, True, [], hits, related=related_documents(groups))
         by_number = {g.n: g for g in groups}
         used = [n for n in cited_numbers(reply) if n in by_number]
         mapping = {old: new for new, old in enumerate(used, start=1)}
@@ -167,22 +171,25 @@ class Answerer:
         return Answer(text_out, self.generator.mode, False, citations, hits)
 
     async def _extract(self, question: str, groups: list[_SourceGroup], hits: list[SearchHit]) -> Answer:
-        passages = [(g.n, h.text) for g in groups[:4] for h in g.hits]
-        excerpts = await asyncio.to_thread(best_sentences, question, passages, self.kb.embedder)
-        if not excerpts:
-            return Answer(ABSTAIN_MESSAGE, "extractive", True, [], hits)
+        passages = [
+            extractive.Passage(g.n, h.title, h.heading, h.ordinal, h.text) for g in groups[:3] for h in g.hits
+        ]
+        offline = await asyncio.to_thread(extractive.compose, question, passages, self.kb.embedder)
+        if offline is None:  # retrieved, but nothing in it addresses the question
+            return Answer(ABSTAIN_MESSAGE, "extractive", True, [], hits, related=related_documents(groups))
         by_number = {g.n: g for g in groups}
-        mapping: dict[int, int] = {}
-        for excerpt in excerpts:
-            mapping.setdefault(excerpt.source_n, len(mapping) + 1)
-        text_out = format_excerpts(excerpts, mapping)
-        citations = [by_number[old].citation(new) for old, new in mapping.items()]
-        return Answer(text_out, "extractive", False, citations, hits)
+        citations = [by_number[old].citation(new) for new, old in enumerate(offline.sources, start=1)]
+        return Answer(offline.text, "extractive", False, citations, hits)
 
     async def _remember(self, conversation_id: str, question: str, principals: Sequence[str], answer: Answer) -> None:
         """Keep the turn: follow-up rewriting and thread summaries build on this history."""
         async with self.kb.engine.begin() as conn:
             await store.record_turn(conn, conversation_id, question, answer.text, principals)
+
+
+def related_documents(groups: Sequence[_SourceGroup], limit: int = 3) -> list[Citation]:
+    """The nearest documents, offered when the answer abstains although something was retrieved."""
+    return [group.citation(n) for n, group in enumerate(groups[:limit], start=1)]
 
 
 def make_generator(settings) -> Generator | None:  # type: ignore[no-untyped-def]

@@ -41,12 +41,32 @@ class EmbeddingModelError(RuntimeError):
 
 
 class Embedder:
-    """One loaded sentence-transformers model. Thread-safe: encoding is serialised by a lock."""
+    """One embedding model. Thread-safe: encoding is serialised by a lock.
+
+    Nothing is loaded until it is needed. For the default model (and any plain BERT sentence-transformers folder),
+    token counts come from the Rust tokenizer and small batches — a question, the sentences of an offline answer —
+    from the NumPy encoder in `knowledge.numpy_encoder`, so a command that embeds one question never imports torch.
+    Large batches (ingest) go through sentence-transformers, which is faster per text once loaded.
+    """
+
+    # Up to this many texts are embedded with NumPy when the model allows it.
+    SMALL_BATCH = 48
 
     def __init__(self, model_name: str, batch_size: int = 32) -> None:
         self.name = model_name
         self.batch_size = batch_size
         self._lock = threading.Lock()
+
+    @cached_property
+    def path(self) -> str:
+        return resolve_model_path(self.name)
+
+    @cached_property
+    def light(self):  # type: ignore[no-untyped-def]
+        """The NumPy encoder for this model, or None when the model is not one it can run."""
+        from knowledge import numpy_encoder
+
+        return numpy_encoder.NumpyBertEncoder(self.path) if numpy_encoder.supports(self.path) else None
 
     @cached_property
     def model(self):  # type: ignore[no-untyped-def]
@@ -55,7 +75,7 @@ class Embedder:
 
         transformers_logging.disable_progress_bar()
 
-        path = resolve_model_path(self.name)
+        path = self.path
         try:
             return SentenceTransformer(path, device="cpu")
         except Exception as exc:
@@ -64,19 +84,25 @@ class Embedder:
 
     @property
     def dimension(self) -> int:
+        if self.light is not None:
+            return int(self.light.dimension)
         getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         return int(getter())
 
     @property
     def max_tokens(self) -> int:
+        if self.light is not None:
+            return int(self.light.max_seq_length)
         return int(self.model.max_seq_length)
 
     def count_tokens(self, text: str) -> int:
-        return len(self.model.tokenizer(text, add_special_tokens=False, truncation=False)["input_ids"])
+        return self.count_tokens_many([text])[0]
 
     def count_tokens_many(self, texts: Sequence[str]) -> list[int]:
         if not texts:
             return []
+        if self.light is not None:
+            return self.light.count_tokens(texts)
         encoded = self.model.tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]
         return [len(ids) for ids in encoded]
 
@@ -85,9 +111,12 @@ class Embedder:
         if not texts:
             return []
         with self._lock:
-            vectors = self.model.encode(
-                list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
-            )
+            if self.light is not None and len(texts) <= self.SMALL_BATCH:
+                vectors = self.light.encode(texts, batch_size=8)
+            else:
+                vectors = self.model.encode(
+                    list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
+                )
         return [vector.tolist() for vector in vectors]
 
     async def embed_async(self, texts: Sequence[str]) -> list[list[float]]:

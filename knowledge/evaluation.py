@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -29,6 +30,7 @@ class EvalQuestion:
     question: str
     relevant: dict[str, int]  # external id -> grade (> 0)
     kind: str = ""  # free-form label from the file, e.g. "paraphrased", "off_topic", "near_miss"
+    facts: tuple[str, ...] = ()  # what a right answer must state, e.g. ("15 days",): scored by `--answers`
 
 
 class EvalFileError(ValueError):
@@ -44,11 +46,14 @@ def load_jsonl_questions(path: Path) -> list[EvalQuestion]:
             record = json.loads(line)
             question = str(record["question"]).strip()
             relevant = [str(r) for r in record.get("relevant", [])]
+            facts = tuple(str(f) for f in record.get("facts", []))
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise EvalFileError(f"{path}:{number}: expected {{\"question\": ..., \"relevant\": [...]}}: {exc}") from exc
         if not question:
             raise EvalFileError(f"{path}:{number}: empty question")
-        questions.append(EvalQuestion(str(number), question, {r: 1 for r in relevant}, str(record.get("kind", ""))))
+        questions.append(
+            EvalQuestion(str(number), question, {r: 1 for r in relevant}, str(record.get("kind", "")), facts)
+        )
     return questions
 
 
@@ -132,3 +137,79 @@ async def evaluate_retrieval(
             per_question.append(score_ranking([hit.external_id for hit in found.hits], question.relevant))
         results[mode] = {metric: round(value, 4) for metric, value in mean_metrics(per_question).items()}
     return results
+
+
+# --- answers ---------------------------------------------------------------------------------------------------
+
+ANSWER_METRICS = (
+    "answered", "fact_recall", "right_document", "no_unrelated_source", "wrongly_declined",
+    "near_miss_declined", "off_topic_declined",
+)
+
+
+@dataclass(frozen=True)
+class AnswerScore:
+    """How one answer did. `facts_found`/`right_document`/`unrelated_sources` only count for answerable ones."""
+
+    question: EvalQuestion
+    abstained: bool
+    facts_found: int
+    right_document: bool
+    unrelated_sources: int
+    cited: tuple[str, ...]
+
+
+def _plain(text: str) -> str:
+    """Answer text without Markdown emphasis and with single spaces, so a fact matches however it was styled."""
+    return " ".join(re.sub(r"[*_`\\]", "", text).split()).casefold()
+
+
+def score_answer(question: EvalQuestion, answer) -> AnswerScore:  # type: ignore[no-untyped-def]
+    cited = tuple(c.external_id for c in answer.citations)
+    text = _plain(answer.text)
+    found = sum(1 for fact in question.facts if _plain(fact) in text) if not answer.abstained else 0
+    return AnswerScore(
+        question, answer.abstained, found, bool(set(cited) & set(question.relevant)),
+        sum(1 for c in cited if c not in question.relevant), cited,
+    )
+
+
+def summarise_answers(scores: Sequence[AnswerScore]) -> dict[str, float]:
+    """Offline scoring of answers against the eval file's expected facts and documents:
+    - answered: share of answerable questions that got an answer (not an abstention);
+    - fact_recall: share of the expected facts found in the answer text, over all answerable questions;
+    - right_document: share of answerable questions whose answer cites a relevant document;
+    - no_unrelated_source: share of answered questions that cite no document outside `relevant`;
+    - wrongly_declined: answerable questions that abstained (count);
+    - near_miss_declined / off_topic_declined: share of unanswerable questions of that kind that abstained."""
+    answerable = [s for s in scores if s.question.relevant]
+    answered = [s for s in answerable if not s.abstained]
+    facts_total = sum(len(s.question.facts) for s in answerable)
+
+    def declined(kind: str) -> float:
+        of_kind = [s for s in scores if not s.question.relevant and s.question.kind == kind]
+        return round(sum(s.abstained for s in of_kind) / len(of_kind), 4) if of_kind else 0.0
+
+    return {
+        "answerable": len(answerable),
+        "answered": round(len(answered) / len(answerable), 4) if answerable else 0.0,
+        "fact_recall": round(sum(s.facts_found for s in answerable) / facts_total, 4) if facts_total else 0.0,
+        "right_document": round(sum(s.right_document for s in answerable) / len(answerable), 4) if answerable else 0.0,
+        "no_unrelated_source": (
+            round(sum(s.unrelated_sources == 0 for s in answered) / len(answered), 4) if answered else 0.0
+        ),
+        "wrongly_declined": len(answerable) - len(answered),
+        "near_miss_declined": declined("near_miss"),
+        "off_topic_declined": declined("off_topic"),
+    }
+
+
+async def evaluate_answers(
+    kb, questions: Sequence[EvalQuestion], principals: Sequence[str], sources: Sequence[str] | None = None  # type: ignore[no-untyped-def]
+) -> tuple[dict[str, float], list[AnswerScore]]:
+    """Ask every question through the full answer pipeline (offline unless an API key is set) and score it."""
+    scores = []
+    for question in questions:
+        answer = await kb.answer(question.question, principals, "eval:answers", sources=sources)
+        scores.append(score_answer(question, answer))
+    return summarise_answers(scores), scores

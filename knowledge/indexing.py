@@ -335,19 +335,23 @@ class Indexer:
             found.update(computed)
         return found, len(missing)
 
+    async def embedding_space_matches(self) -> bool:
+        """Whether the stored vectors were made by the configured model, read from kb_meta without loading it."""
+        async with self.engine.connect() as conn:
+            return await store.get_meta(conn, "embedding_model") == self.embedder.name
+
     async def ensure_embedding_space(self) -> bool:
         """Make the stored embeddings match the configured model. Returns True if chunks were re-embedded.
 
         Changing EMBEDDING_MODEL re-embeds every chunk (from the cache when it has them) and rebuilds the vector
         index in one transaction: searches see either the old model's vectors or the new one's, never a mix.
         """
-        dimension = self.embedder.dimension
         async with self.engine.begin() as conn:
             await conn.execute(text("SELECT pg_advisory_xact_lock(727274002)"))
             model = await store.get_meta(conn, "embedding_model")
             if model == self.embedder.name:
-                await store.ensure_vector_index(conn, dimension)
-                return False
+                return False  # set together with its vector index below, in one transaction
+            dimension = self.embedder.dimension
             reembedded = False
             if model is not None:
                 await store.drop_vector_indexes(conn)  # rebuilt once below: faster than updating it row by row

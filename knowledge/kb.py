@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import create_engine, database_url
-from db.migrate import upgrade_to_head
+from db.migrate import ensure_schema
 from db.settings import DatabaseSettings, redact_url
 from knowledge.answering import Answer, Answerer, make_generator
 from knowledge.embedding import Embedder, get_embedder
@@ -73,6 +73,7 @@ class KnowledgeBase:
         self.indexer = Indexer(engine, embedder, settings)
         self.retriever = Retriever(engine, embedder, settings)
         self.answerer = Answerer(self, make_generator(settings))
+        self._embedding_space_ready = False
 
     @classmethod
     async def open(
@@ -82,11 +83,19 @@ class KnowledgeBase:
         settings = settings or KnowledgeSettings()
         url = database_url(db_settings)
         engine = create_engine(url)
-        await upgrade_to_head(engine)
+        await ensure_schema(engine)  # Alembic runs only when the stored revision is behind
         embedder = get_embedder(settings.embedding_model, settings.embedding_batch_size)
         kb = cls(engine, settings, embedder, url)
-        await kb.indexer.ensure_embedding_space()
+        # The model is not loaded here (that takes seconds): the stored model name says whether the vectors match,
+        # and re-embedding after a model change waits for the first command that embeds anything.
+        kb._embedding_space_ready = await kb.indexer.embedding_space_matches()
         return kb
+
+    async def ensure_embedding_space(self) -> None:
+        """Before anything embeds or compares vectors: make the stored vectors match the configured model."""
+        if not self._embedding_space_ready:
+            await self.indexer.ensure_embedding_space()
+            self._embedding_space_ready = True
 
     async def close(self) -> None:
         generator = self.answerer.generator
@@ -107,12 +116,15 @@ class KnowledgeBase:
         await self.close()
 
     async def sync(self, source: Source, progress: SyncProgress | None = None) -> SyncReport:
+        await self.ensure_embedding_space()
         return await self.indexer.sync(source, progress)
 
     async def search(
         self, query: str, filters: SearchFilters, *, k: int = 10, mode: Mode = "hybrid",
         max_per_document: int | None = None, candidates: int | None = None,
     ) -> SearchResults:
+        if mode != "lexical":
+            await self.ensure_embedding_space()
         return await self.retriever.search(
             query, filters, k=k, mode=mode, max_per_document=max_per_document, candidates=candidates
         )
