@@ -52,10 +52,16 @@ class Embedder:
     # Up to this many texts are embedded with NumPy when the model allows it.
     SMALL_BATCH = 48
 
-    def __init__(self, model_name: str, batch_size: int = 32) -> None:
+    def __init__(self, model_name: str, batch_size: int = 32, device: str = "auto") -> None:
         self.name = model_name
         self.batch_size = batch_size
+        self.device_setting = device
         self._lock = threading.Lock()
+
+    @cached_property
+    def device(self) -> str:
+        """Where sentence-transformers runs (EMBEDDING_DEVICE): "auto" is CUDA when torch sees a GPU, else the CPU."""
+        return resolve_device(self.device_setting)
 
     @cached_property
     def path(self) -> str:
@@ -77,7 +83,7 @@ class Embedder:
 
         path = self.path
         try:
-            return SentenceTransformer(path, device="cpu")
+            return SentenceTransformer(path, device=self.device)
         except Exception as exc:
             hint = " (a local folder)" if Path(path).exists() else " (no internet here: give a local folder path)"
             raise EmbeddingModelError(f"Could not load embedding model {self.name!r}{hint}: {exc}") from exc
@@ -126,8 +132,28 @@ class Embedder:
 _embedders: dict[str, Embedder] = {}
 
 
-def get_embedder(model_name: str, batch_size: int = 32) -> Embedder:
-    """One Embedder per model per process: loading weights takes seconds, so it is done once."""
-    if model_name not in _embedders:
-        _embedders[model_name] = Embedder(model_name, batch_size)
-    return _embedders[model_name]
+def get_embedder(model_name: str, batch_size: int = 32, device: str = "auto") -> Embedder:
+    """One Embedder per model and device per process: loading weights takes seconds, so it is done once."""
+    key = f"{model_name}|{device}"
+    if key not in _embedders:
+        _embedders[key] = Embedder(model_name, batch_size, device)
+    return _embedders[key]
+
+
+def resolve_device(setting: str) -> str:
+    """EMBEDDING_DEVICE: "cpu", "cuda" (or "cuda:N"), or "auto" (a CUDA GPU when torch sees one). Asking for CUDA
+    on a machine without it is an error that names the fix rather than a silent fall-back to a 60× slower CPU."""
+    if setting == "cpu":
+        return "cpu"
+    import torch
+
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if setting.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise EmbeddingModelError(
+                f"EMBEDDING_DEVICE={setting} but torch sees no CUDA GPU (this torch build: {torch.__version__}); "
+                "install a CUDA build of torch or set EMBEDDING_DEVICE=cpu or auto"
+            )
+        return setting
+    raise EmbeddingModelError(f"EMBEDDING_DEVICE must be auto, cpu or cuda, not {setting!r}")
