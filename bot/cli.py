@@ -291,13 +291,29 @@ def evaluate(
     mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense, lexical, or all.")] = "all",
     principals: AsOption = None,
     sources: SourceOption = None,
+    answers: Annotated[
+        bool, typer.Option("--answers", help="Score the answers instead of retrieval: expected facts quoted, right "
+                                             "document cited, no unrelated source, unanswerable questions declined.")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Measure retrieval: precision@5, recall@10, recall@100, MRR@10, MAP@100, nDCG@10 per mode."""
+    """Measure retrieval (precision@5, recall@10, recall@100, MRR@10, MAP@100, nDCG@10 per mode), or with
+    --answers the answers themselves."""
     from bot.evaluate import run_eval
 
     if (file is None) == (beir is None):
         fail("give either an eval FILE.jsonl or --beir DIR")
+    if answers:
+        if file is None or not file.exists():
+            fail("--answers needs an eval FILE.jsonl with expected facts")
+        from bot.evaluate import render_answer_eval, run_answer_eval
+
+        summary = with_kb(lambda kb: run_answer_eval(kb, file, principals or ["everyone"], sources or []))
+        if as_json:
+            print(json.dumps(summary, indent=2))
+        else:
+            render_answer_eval(summary)
+        return
     target = file or beir
     assert target is not None
     if not target.exists():

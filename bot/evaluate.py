@@ -8,7 +8,9 @@ from typing import Sequence
 from rich.table import Table
 
 from bot.terminal import RichSyncProgress, console, err_console
-from knowledge.evaluation import EVAL_PRINCIPAL, METRICS, evaluate_retrieval, load_beir, load_jsonl_questions
+from knowledge.evaluation import (
+    EVAL_PRINCIPAL, METRICS, evaluate_answers, evaluate_retrieval, load_beir, load_jsonl_questions,
+)
 from knowledge.kb import KnowledgeBase
 from knowledge.retrieval import SearchFilters
 
@@ -36,3 +38,31 @@ def render_eval(results: dict[str, dict[str, float]]) -> None:
     for mode, metrics in results.items():
         table.add_row(mode, *(f"{metrics[m]:.4f}" for m in METRICS))
     console.print(table)
+
+
+async def run_answer_eval(
+    kb: KnowledgeBase, file: Path, principals: Sequence[str], sources: Sequence[str]
+) -> dict[str, object]:
+    summary, scores = await evaluate_answers(kb, load_jsonl_questions(file), principals, sources or None)
+    return {
+        "mode": "llm" if kb.answerer.generator else "extractive",
+        **summary,
+        "misses": [
+            {"question": s.question.question, "kind": s.question.kind, "abstained": s.abstained,
+             "facts_found": s.facts_found, "facts": list(s.question.facts), "cited": list(s.cited)}
+            for s in scores
+            if (s.question.relevant and (s.abstained or s.facts_found < len(s.question.facts) or not s.right_document))
+            or (not s.question.relevant and not s.abstained)
+        ],
+    }
+
+
+def render_answer_eval(summary: dict[str, object]) -> None:
+    table = Table("metric", "value")
+    for key, value in summary.items():
+        if key != "misses":
+            table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    console.print(table)
+    misses = summary.get("misses") or []
+    if misses:
+        console.print(f"{len(misses)} questions to look at (--json lists them).")  # type: ignore[arg-type]

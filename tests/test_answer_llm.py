@@ -153,6 +153,8 @@ async def test_no_answer_from_model_abstains_without_citations(kb_factory, fake_
     assert answer.citations == []
     assert answer.text == ABSTAIN_MESSAGE
     assert "NO_ANSWER" not in answer.text
+    # What was retrieved is still offered, as related documents rather than as an answer.
+    assert "policies/vacation.md" in [c.external_id for c in answer.related]
 
 
 async def test_prompt_injection_in_a_document_is_escaped(kb_factory, fake_anthropic, tmp_path):

@@ -19,6 +19,10 @@ async def test_switching_models_re_embeds_and_search_keeps_working(kb_factory, f
     # The same weights under another name (a local path) count as another model: everything is re-embedded.
     other_name = resolve_model_path("all-MiniLM-L6-v2")
     second = await kb_factory(url, embedding_model=other_name)
+    # Opening loads no model and re-embeds nothing yet (status must stay instant); the first search does it.
+    assert (await second.status()).embedding_model == "all-MiniLM-L6-v2"
+    hits = (await second.search("how do I connect to the VPN", SearchFilters(), k=1, mode="dense")).hits
+    assert hits[0].external_id == "vpn.md"
     status = await second.status()
     assert status.embedding_model == other_name
     async with second.engine.connect() as conn:
