@@ -122,7 +122,10 @@ async def database_versions(engine) -> dict[str, str]:  # type: ignore[no-untype
 
     async with engine.connect() as conn:
         postgres = (await conn.execute(text("SHOW server_version"))).scalar_one()
-        pgvector = (await conn.execute(text("SELECT extversion FROM pg_extension WHERE extname = 'vector'"))).scalar()
+        pgvector = (await conn.execute(text(
+            "SELECT coalesce((SELECT extversion FROM pg_extension WHERE extname = 'vector'), "
+            "(SELECT default_version FROM pg_available_extensions WHERE name = 'vector'))"
+        ))).scalar()
     return {"postgres": postgres, "pgvector": pgvector or "?"}
 
 

@@ -68,7 +68,7 @@ def search_section(result: dict) -> str:  # type: ignore[type-arg]
         ("HNSW recall@10 vs exact", "hnsw_recall@10"),
         ("HNSW recall@10 vs exact, filtered", "hnsw_filtered_recall@10"),
         ("lexical recall@10 vs exact BM25", "lexical_recall@10"),
-        ("searches with < 10 results (of all configs)", "searches_with_fewer_than_10_results"),
+        ("searches returning < 10 results (of the timed ones)", "searches_with_fewer_than_10_results"),
         ("store path while loading (chunks/s, no HNSW)", "store_chunks_per_s"),
         ("HNSW build (s)", "hnsw_build_s"),
         ("chunks table incl. indexes and TOAST (MB)", "chunks_table_mb"),
@@ -81,13 +81,24 @@ def search_section(result: dict) -> str:  # type: ignore[type-arg]
         for s in order:
             value = sizes[s].get(key, "–")
             if isinstance(value, dict):
-                value = sum(value.values())
+                value = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in value.items() if v) or "none"
             cells.append(str(value))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     index_rows = {name for s in order for name in sizes[s].get("index_mb", {})}
     for name in sorted(index_rows):
         lines.append(f"| index {name} (MB) | " + " | ".join(str(sizes[s].get("index_mb", {}).get(name, "–"))
                                                            for s in order) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def levers_section(result: dict) -> str:  # type: ignore[type-arg]
+    lines = ["## Levers (`bench/search.py --levers`)", "", _machine(result), "",
+             "recall@10 against exact search and p50 / p95 in ms, same run, same queries.", "",
+             "| size | lever | recall@10 | p50 | p95 | build s | index MB |", "|---|---|---|---|---|---|---|"]
+    for size, figures in sorted(result.get("sizes", {}).items(), key=lambda item: int(item[0])):
+        for lever, row in figures.get("levers", {}).items():
+            lines.append(f"| {int(size):,} | {lever.replace('_', ' ')} | {row.get('recall@10')} | {row.get('p50')} | "
+                         f"{row.get('p95')} | {row.get('build_s', '')} | {row.get('index_mb', '')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -118,6 +129,9 @@ def main() -> None:
     search = _load("search")
     if search:
         parts.append(search_section(search))
+    levers = _load("search-levers")
+    if levers:
+        parts.append(levers_section(levers))
     ingest = _load("ingest")
     if ingest:
         parts.append(ingest_section(ingest))

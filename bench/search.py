@@ -209,7 +209,70 @@ async def recall(kb, queries: list[str]) -> dict[str, float]:  # type: ignore[no
             "lexical_recall@10": round(lexical / n, 4)}
 
 
-async def run_size(n_chunks: int, n_queries: int, recall_queries: int, keep: bool) -> dict[str, object]:
+async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Measured, not assumed: HNSW ef_search, a halfvec HNSW index, and the lexical candidate rule (df share)."""
+    import knowledge.retrieval as retrieval
+
+    dim = kb.embedder.dimension
+    out: dict[str, object] = {}
+    exact = [await exact_dense(kb, v, EVERY_DOCUMENT) for v in vectors]
+
+    async def dense_run(sql: str, settings: str = "") -> dict[str, float]:
+        samples, hits = [], 0.0
+        for vector, truth in zip(vectors, exact):
+            async with kb.engine.begin() as conn:
+                if settings:
+                    await conn.execute(text(settings))
+                started = timer()
+                ids = {r.id for r in await conn.execute(text(sql), {"q": vector})}
+                samples.append((timer() - started) * 1000)
+            hits += len(ids & truth) / max(len(truth), 1)
+        return {"recall@10": round(hits / len(vectors), 4), **summary(samples)}
+
+    vector_sql = (f"SELECT id FROM chunks ORDER BY embedding::vector({dim}) <=> CAST(:q AS vector({dim})) LIMIT 10")
+    for ef in (40, 100, 200, 400):
+        out[f"hnsw_ef_search_{ef}"] = await dense_run(vector_sql, f"SET LOCAL hnsw.ef_search = {ef}")
+        print(f"  ef_search {ef}: {out[f'hnsw_ef_search_{ef}']}")
+    started = timer()
+    async with kb.engine.begin() as conn:
+        await conn.execute(text("SET LOCAL maintenance_work_mem = '512MB'"))
+        await conn.execute(text(f"CREATE INDEX bench_halfvec ON chunks USING hnsw ((embedding::halfvec({dim})) "
+                                "halfvec_cosine_ops)"))
+    build = timer() - started
+    async with kb.engine.connect() as conn:
+        size = (await conn.execute(text("SELECT pg_relation_size('bench_halfvec')"))).scalar_one()
+    halfvec = await dense_run(f"SELECT id FROM chunks ORDER BY embedding::halfvec({dim}) <=> "
+                              f"CAST(:q AS halfvec({dim})) LIMIT 10")
+    out["halfvec_hnsw"] = {**halfvec, "build_s": round(build, 1), "index_mb": round(size / 1024 / 1024, 1)}
+    print(f"  halfvec: {out['halfvec_hnsw']}")
+    async with kb.engine.begin() as conn:
+        await conn.execute(text("DROP INDEX bench_halfvec"))
+
+    truths = []
+    for query in queries:
+        async with kb.engine.connect() as conn:
+            truths.append({r.id for r in await conn.execute(
+                EXACT_BM25, {"query": query, "config": kb.settings.text_search_config})})
+    default_share = retrieval.RARE_TERM_SHARE
+    try:
+        for share in (0.1, 0.03, 0.01, 0.003):
+            retrieval.RARE_TERM_SHARE = share
+            samples, hits = [], 0.0
+            for query, truth in zip(queries, truths):
+                started = timer()
+                got = await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="lexical", max_per_document=10)
+                samples.append((timer() - started) * 1000)
+                hits += len({h.chunk_id for h in got.hits} & truth) / max(len(truth), 1)
+            out[f"lexical_df_share_{share}"] = {"recall@10": round(hits / len(queries), 4), **summary(samples)}
+            print(f"  lexical df <= {share}: {out[f'lexical_df_share_{share}']}")
+    finally:
+        retrieval.RARE_TERM_SHARE = default_share
+    return out
+
+
+async def run_size(
+    n_chunks: int, n_queries: int, recall_queries: int, keep: bool, with_levers: bool = False
+) -> dict[str, object]:
     database = f"ragbot_bench_search_{n_chunks}"
     kb = await open_fresh_kb(database)
     try:
@@ -241,6 +304,9 @@ async def run_size(n_chunks: int, n_queries: int, recall_queries: int, keep: boo
         print(f"  {'raw_sql':32s} {latency['raw_sql']}\n  {'raw_sql_filtered':32s} {latency['raw_sql_filtered']}")
         print("  recall against exact search ...")
         figures.update(await recall(kb, queries[:recall_queries]))
+        if with_levers:
+            print("  levers ...")
+            figures["levers"] = await levers(kb, queries[:recall_queries], vectors[:recall_queries])
         figures["latency_ms"] = latency
         figures["searches_with_fewer_than_10_results"] = short
         for key in ("hybrid", "hybrid_filtered", "dense", "lexical", "raw_sql"):
@@ -261,13 +327,15 @@ async def main() -> None:
     parser.add_argument("--chunks", default="10k", help="comma-separated sizes, e.g. 10k,100k,1M")
     parser.add_argument("--queries", type=int, default=200, help="timed queries per configuration")
     parser.add_argument("--recall-queries", type=int, default=50)
+    parser.add_argument("--levers", action="store_true",
+                        help="also measure HNSW ef_search, a halfvec index and the lexical candidate rule")
     parser.add_argument("--keep", action="store_true", help="keep the databases (ragbot_bench_search_<n>)")
     parser.add_argument("--name", default="search", help="results file name (bench/results/<name>.json)")
     args = parser.parse_args()
     results: dict[str, object] = {}
     versions: dict[str, str] = {}
     for size in [parse_size(s) for s in args.chunks.split(",")]:
-        results[str(size)] = await run_size(size, args.queries, args.recall_queries, args.keep)
+        results[str(size)] = await run_size(size, args.queries, args.recall_queries, args.keep, args.levers)
     from db.engine import create_engine, database_url
 
     engine = create_engine(database_url())
