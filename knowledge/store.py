@@ -347,6 +347,7 @@ async def _insert_chunks(
 # short transaction re-weights.
 REWEIGHT_DRIFT = 0.10
 REWEIGHT_BATCH = 5000
+REWEIGHT_PENDING = "bm25_reweight_pending"  # kb_meta key: "1" from moving the target until every chunk follows it
 
 
 async def reweight_bm25(engine: AsyncEngine, *, batch: int = REWEIGHT_BATCH, force: bool = False) -> int:
@@ -358,23 +359,15 @@ async def reweight_bm25(engine: AsyncEngine, *, batch: int = REWEIGHT_BATCH, for
     async with engine.begin() as conn:
         await lock_index_for_writing(conn)
         s = (await conn.execute(text("SELECT n_chunks, total_len, weights_avgdl FROM corpus_stats WHERE id = 1"))).one()
-        if s.n_chunks == 0:
+        if s.n_chunks == 0 or s.total_len == 0:
             return 0
         avgdl = s.total_len / s.n_chunks
         drifted = s.weights_avgdl <= 0 or abs(avgdl - s.weights_avgdl) / s.weights_avgdl > REWEIGHT_DRIFT
         if drifted or force:
             await conn.execute(text("UPDATE corpus_stats SET weights_avgdl = :a WHERE id = 1"), {"a": avgdl})
-            target = avgdl
-        else:
-            target = s.weights_avgdl
-        # Chunks weighted before migration 0006 have no bm25_avgdl: they carry the target that was current then.
-        stale = (await conn.execute(
-            text("SELECT EXISTS (SELECT 1 FROM chunks WHERE bm25_avgdl IS DISTINCT FROM :t "
-                 "AND (bm25_avgdl IS NOT NULL OR :moved))"),
-            {"t": target, "moved": drifted or force},
-        )).scalar_one()
-    if not stale:
-        return 0
+            await set_meta(conn, REWEIGHT_PENDING, "1")
+        elif await get_meta(conn, REWEIGHT_PENDING) != "1":
+            return 0  # nothing moved and no earlier run was interrupted: no need to look at the chunks
     reweighted, after = 0, 0
     while True:
         async with engine.begin() as conn:
@@ -399,6 +392,8 @@ async def reweight_bm25(engine: AsyncEngine, *, batch: int = REWEIGHT_BATCH, for
                 {"after": after, "batch": batch},
             )).one()
         if not row.n:
+            async with engine.begin() as conn:
+                await set_meta(conn, REWEIGHT_PENDING, "0")
             return reweighted
         reweighted += row.n
         after = row.last
