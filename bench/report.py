@@ -129,9 +129,8 @@ def main() -> None:
     search = _load("search")
     if search:
         parts.append(search_section(search))
-    levers = _load("search-levers")
-    if levers:
-        parts.append(levers_section(levers))
+    if search and any("levers" in figures for figures in search.get("sizes", {}).values()):
+        parts.append(levers_section(search))
     ingest = _load("ingest")
     if ingest:
         parts.append(ingest_section(ingest))
