@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -61,10 +62,15 @@ def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "ANTHROPIC_API_KEY": ""}
 
 
-def timed(args: list[str]) -> float:
+def timed(args: list[str]) -> tuple[float, float]:
+    """Wall time and CPU time (user + system) of one command. On a busy shared machine the wall time mostly
+    measures the queue for the CPU; the CPU time is what the command itself costs."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "bot.cli", *args], env=env(), cwd=REPO, check=True, capture_output=True)
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -78,10 +84,11 @@ def main() -> None:
                    capture_output=True)
 
     print(f"load average before: {os.getloadavg()[0]:.2f} (2-core machine)")
-    print(f"{'command':32} {'best':>7} {'median':>7}   ({options.runs} runs, fresh process each)")
+    print(f"{'command':32} {'wall best':>9} {'median':>7} {'CPU best':>9} {'median':>7}   ({options.runs} runs, fresh process each)")
     for label, args in COMMANDS.items():
-        times = [timed(args) for _ in range(options.runs)]
-        print(f"{label:32} {min(times):6.2f}s {statistics.median(times):6.2f}s")
+        runs = [timed(args) for _ in range(options.runs)]
+        walls, cpus = [w for w, _ in runs], [c for _, c in runs]
+        print(f"{label:32} {min(walls):8.2f}s {statistics.median(walls):6.2f}s {min(cpus):8.2f}s {statistics.median(cpus):6.2f}s")
 
     phase_runs: list[dict[str, float]] = []
     for _ in range(options.runs):

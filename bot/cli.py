@@ -104,9 +104,30 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 
 def fail(message: str) -> None:
     """A clear one-line error and exit code 2, for anything the user can fix."""
+    from knowledge.sanitize import strip_control
+
     # escape: paths and messages may contain [brackets]; soft_wrap: one line, however long.
-    err_console.print(f"[red]Error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    one_line = " ".join(strip_control(message).split("\n"))
+    err_console.print(f"[red]Error:[/] {escape(one_line)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
+
+
+def print_json(payload: object) -> None:
+    """--json output: every string in it passes through quote_safe, like every other surface (document titles,
+    paths and text are data, never mentions, markup or terminal control)."""
+    print(json.dumps(_quote_safe_strings(payload), indent=2))
+
+
+def _quote_safe_strings(value: object) -> object:
+    from knowledge.sanitize import quote_safe
+
+    if isinstance(value, str):
+        return quote_safe(value)
+    if isinstance(value, dict):
+        return {_quote_safe_strings(k): _quote_safe_strings(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_quote_safe_strings(v) for v in value]
+    return value
 
 
 def run_async(factory: Callable[[], Awaitable[T]]) -> T:
@@ -117,6 +138,7 @@ def run_sync(work: Callable[[], T]) -> T:
     """Run `work`, turning the errors a user can fix into one clear line and exit code 2."""
     from knowledge.embedding import EmbeddingModelError
     from knowledge.evaluation import EvalFileError
+    from knowledge.errors import KnowledgeError
     from knowledge.store import SourceConflict
 
     from sqlalchemy.exc import DBAPIError
@@ -125,7 +147,8 @@ def run_sync(work: Callable[[], T]) -> T:
 
     try:
         return work()
-    except (SourceConflict, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError) as exc:
+    except (SourceConflict, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError,
+            KnowledgeError) as exc:
         fail(str(exc))
     except DBAPIError as exc:
         fail(f"database error: {exc.orig or exc}".splitlines()[0])
@@ -175,7 +198,7 @@ def ingest(
 
     reports = with_kb(sync_all)
     if as_json:
-        print(json.dumps({"reports": reports}, indent=2))
+        print_json({"reports": reports})
 
 
 @app.command()
@@ -206,7 +229,7 @@ def search(
 
     results = with_kb(run_search)
     if as_json:
-        print(json.dumps({"results": [hit.to_dict() for hit in results.hits]}, indent=2))
+        print_json({"results": [hit.to_dict() for hit in results.hits]})
     else:
         render_hits(results.hits)
 
@@ -237,7 +260,7 @@ def ask(
 
     answer = with_kb(run_ask)
     if as_json:
-        print(json.dumps(answer.to_dict(), indent=2))
+        print_json(answer.to_dict())
     else:
         render_answer(answer)
 
@@ -260,7 +283,7 @@ def status(as_json: JsonOption = False) -> None:
 
     result = with_kb(lambda kb: kb.status())
     if as_json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print_json(result.to_dict())
     else:
         render_status(result)
 
@@ -269,7 +292,9 @@ def status(as_json: JsonOption = False) -> None:
 def remove_source(name: Annotated[str, typer.Argument(help="The source to forget.")]) -> None:
     """Remove a source and everything indexed from it (the files themselves are not touched)."""
     removed = with_kb(lambda kb: kb.remove_source(name))
-    console.print(f"Removed source {escape(name)} and its {removed} documents.")
+    from bot.terminal import shown
+
+    console.print(f"Removed source {shown(name)} and its {removed} documents.")
 
 
 @app.command()
@@ -310,7 +335,7 @@ def evaluate(
 
         summary = with_kb(lambda kb: run_answer_eval(kb, file, principals or ["everyone"], sources or []))
         if as_json:
-            print(json.dumps(summary, indent=2))
+            print_json(summary)
         else:
             render_answer_eval(summary)
         return
@@ -324,7 +349,7 @@ def evaluate(
 
     results = with_kb(lambda kb: run_eval(kb, file, beir, modes, principals or [], sources or []))
     if as_json:
-        print(json.dumps(results, indent=2))
+        print_json(results)
     else:
         from bot.evaluate import render_eval
 
@@ -359,6 +384,10 @@ def db_stop() -> None:
         fail("DATABASE_URL is set: ragbot is not running an embedded database")
     console.print("Stopped the embedded database." if stop_embedded(settings.home) else "The embedded database was not running.")
 
+
+from bot.cli_sources import register_source_commands  # noqa: E402  (source, sync, sync-runs, scheduler)
+
+register_source_commands(app)
 
 if __name__ == "__main__":
     sys.exit(app())

@@ -11,15 +11,25 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
+
+from knowledge.sanitize import quote_safe
 
 if TYPE_CHECKING:  # the knowledge core (SQLAlchemy and friends) is imported only by commands that use it
     from knowledge.answering import Answer
     from knowledge.indexing import SyncReport
     from knowledge.kb import IndexStatus, KnowledgeBase
     from knowledge.retrieval import SearchHit
+    from knowledge.sources.base import SyncRun
 
 console = Console()
 err_console = Console(stderr=True)
+
+
+def shown(value: object) -> str:
+    """Document-derived text for a rich markup string: sanitised (no escape sequences, no mentions or image
+    markup), then markup-escaped so `[brackets]` in it are shown, never parsed."""
+    return escape(quote_safe(str(value)))
 
 
 class RichSyncProgress:
@@ -40,17 +50,23 @@ class RichSyncProgress:
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
 
-    def start(self, total: int) -> None:
+    def start(self, total: int | None) -> None:
         self.task = self.progress.add_task("", total=total, label=self.label)
+
+    def grow(self, count: int) -> None:
+        """More items arrived (a source paging through its changes)."""
+        if self.task is not None:
+            current = self.progress.tasks[self.task].total or 0
+            self.progress.update(self.task, total=current + count)
 
     def advance(self, label: str) -> None:
         if self.task is not None:
-            self.progress.update(self.task, advance=1, description=label[-50:])
+            self.progress.update(self.task, advance=1, description=shown(label[-50:]))
 
 
 def render_sync_report(report: SyncReport) -> None:
     console.print(
-        f"[bold]{escape(report.source)}[/]: {len(report.added)} added, {len(report.updated)} updated, "
+        f"[bold]{shown(report.source)}[/]: {len(report.added)} added, {len(report.updated)} updated, "
         f"{report.unchanged} unchanged, {len(report.metadata_updated)} metadata-only, {len(report.deleted)} deleted, "
         f"{len(report.skipped)} skipped, {len(report.failed)} failed "
         f"({report.chunks_written} chunks written, {report.chunks_embedded} embedded, "
@@ -58,11 +74,11 @@ def render_sync_report(report: SyncReport) -> None:
         soft_wrap=True,
     )
     for external_id, reason in report.failed:
-        console.print(f"  [red]failed[/] {escape(external_id)}: {escape(reason)}", soft_wrap=True)
+        console.print(f"  [red]failed[/] {shown(external_id)}: {shown(reason)}", soft_wrap=True)
     for warning in report.warnings:
-        console.print(f"  [yellow]warning[/] {escape(warning)}", soft_wrap=True)
+        console.print(f"  [yellow]warning[/] {shown(warning)}", soft_wrap=True)
     if report.skipped:
-        console.print(f"  {escape(not_documents_summary([i for i, _ in report.skipped]))}", soft_wrap=True)
+        console.print(f"  {shown(not_documents_summary([i for i, _ in report.skipped]))}", soft_wrap=True)
 
 
 def not_documents_summary(names: Sequence[str]) -> str:
@@ -102,10 +118,10 @@ def render_hits(hits: Sequence[SearchHit]) -> None:
     if plain_output():
         for hit in hits:
             # Titles, paths and text come from documents: escaped, so [brackets] in them are shown, not parsed.
-            where = escape(section_breadcrumb(hit.title, hit.heading))
+            where = shown(section_breadcrumb(hit.title, hit.heading))
             console.print(f"{hit.rank}. [bold]{where}[/] (score {hit.score:.3f})", soft_wrap=True, highlight=False)
-            console.print(f"   {escape(hit.path or hit.external_id)}", soft_wrap=True, highlight=False)
-            console.print(f"   {escape(' '.join(hit.text.split()))}", soft_wrap=True, highlight=False)
+            console.print(f"   {shown(hit.path or hit.external_id)}", soft_wrap=True, highlight=False)
+            console.print(f"   {shown(' '.join(hit.text.split()))}", soft_wrap=True, highlight=False)
         return
     table = Table(show_lines=True)
     table.add_column("#", justify="right")
@@ -113,10 +129,11 @@ def render_hits(hits: Sequence[SearchHit]) -> None:
     table.add_column("document")
     table.add_column("text")
     for hit in hits:
-        where = f"[bold]{escape(hit.title)}[/]\n{escape(hit.path or hit.external_id)}" + (
-            f"\n[dim]{escape(section_breadcrumb('', hit.heading))}[/]" if hit.heading else ""
+        # Titles, paths and text come from documents: sanitised and escaped, so they are shown, never obeyed.
+        where = f"[bold]{shown(hit.title)}[/]\n{shown(hit.path or hit.external_id)}" + (
+            f"\n[dim]{shown(section_breadcrumb('', hit.heading))}[/]" if hit.heading else ""
         )
-        snippet = escape(hit.text if len(hit.text) < 300 else hit.text[:299] + "…")
+        snippet = shown(hit.text if len(hit.text) < 300 else hit.text[:299] + "…")
         table.add_row(str(hit.rank), f"{hit.score:.3f}", where, snippet)
     console.print(table)
 
@@ -128,11 +145,10 @@ def section_breadcrumb(title: str, heading: str) -> str:
 
 
 def render_answer(answer: Answer) -> None:
-    if plain_output():
-        console.print(escape(answer.text), soft_wrap=True, highlight=False)
-    else:
-        
-        console.print(Markdown(answer.text))
+    # The answer is built from document text: printed literally (a Text is never parsed as markup or Markdown),
+    # so `<!channel> …`, `[bold]` or `![image](url)` in a document show as written. Offline answers are written
+    # as plain Markdown source (a table is `| a | b |` rows under a header), which reads well as it is.
+    console.print(Text(quote_safe(answer.text)), soft_wrap=plain_output())
     if answer.citations:
         console.print()
         for citation in answer.citations:
@@ -143,20 +159,20 @@ def render_answer(answer: Answer) -> None:
         for citation in answer.related:
             _print_reference(citation)
     if answer.note:
-        console.print(f"[dim]({escape(answer.note)})[/]", soft_wrap=True)
+        console.print(f"[dim]({shown(answer.note)})[/]", soft_wrap=True)
 
 
 def _print_reference(citation) -> None:  # type: ignore[no-untyped-def]
     location = citation.url or citation.path or citation.external_id
     where = citation.title + (f" › {citation.heading}" if citation.heading else "")
-    console.print(f"  [bold][{citation.n}][/] {escape(where)} [dim]{escape(location)}[/]", soft_wrap=True, highlight=False)
+    console.print(f"  [bold][{citation.n}][/] {shown(where)} [dim]{shown(location)}[/]", soft_wrap=True, highlight=False)
 
 
 def render_status(status: IndexStatus) -> None:
-    console.print(f"Database: {status.database}", soft_wrap=True, highlight=False)
+    console.print(f"Database: {shown(status.database)}", soft_wrap=True, highlight=False)
     model = status.embedding_model or "none yet"
     dimensions = f" ({status.embedding_dimension} dimensions)" if status.embedding_dimension else ""
-    console.print(f"Embedding model: {escape(model)}{dimensions}", soft_wrap=True, highlight=False)
+    console.print(f"Embedding model: {shown(model)}{dimensions}", soft_wrap=True, highlight=False)
     console.print(
         f"{status.documents} documents, {status.chunks} chunks, {status.vocabulary} terms, "
         f"{status.avg_chunk_length:.1f} terms per chunk on average", soft_wrap=True,
@@ -165,15 +181,41 @@ def render_status(status: IndexStatus) -> None:
         for s in status.sources:
             synced = s.last_synced_at.strftime("%Y-%m-%d %H:%M") if s.last_synced_at else "never"
             console.print(
-                f"{escape(s.name)} ({s.kind}): {s.documents} documents, {s.chunks} chunks, last synced {synced}, "
-                f"{escape(s.location or '')}", soft_wrap=True, highlight=False,
+                f"{shown(s.name)} ({shown(s.kind)}): {s.documents} documents, {s.chunks} chunks, last synced {synced}, "
+                f"last run {describe_run(s.last_run, s.running)}, {shown(s.location or '')}",
+                soft_wrap=True, highlight=False,
             )
+        running = [s.name for s in status.sources if s.running]
+        if running:
+            console.print(f"Syncing now: {shown(', '.join(running))}", soft_wrap=True)
         return
-    table = Table("source", "kind", "documents", "chunks", "last synced", "location")
+    table = Table("source", "kind", "documents", "chunks", "last synced", "last run", "location")
     for s in status.sources:
-        table.add_row(escape(s.name), s.kind, str(s.documents), str(s.chunks),
-                      s.last_synced_at.strftime("%Y-%m-%d %H:%M") if s.last_synced_at else "never", escape(s.location or ""))
+        table.add_row(shown(s.name), shown(s.kind), str(s.documents), str(s.chunks),
+                      s.last_synced_at.strftime("%Y-%m-%d %H:%M") if s.last_synced_at else "never",
+                      describe_run(s.last_run, s.running), shown(s.location or ""))
     console.print(table)
+    running = [s.name for s in status.sources if s.running]
+    if running:
+        console.print(f"Syncing now: {shown(', '.join(running))}")
+
+
+def describe_run(run: SyncRun | None, running: bool = False) -> str:
+    """A sync run in a few words: "ok 2026-11-22 10:00 (cli): 3 added, 1 failed", "running since ..."."""
+    if running:
+        since = f" (run started {run.started_at:%Y-%m-%d %H:%M})" if run is not None and run.status == "running" else ""
+        return f"[bold yellow]running[/]{since}"
+    if run is None:
+        return "never"
+    colour = {"ok": "green", "failed": "red", "interrupted": "yellow"}.get(run.status, "white")
+    counts = ", ".join(f"{n} {label}" for n, label in (
+        (run.added, "added"), (run.updated, "updated"), (run.deleted, "deleted"), (run.failed, "failed")) if n)
+    text = f"[{colour}]{run.status}[/] {run.started_at:%Y-%m-%d %H:%M} ({shown(run.trigger)})"
+    if counts:
+        text += f": {counts}"
+    if run.error:
+        text += f"\n[dim]{shown(run.error[:160])}[/]"
+    return text
 
 
 QUIT_WORDS = ("/quit", "/exit", "quit", "exit")

@@ -29,6 +29,36 @@ class Source(Base):
     location: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     last_synced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Migration 0003: what the source's factory rebuilds it from (never secrets), where the next sync starts, and
+    # its schedules (None: on demand).
+    config: Mapped[dict] = mapped_column(JSONB, server_default="{}")  # type: ignore[type-arg]
+    checkpoint: Mapped[str | None] = mapped_column(Text)
+    schedule_seconds: Mapped[int | None] = mapped_column(Integer)
+    prune_seconds: Mapped[int | None] = mapped_column(Integer)
+    last_pruned_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class SyncRun(Base):
+    """One sync run (migration 0003): trigger (schedule, cli, chat), outcome and counts."""
+
+    __tablename__ = "sync_runs"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    source_id: Mapped[int] = mapped_column(ForeignKey("sources.id", ondelete="CASCADE"))
+    trigger: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text, server_default="running")  # running, ok, failed, interrupted
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    full_sync: Mapped[bool] = mapped_column(default=False)
+    pruned: Mapped[bool] = mapped_column(default=False)
+    added: Mapped[int] = mapped_column(Integer, default=0)
+    updated: Mapped[int] = mapped_column(Integer, default=0)
+    metadata_updated: Mapped[int] = mapped_column(Integer, default=0)
+    deleted: Mapped[int] = mapped_column(Integer, default=0)
+    unchanged: Mapped[int] = mapped_column(Integer, default=0)
+    skipped: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    details: Mapped[dict | None] = mapped_column(JSONB)  # type: ignore[type-arg]
 
 
 class Document(Base):
@@ -45,6 +75,7 @@ class Document(Base):
     content_hash: Mapped[str] = mapped_column(String(64))
     access: Mapped[list[str]] = mapped_column(ARRAY(Text))
     indexed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    version: Mapped[str | None] = mapped_column(Text)  # migration 0003: "<pipeline recipe>|<source version>"
 
 
 class Chunk(Base):

@@ -49,8 +49,11 @@ class Embedder:
     Large batches (ingest) go through sentence-transformers, which is faster per text once loaded.
     """
 
-    # Up to this many texts are embedded with NumPy when the model allows it.
-    SMALL_BATCH = 48
+    # Before sentence-transformers is loaded, batches up to this many tokens (a question, the sentences of an
+    # offline answer) are embedded with NumPy: cheaper than the seconds of importing torch. Once it is loaded,
+    # only a question or two still goes through NumPy.
+    LIGHT_TOKEN_BUDGET = 4096
+    LIGHT_TEXTS_WHEN_LOADED = 2
 
     def __init__(self, model_name: str, batch_size: int = 32, device: str = "auto") -> None:
         self.name = model_name
@@ -117,17 +120,27 @@ class Embedder:
         if not texts:
             return []
         with self._lock:
-            if self.light is not None and len(texts) <= self.SMALL_BATCH:
-                # One BLAS thread: a question is a few dozen tokens, too little to share out, and on a busy
-                # machine multi-threaded BLAS spins waiting for its threads (measured: p50 3.8 s vs 0.44 s for one
-                # question at load 12 on 2 cores).
-                with _single_blas_thread():
+            if self._use_light(texts):
+                if len(texts) <= self.LIGHT_TEXTS_WHEN_LOADED:
+                    # One BLAS thread for a question or two: a few dozen tokens are too little to share out, and on
+                    # a busy machine multi-threaded BLAS spins waiting for its threads (measured: one question at
+                    # load 12 on 2 cores, p50 3.8 s with the default threads, 0.28 s with one).
+                    with _single_blas_thread():
+                        vectors = self.light.encode(texts, batch_size=8)
+                else:
                     vectors = self.light.encode(texts, batch_size=8)
             else:
                 vectors = self.model.encode(
                     list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
                 )
         return [vector.tolist() for vector in vectors]
+
+    def _use_light(self, texts: Sequence[str]) -> bool:
+        if self.light is None:
+            return False
+        if "model" in self.__dict__:  # sentence-transformers is already loaded (an ingest ran in this process)
+            return len(texts) <= self.LIGHT_TEXTS_WHEN_LOADED
+        return sum(self.light.count_tokens(texts)) <= self.LIGHT_TOKEN_BUDGET
 
     async def embed_async(self, texts: Sequence[str]) -> list[list[float]]:
         return await asyncio.to_thread(self.embed, texts)

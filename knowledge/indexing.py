@@ -1,22 +1,26 @@
 """Sync a source into the index: incremental, batched, and safe to interrupt.
 
-- An item whose bytes (and title) hash the same as last time is skipped; if only its metadata or access list
-  changed, those are updated in place without re-chunking.
+- A source reports what changed since its checkpoint (see `knowledge.sources.base`). An item whose cheap version
+  matches the stored one is not even fetched; one whose bytes (and title) hash the same as last time is skipped;
+  if only its metadata or access list changed, those are updated in place without re-chunking.
 - A changed item is re-parsed and re-chunked; only chunks whose text is new are embedded, the rest come from the
   embedding cache keyed by (model, hash of the embedded text).
 - Each document is written in its own transaction, so an interrupted sync leaves every document either fully old
-  or fully new. Deletions happen only after a complete listing, so a failed listing never empties the index.
+  or fully new. A batch's checkpoint is stored only after all its documents are committed, so a run killed at any
+  moment resumes where the committed work ends. Deletions come from the source's delete feed or from a prune pass
+  over a complete inventory, so a failed listing never empties the index.
 - A file that cannot be read or parsed is reported and skipped, and its previously indexed version is kept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Awaitable, Callable, Protocol, Sequence
 
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
@@ -27,11 +31,14 @@ from knowledge.chunking import ChunkDraft, chunk_document, compose_search_text
 from knowledge.embedding import Embedder, content_hash
 from knowledge.parsing import Block, CorruptDocument, ParsedDocument, UnsupportedFormat, parse_document
 from knowledge.settings import KnowledgeSettings
-from knowledge.sources.base import Source, SourceItem
+from knowledge.errors import ItemUnavailable
+from knowledge.sources.base import Source, SourceItem, as_source, principals_key, read_item
 
 logger = logging.getLogger(__name__)
 
 BATCH_DOCUMENTS = 16
+# Items fetched at once within a batch (HTTP sources bound their own connections too).
+FETCH_CONCURRENCY = 4
 # VACUUM the chunks table after a sync or a source removal deleted at least this many chunks (see
 # Indexer.after_large_delete).
 VACUUM_AFTER_DELETED_CHUNKS = 1000
@@ -44,12 +51,16 @@ PIPELINE_VERSION = "2"
 
 
 class SyncProgress(Protocol):
-    def start(self, total: int) -> None: ...
+    """What a sync reports while it runs. `start` is called once with the expected number of items (None when
+    the source cannot tell yet); a source that pages through changes may then call `grow(n)` (optional: a
+    progress object without it is fine) as more items arrive; `advance` once per item handled."""
+
+    def start(self, total: int | None) -> None: ...
     def advance(self, label: str) -> None: ...
 
 
 class _NoProgress:
-    def start(self, total: int) -> None:
+    def start(self, total: int | None) -> None:
         pass
 
     def advance(self, label: str) -> None:
@@ -62,7 +73,7 @@ class SyncReport:
     added: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     unchanged: int = 0
-    metadata_updated: list[str] = field(default_factory=list)
+    metadata_updated: list[str] = field(default_factory=list)  # access or metadata changed, content did not
     deleted: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # unsupported types: (external id, reason)
     failed: list[tuple[str, str]] = field(default_factory=list)  # unreadable or corrupt: (external id, reason)
@@ -71,6 +82,11 @@ class SyncReport:
     chunks_embedded: int = 0
     chunks_from_cache: int = 0
     seconds: float = 0.0
+    # Filled by KnowledgeBase.sync_source / sync: the recorded run.
+    run_id: int | None = None
+    trigger: str | None = None
+    pruned: bool = False
+    checkpoint: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -81,7 +97,15 @@ class SyncReport:
             "warnings": self.warnings,
             "chunks_written": self.chunks_written, "chunks_embedded": self.chunks_embedded,
             "chunks_from_cache": self.chunks_from_cache, "seconds": round(self.seconds, 2),
+            "run_id": self.run_id, "trigger": self.trigger, "pruned": self.pruned,
         }
+
+    def finish(self) -> None:
+        """Stable order for people and tests: fetches run concurrently, so items finish in any order."""
+        for name in ("added", "updated", "metadata_updated", "deleted"):
+            getattr(self, name).sort()
+        self.skipped.sort()
+        self.failed.sort()
 
 
 def unique_chunks(drafts: Sequence[ChunkDraft]) -> list[ChunkDraft]:
@@ -117,18 +141,31 @@ class _Prepared:
     is_new: bool
 
 
-def item_hash(item: SourceItem, data: bytes, settings: KnowledgeSettings, model: str) -> str:
-    """What decides whether a document must be re-chunked: its bytes, its title, and how chunks are made (chunks
-    are measured with the embedding model's tokenizer, so the model is part of the recipe)."""
-    digest = hashlib.sha256()
-    recipe = (
+@dataclass(frozen=True)
+class _Fetched:
+    data: bytes | None = None
+    error: str | None = None
+
+
+def pipeline_recipe(settings: KnowledgeSettings, model: str) -> str:
+    """How chunks are made: bump PIPELINE_VERSION, change the model or the chunking settings and every document
+    is re-chunked on its next sync (chunks are measured with the model's tokenizer, so the model is part of it)."""
+    return (
         f"{PIPELINE_VERSION}|{model}|{settings.chunk_tokens}|{settings.chunk_overlap_tokens}|"
         f"{settings.text_search_config}"
     )
-    digest.update(recipe.encode("utf-8") + b"\x00")
+
+
+def item_hash(item: SourceItem, data: bytes, settings: KnowledgeSettings, model: str) -> str:
+    """What decides whether a document must be re-chunked: its bytes, its title, and how chunks are made."""
+    digest = hashlib.sha256()
+    digest.update(pipeline_recipe(settings, model).encode("utf-8") + b"\x00")
     digest.update((item.title or "").encode("utf-8") + b"\x00")
     digest.update(data)
     return digest.hexdigest()
+
+
+CheckpointCallback = Callable[[str], Awaitable[None]]
 
 
 class Indexer:
@@ -136,57 +173,84 @@ class Indexer:
         self.engine = engine
         self.embedder = embedder
         self.settings = settings
+        self._recipe = hashlib.sha256(pipeline_recipe(settings, embedder.name).encode("utf-8")).hexdigest()[:16]
 
-    async def sync(self, source: Source, progress: SyncProgress | None = None) -> SyncReport:
+    def stored_version(self, item: SourceItem) -> str | None:
+        """The version string stored with a document: the source's version, tied to the pipeline recipe so a new
+        chunking setup still re-reads every item once."""
+        return None if item.version is None else f"{self._recipe}|{item.version}"
+
+    async def sync(
+        self, source: Source, progress: SyncProgress | None = None, *, source_id: int | None = None,
+        checkpoint: str | None = None, full: bool = False, prune: bool | None = None,
+        on_checkpoint: CheckpointCallback | None = None, report: SyncReport | None = None,
+    ) -> SyncReport:
+        """Apply the source's changes since `checkpoint`, then prune when asked (None: when the source prunes on
+        every sync). Each document commits on its own; `on_checkpoint` is awaited with a batch's checkpoint only
+        once the whole batch is committed. Source errors propagate (the run fails; committed work stays)."""
+        source = as_source(source)
         progress = progress or _NoProgress()
         started = time.monotonic()
-        report = SyncReport(source=source.spec.name)
-        items = await asyncio.to_thread(lambda: list(source.items()))
-        # Sources may report listing problems (unreadable folders, bad access files, skipped links) and parts of
-        # the listing that are incomplete; nothing under those is deleted.
-        report.warnings.extend(getattr(source, "warnings", ()))
-        unlisted: list[str] = list(getattr(source, "unlisted_prefixes", ()))
-        async with self.engine.begin() as conn:
-            source_id = await store.ensure_source(conn, source.spec.name, source.spec.kind, source.spec.location)
+        report = report or SyncReport(source=source.spec.name)
+        if source_id is None:
+            async with self.engine.begin() as conn:
+                source_id = await store.ensure_source(conn, source.spec.name, source.spec.kind, source.spec.location)
+        async with self.engine.connect() as conn:
             stored = await store.stored_documents(conn, source_id)
-        progress.start(len(items))
-        for start in range(0, len(items), BATCH_DOCUMENTS):
-            batch = items[start : start + BATCH_DOCUMENTS]
-            prepared = []
-            for item in batch:
-                result = await self._prepare(item, stored.get(item.external_id), report)
-                if result is not None:
-                    prepared.append(result)
-                else:
-                    progress.advance(item.external_id)
-            await self._write(prepared, source_id, report, progress)
+        handled: dict[str, str | None] = {}  # items seen this run, by stored version: overlapping pages repeat them
+        announced = 0
+        async for batch in source.changes(None if full else checkpoint, full=full):
+            fresh = []
+            for item in batch.items:
+                if item.external_id in handled and handled[item.external_id] == self.stored_version(item):
+                    continue
+                handled[item.external_id] = self.stored_version(item)
+                fresh.append(item)
+            if announced == 0:
+                announced = batch.total if batch.total is not None else len(fresh)
+                progress.start(announced if batch.total is not None else None)
+            grow = getattr(progress, "grow", None)
+            if batch.total is None and grow is not None:
+                grow(len(fresh))
+            for start in range(0, len(fresh), BATCH_DOCUMENTS):
+                await self._sync_items(fresh[start : start + BATCH_DOCUMENTS], stored, source_id, report, progress)
+            gone = [i for i in batch.deleted if i.startswith(source.listing_prefix)]
+            if gone:
+                async with self.engine.begin() as conn:
+                    report.deleted.extend(await store.delete_documents(conn, source_id, gone))
+            if batch.checkpoint is not None:
+                report.checkpoint = batch.checkpoint
+                if on_checkpoint is not None:
+                    await on_checkpoint(batch.checkpoint)
+        # Sources may report listing problems (unreadable folders, bad access files, skipped links).
+        report.warnings.extend(w for w in getattr(source, "warnings", ()) if w not in report.warnings)
+        if prune or (prune is None and source.prune_on_every_sync):
+            await self.prune(source, source_id, report)
+        await self._drop_vanished(source, source_id, stored, handled, report)
         async with self.engine.begin() as conn:
-            in_scope = [i for i in stored if i.startswith(source.listing_prefix)]
-            if source.complete_listing and not items and in_scope:
-                # An empty listing is far more often an unmounted drive or a wrong path than a deliberate purge.
-                report.warnings.append(
-                    f"the listing is empty, so none of the {len(in_scope)} indexed documents were deleted; "
-                    f"check the path, or run `ragbot remove-source {source.spec.name}` to drop it on purpose"
-                )
-            elif source.complete_listing and "" not in unlisted:
-                report.deleted = await store.delete_documents_not_in(
-                    conn, source_id, [i.external_id for i in items], source.listing_prefix, unlisted
-                )
-            # A partial sync (a subfolder or one file) still drops documents outside it whose file is gone: a file
-            # moved into the synced part must not stay searchable at its old path (with its old access list).
-            vanished = getattr(source, "vanished", None)
-            if vanished is not None and source.listing_prefix:
-                listed = {i.external_id for i in items}
-                outside = [i for i in stored if not i.startswith(source.listing_prefix) and i not in listed]
-                gone = await asyncio.to_thread(vanished, outside)
-                report.deleted = sorted(report.deleted + await store.delete_documents(conn, source_id, gone))
             await store.mark_source_synced(conn, source_id)
         if report.deleted:
             await self.after_large_delete(sum(stored[i].chunks for i in report.deleted if i in stored))
         # After the writes, not inside them: see store.reweight_bm25.
         await store.reweight_bm25(self.engine)
         report.seconds = time.monotonic() - started
+        report.finish()
         return report
+
+    async def _drop_vanished(
+        self, source: Source, source_id: int, stored: dict[str, store.StoredDocument], listed: dict[str, object],
+        report: SyncReport,
+    ) -> None:
+        """A partial sync (a subfolder or one file) still drops documents outside it whose file is gone: a file
+        moved into the synced part must not stay searchable at its old path (with its old access list)."""
+        vanished = getattr(source, "vanished", None)
+        if vanished is None or not source.listing_prefix:
+            return
+        outside = [i for i in stored if not i.startswith(source.listing_prefix) and i not in listed]
+        gone = await asyncio.to_thread(vanished, outside)
+        if gone:
+            async with self.engine.begin() as conn:
+                report.deleted.extend(await store.delete_documents(conn, source_id, gone))
 
     async def after_large_delete(self, chunks_deleted: int) -> None:
         """After deleting many chunks, VACUUM the chunks table: until dead rows are cleaned out of the HNSW index,
@@ -195,14 +259,106 @@ class Indexer:
             return
         await store.vacuum_chunks(self.engine)
 
+    async def prune(self, source: Source, source_id: int, report: SyncReport) -> None:
+        """Delete what the source no longer lists and apply access lists that changed without a new version."""
+        inventory = await source.inventory()
+        if inventory is None:
+            return
+        # Parts of the inventory that could not be listed (an unreadable folder): nothing under them is deleted.
+        unlisted: list[str] = list(getattr(source, "unlisted_prefixes", ()))
+        report.pruned = True
+        async with self.engine.connect() as conn:
+            stored = await store.stored_documents(conn, source_id)
+        in_scope = [i for i in stored if i.startswith(source.listing_prefix)]
+        if not inventory and in_scope:
+            # An empty listing is far more often an unmounted drive or a wrong path than a deliberate purge.
+            report.warnings.append(
+                f"the listing is empty, so none of the {len(in_scope)} indexed documents were deleted; "
+                f"check the path, or run `ragbot remove-source {source.spec.name}` to drop it on purpose"
+            )
+            return
+        if "" not in unlisted:
+            async with self.engine.begin() as conn:
+                report.deleted.extend(
+                    await store.delete_documents_not_in(
+                        conn, source_id, [ref.external_id for ref in inventory], source.listing_prefix, unlisted
+                    )
+                )
+        for ref in inventory:
+            old = stored.get(ref.external_id)
+            if ref.access is None or old is None or principals_key(old.access) == principals_key(ref.access):
+                continue
+            async with self.engine.begin() as conn:
+                changed = await store.update_document_metadata(
+                    conn, old.id, url=old.url, path=old.path, author=old.author, updated_at=old.updated_at,
+                    access=ref.access,
+                )
+            if changed and ref.external_id not in report.metadata_updated:
+                report.metadata_updated.append(ref.external_id)
+
+    async def _sync_items(
+        self, items: Sequence[SourceItem], stored: dict[str, store.StoredDocument], source_id: int,
+        report: SyncReport, progress: SyncProgress,
+    ) -> None:
+        """Fetch what changed (concurrently, bounded), then parse, chunk and write one document at a time."""
+        need: list[SourceItem] = []
+        for item in items:
+            old = stored.get(item.external_id)
+            version = self.stored_version(item)
+            if old is not None and version is not None and old.version == version:
+                if item.resolve_access is not None:  # not resolved for unchanged items: the prune pass re-checks
+                    item = dataclasses.replace(item, access=old.access, resolve_access=None)
+                if await self._update_metadata_if_changed(item, old):
+                    report.metadata_updated.append(item.external_id)
+                else:
+                    report.unchanged += 1
+                progress.advance(item.external_id)
+            else:
+                need.append(item)
+        need = [
+            dataclasses.replace(item, access=tuple(await item.resolve_access()), resolve_access=None)
+            if item.resolve_access is not None else item
+            for item in need
+        ]
+        fetched = await asyncio.gather(*(self._fetch(item) for item in need))
+        prepared = []
+        for item, result in zip(need, fetched, strict=True):
+            ready = await self._prepare(item, stored.get(item.external_id), result, report)
+            if ready is not None:
+                prepared.append(ready)
+            else:
+                progress.advance(item.external_id)
+        written = await self._write(prepared, source_id, report, progress)
+        for p, document_id in written:
+            stored[p.item.external_id] = store.StoredDocument(
+                document_id, p.hash, p.title, p.item.url, p.item.path, p.item.author, p.item.updated_at,
+                tuple(p.item.access), chunks=len(p.drafts), version=self.stored_version(p.item),
+            )
+
+    async def _fetch(self, item: SourceItem) -> _Fetched:
+        async with self._fetch_slots:
+            try:
+                data = await read_item(item)
+            except (OSError, ItemUnavailable) as exc:
+                return _Fetched(error=f"could not read: {exc}")
+        return _Fetched(data=data)
+
+    @property
+    def _fetch_slots(self) -> asyncio.Semaphore:
+        # One per event loop: the knowledge base may be used from several loops over its life (tests, the CLI).
+        loop = asyncio.get_running_loop()
+        if getattr(self, "_slots_loop", None) is not loop:
+            self._slots_loop = loop
+            self._slots = asyncio.Semaphore(FETCH_CONCURRENCY)
+        return self._slots
+
     async def _prepare(
-        self, item: SourceItem, old: store.StoredDocument | None, report: SyncReport
+        self, item: SourceItem, old: store.StoredDocument | None, fetched: _Fetched, report: SyncReport
     ) -> _Prepared | None:
-        try:
-            data = await asyncio.to_thread(item.read)
-        except OSError as exc:
-            await self._fail(item, old, f"could not read: {exc}", report)
+        if fetched.data is None:
+            await self._fail(item, old, fetched.error or "could not read", report)
             return None
+        data = fetched.data
         if len(data) > self.settings.max_file_mb * 1024 * 1024:
             await self._fail(item, old, f"larger than MAX_FILE_MB ({self.settings.max_file_mb} MB)", report)
             return None
@@ -212,6 +368,9 @@ class Indexer:
                 report.metadata_updated.append(item.external_id)
             else:
                 report.unchanged += 1
+            if old.version != self.stored_version(item):
+                async with self.engine.begin() as conn:
+                    await store.set_document_version(conn, old.id, self.stored_version(item))
             return None
         try:
             parsed = await asyncio.to_thread(parse_document, data, item.filename)
@@ -255,8 +414,8 @@ class Indexer:
             await self._update_metadata_if_changed(item, old)
 
     async def _update_metadata_if_changed(self, item: SourceItem, old: store.StoredDocument) -> bool:
-        current = (item.url, item.path, item.author, item.updated_at, tuple(item.access))
-        if (old.url, old.path, old.author, old.updated_at, old.access) == current:
+        current = (item.url, item.path, item.author, item.updated_at, principals_key(item.access))
+        if (old.url, old.path, old.author, old.updated_at, principals_key(old.access)) == current:
             return False
         async with self.engine.begin() as conn:
             return await store.update_document_metadata(
@@ -266,54 +425,39 @@ class Indexer:
 
     async def _write(
         self, prepared: Sequence[_Prepared], source_id: int, report: SyncReport, progress: SyncProgress
-    ) -> None:
-        """Write a batch of documents in one transaction (a few statements for the whole batch: the store path is
-        then not what limits a sync). If Postgres refuses any of them (e.g. text it cannot store), the batch is
-        retried one document per transaction, so only the bad document is reported and the rest are written."""
+    ) -> list[tuple[_Prepared, int]]:
+        written: list[tuple[_Prepared, int]] = []
         texts = {content_hash(d.search_text): d.search_text for p in prepared for d in p.drafts}
         embeddings = await self.embeddings_for(texts, report)
-        writes = [
-            store.DocumentWrite(
-                p.item.external_id, p.title, p.item.url, p.item.path, p.item.author, p.item.updated_at, p.hash,
-                p.item.access,
-                [store.ChunkRow(d.ordinal, d.text, d.heading, d.token_count, content_hash(d.search_text),
-                                embeddings[content_hash(d.search_text)], d.search_text) for d in p.drafts],
-            )
-            for p in prepared
-        ]
-        try:
-            async with self.engine.begin() as conn:
-                outcomes = await store.write_documents(conn, source_id, writes, self.settings.text_search_config)
-            for write, outcome in zip(writes, outcomes, strict=True):
-                self._record(write, outcome, report, progress)
-            return
-        except DBAPIError:
-            pass  # find the document Postgres refused: one transaction each
-        for write in writes:
+        for p in prepared:
+            rows = [
+                store.ChunkRow(d.ordinal, d.text, d.heading, d.token_count, content_hash(d.search_text),
+                               embeddings[content_hash(d.search_text)], d.search_text)
+                for d in p.drafts
+            ]
             try:
                 async with self.engine.begin() as conn:
-                    (outcome,) = await store.write_documents(
-                        conn, source_id, [write], self.settings.text_search_config
+                    written_as = await store.replace_document(
+                        conn, source_id=source_id, external_id=p.item.external_id, title=p.title, url=p.item.url,
+                        path=p.item.path, author=p.item.author, updated_at=p.item.updated_at, content_hash=p.hash,
+                        access=p.item.access, chunks=rows, text_search_config=self.settings.text_search_config,
+                        version=self.stored_version(p.item),
                     )
             except DBAPIError as exc:  # e.g. text Postgres cannot store; the rest of the sync goes on
-                report.failed.append((write.external_id, f"could not store: {str(exc.orig).splitlines()[0]}"))
-                progress.advance(write.external_id)
+                report.failed.append((p.item.external_id, f"could not store: {str(exc.orig).splitlines()[0]}"))
+                progress.advance(p.item.external_id)
                 continue
-            self._record(write, outcome, report, progress)
-
-    @staticmethod
-    def _record(
-        write: store.DocumentWrite, written: store.WriteOutcome, report: SyncReport, progress: SyncProgress
-    ) -> None:
-        # What this run really did, as decided under the writers' lock (another sync may have been first).
-        if written.outcome == "unchanged":
-            report.unchanged += 1
-        elif written.outcome == "metadata_updated":
-            report.metadata_updated.append(write.external_id)
-        else:
-            report.chunks_written += len(write.chunks)
-            (report.added if written.outcome == "added" else report.updated).append(write.external_id)
-        progress.advance(write.external_id)
+            # What this run really did, as decided under the writers' lock (another sync may have been first).
+            if written_as.outcome == "unchanged":
+                report.unchanged += 1
+            elif written_as.outcome == "metadata_updated":
+                report.metadata_updated.append(p.item.external_id)
+            else:
+                report.chunks_written += len(rows)
+                (report.added if written_as.outcome == "added" else report.updated).append(p.item.external_id)
+            progress.advance(p.item.external_id)
+            written.append((p, written_as.document_id))
+        return written
 
     async def embeddings_for(self, texts: dict[str, str], report: SyncReport | None = None) -> dict[str, str]:
         """Embeddings (pgvector text form) for {hash: text}, from the cache where possible."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -22,8 +22,10 @@ from knowledge.indexing import Indexer, SyncProgress, SyncReport
 from knowledge.retrieval import Mode, Retriever, SearchFilters, SearchResults
 from knowledge.settings import KnowledgeSettings
 from knowledge import store
-from knowledge.sources.base import Source
+from knowledge.errors import UnknownSource
+from knowledge.sources.base import Source, SourceInfo, SyncRun
 from knowledge.sources.folder import FolderSource
+from knowledge.syncing import SyncRunner
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class SourceStatus:
     documents: int
     chunks: int
     last_synced_at: datetime | None
+    last_run: SyncRun | None = None
+    running: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,8 @@ class IndexStatus:
             "avg_chunk_length": round(self.avg_chunk_length, 2),
             "sources": [
                 {"name": s.name, "kind": s.kind, "location": s.location, "documents": s.documents,
-                 "chunks": s.chunks, "last_synced_at": s.last_synced_at.isoformat() if s.last_synced_at else None}
+                 "chunks": s.chunks, "last_synced_at": s.last_synced_at.isoformat() if s.last_synced_at else None,
+                 "running": s.running, "last_run": s.last_run.to_dict() if s.last_run else None}
                 for s in self.sources
             ],
         }
@@ -73,6 +78,7 @@ class KnowledgeBase:
         self.indexer = Indexer(engine, embedder, settings)
         self.retriever = Retriever(engine, embedder, settings)
         self.answerer = Answerer(self, make_generator(settings))
+        self.syncs = SyncRunner(engine, self.indexer)
         self._embedding_space_ready = False
 
     @classmethod
@@ -116,8 +122,39 @@ class KnowledgeBase:
         await self.close()
 
     async def sync(self, source: Source, progress: SyncProgress | None = None) -> SyncReport:
+        """A one-off sync of a source object (`ragbot ingest PATH`): recorded and locked like any run."""
         await self.ensure_embedding_space()
-        return await self.indexer.sync(source, progress)
+        return await self.syncs.sync_adhoc(source, progress)
+
+    async def sync_source(
+        self, name: str, *, trigger: str = "cli", full: bool = False, progress: SyncProgress | None = None,
+        prune: bool | None = None,
+    ) -> SyncReport:
+        """THE sync job: the scheduler (trigger "schedule"), `ragbot sync` ("cli") and `/kb reindex` ("chat").
+
+        Syncs the stored source `name` from its checkpoint (everything with `full=True`, which also prunes);
+        prunes when `prune` is True, or, when None, if its prune interval has passed. Records the run. Raises
+        `knowledge.errors.UnknownSource`, `SourceBusy` (another process is syncing it), `SourceAuthError` /
+        `SourceUnavailable` / `SourceConfigError` (the run is recorded as failed; the index is untouched)."""
+        await self.ensure_embedding_space()
+        return await self.syncs.sync_stored(name, trigger=trigger, full=full, progress=progress, prune=prune)
+
+    async def list_sources(self) -> list[SourceInfo]:
+        """Stored sources with their schedule, document count, last run and whether a run is live."""
+        return await self.syncs.list_sources()
+
+    async def add_source(
+        self, name: str, kind: str, config: dict[str, Any], *, schedule_seconds: int | None = None,
+        prune_seconds: int | None = None, check: bool = True,
+    ) -> SourceInfo:
+        """Store a source after checking its connection (credentials, space, path). Secrets stay in the
+        environment: `config` holds only the names of the variables."""
+        return await self.syncs.add(name, kind, config, schedule_seconds=schedule_seconds,
+                                    prune_seconds=prune_seconds, check=check)
+
+    async def sync_runs(self, name: str | None = None, limit: int = 20) -> list[SyncRun]:
+        """Recorded runs, newest first (of one source, or of all)."""
+        return await self.syncs.runs(name, limit)
 
     async def search(
         self, query: str, filters: SearchFilters, *, k: int = 10, mode: Mode = "hybrid",
@@ -146,11 +183,18 @@ class KnowledgeBase:
         return FolderSource(resolved, name)
 
     async def remove_source(self, name: str) -> int:
-        """Forget a source and all its documents. Raises ValueError for an unknown source."""
-        async with self.engine.begin() as conn:
-            removed = await store.delete_source(conn, name)
+        """Forget a source, its documents and its runs. Raises UnknownSource, or SourceBusy while it syncs."""
+        async with self.engine.connect() as conn:
+            source_id = await store.source_id_by_name(conn, name)
+        if source_id is None:
+            raise UnknownSource(
+                f"unknown source {name!r}; indexed sources: {', '.join(await self.source_names()) or 'none'}"
+            )
+        async with self.syncs.source_lock(source_id, name):
+            async with self.engine.begin() as conn:
+                removed = await store.delete_source(conn, name)
         if removed is None:
-            raise ValueError(f"unknown source {name!r}; indexed sources: {', '.join(await self.source_names()) or 'none'}")
+            return 0
         documents, chunks = removed
         await self.indexer.after_large_delete(chunks)
         await store.reweight_bm25(self.engine)
@@ -161,9 +205,12 @@ class KnowledgeBase:
             return list((await conn.execute(text("SELECT name FROM sources ORDER BY name"))).scalars())
 
     async def status(self) -> IndexStatus:
+        infos = {info.name: info for info in await self.list_sources()}
         async with self.engine.connect() as conn:
             sources = [
-                SourceStatus(r.name, r.kind, r.location, r.documents, r.chunks, r.last_synced_at)
+                SourceStatus(r.name, r.kind, r.location, r.documents, r.chunks, r.last_synced_at,
+                             infos[r.name].last_run if r.name in infos else None,
+                             infos[r.name].running if r.name in infos else False)
                 for r in await conn.execute(
                     text(
                         """

@@ -32,6 +32,7 @@ class StoredDocument:
     updated_at: datetime | None
     access: tuple[str, ...]
     chunks: int = 0
+    version: str | None = None  # the source's cheap version of what was indexed (see Indexer.stored_version)
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ async def source_id_by_name(conn: AsyncConnection, name: str) -> int | None:
 async def stored_documents(conn: AsyncConnection, source_id: int) -> dict[str, StoredDocument]:
     rows = await conn.execute(
         text(
-            "SELECT id, external_id, content_hash, title, url, path, author, updated_at, access, "
+            "SELECT id, external_id, content_hash, title, url, path, author, updated_at, access, version, "
             "(SELECT count(*) FROM chunks c WHERE c.document_id = d.id) AS chunks "
             "FROM documents d WHERE source_id = :s"
         ),
@@ -122,10 +123,19 @@ async def stored_documents(conn: AsyncConnection, source_id: int) -> dict[str, S
     )
     return {
         r.external_id: StoredDocument(
-            r.id, r.content_hash, r.title, r.url, r.path, r.author, r.updated_at, tuple(r.access), r.chunks
+            r.id, r.content_hash, r.title, r.url, r.path, r.author, r.updated_at, tuple(r.access), r.chunks,
+            r.version,
         )
         for r in rows
     }
+
+
+async def set_document_version(conn: AsyncConnection, document_id: int, version: str | None) -> None:
+    """The content was fetched and found identical: remember the new version so it is not fetched again."""
+    await conn.execute(
+        text("UPDATE documents SET version = :v WHERE id = :id AND version IS DISTINCT FROM :v"),
+        {"v": version, "id": document_id},
+    )
 
 
 async def update_document_metadata(
@@ -154,6 +164,54 @@ async def update_document_metadata(
     return True
 
 
+async def replace_document(
+    conn: AsyncConnection, *, source_id: int, external_id: str, title: str, url: str | None, path: str | None,
+    author: str | None, updated_at: datetime | None, content_hash: str, access: Sequence[str],
+    chunks: Sequence[ChunkRow], text_search_config: str, version: str | None = None,
+) -> WriteOutcome:
+    """Upsert the document and swap its chunks. Call inside a transaction.
+
+    What happened is decided here, under the writers' lock, not from what the sync read earlier: when two syncs
+    of one folder run at once, only the one that really inserted a document reports it added, and the other finds
+    the same content already there ("unchanged") instead of rewriting it."""
+    await lock_index_for_writing(conn)
+    existing = (
+        await conn.execute(
+            text("SELECT id, content_hash FROM documents WHERE source_id = :s AND external_id = :e"),
+            {"s": source_id, "e": external_id},
+        )
+    ).first()
+    if existing is not None and existing.content_hash == content_hash:
+        changed = await update_document_metadata(
+            conn, existing.id, url=url, path=path, author=author, updated_at=updated_at, access=access
+        )
+        await set_document_version(conn, existing.id, version)
+        return WriteOutcome(existing.id, "metadata_updated" if changed else "unchanged")
+    document_id = (
+        await conn.execute(
+            text(
+                """
+                INSERT INTO documents (source_id, external_id, title, url, path, author, updated_at, content_hash,
+                                       access, version)
+                VALUES (:source_id, :external_id, :title, :url, :path, :author, :updated_at, :content_hash, :access,
+                        :version)
+                ON CONFLICT (source_id, external_id) DO UPDATE SET
+                    title = EXCLUDED.title, url = EXCLUDED.url, path = EXCLUDED.path, author = EXCLUDED.author,
+                    updated_at = EXCLUDED.updated_at, content_hash = EXCLUDED.content_hash,
+                    access = EXCLUDED.access, version = EXCLUDED.version, indexed_at = now()
+                RETURNING id
+                """
+            ),
+            {"source_id": source_id, "external_id": external_id, "title": title, "url": url, "path": path,
+             "author": author, "updated_at": updated_at, "content_hash": content_hash, "access": list(access),
+             "version": version},
+        )
+    ).scalar_one()
+    await conn.execute(text("DELETE FROM chunks WHERE document_id = :id"), {"id": document_id})
+    await _insert_chunks(conn, source_id, [(document_id, chunks)], text_search_config)
+    return WriteOutcome(document_id, "added" if existing is None else "updated")
+
+
 @dataclass(frozen=True)
 class DocumentWrite:
     """One document to upsert with its complete list of chunks (see `write_documents`)."""
@@ -167,17 +225,7 @@ class DocumentWrite:
     content_hash: str
     access: Sequence[str]
     chunks: Sequence[ChunkRow]
-
-
-async def replace_document(
-    conn: AsyncConnection, *, source_id: int, external_id: str, title: str, url: str | None, path: str | None,
-    author: str | None, updated_at: datetime | None, content_hash: str, access: Sequence[str],
-    chunks: Sequence[ChunkRow], text_search_config: str,
-) -> WriteOutcome:
-    """Upsert one document and swap its chunks. Call inside a transaction (see `write_documents`)."""
-    document = DocumentWrite(external_id, title, url, path, author, updated_at, content_hash, access, chunks)
-    (outcome,) = await write_documents(conn, source_id, [document], text_search_config)
-    return outcome
+    version: str | None = None  # the source's cheap version of what was indexed
 
 
 async def write_documents(
@@ -204,6 +252,7 @@ async def write_documents(
             text("SELECT id, external_id, content_hash FROM documents WHERE source_id = :s AND external_id = ANY(:e)"),
             {"s": source_id, "e": ids},
         )
+<<<<<<< HEAD
     }
     outcomes: dict[str, WriteOutcome] = {}
     to_write = []
@@ -213,6 +262,7 @@ async def write_documents(
             changed = await update_document_metadata(
                 conn, old.id, url=d.url, path=d.path, author=d.author, updated_at=d.updated_at, access=d.access
             )
+            await set_document_version(conn, old.id, d.version)
             outcomes[d.external_id] = WriteOutcome(old.id, "metadata_updated" if changed else "unchanged")
         else:
             to_write.append(d)
@@ -221,7 +271,7 @@ async def write_documents(
         replaced = [document_ids[d.external_id] for d in to_write if d.external_id in existing]
         if replaced:
             await conn.execute(text("DELETE FROM chunks WHERE document_id = ANY(:ids)"), {"ids": replaced})
-        await _insert_chunks(conn, source_id, [(document_ids[d.external_id], d) for d in to_write],
+        await _insert_chunks(conn, source_id, [(document_ids[d.external_id], d.chunks) for d in to_write],
                              text_search_config)
         for d in to_write:
             outcomes[d.external_id] = WriteOutcome(
@@ -236,17 +286,18 @@ async def _upsert_documents(
     rows = await conn.execute(
         text(
             """
-            INSERT INTO documents (source_id, external_id, title, url, path, author, updated_at, content_hash, access)
+            INSERT INTO documents (source_id, external_id, title, url, path, author, updated_at, content_hash, access,
+                                   version)
             SELECT :source_id, u.external_id, u.title, u.url, u.path, u.author, u.updated_at, u.content_hash,
-                   ARRAY(SELECT jsonb_array_elements_text(u.access))
+                   ARRAY(SELECT jsonb_array_elements_text(u.access)), u.version
             FROM unnest(CAST(:external_ids AS text[]), CAST(:titles AS text[]), CAST(:urls AS text[]),
                         CAST(:paths AS text[]), CAST(:authors AS text[]), CAST(:updated AS timestamptz[]),
-                        CAST(:hashes AS text[]), CAST(:accesses AS jsonb[]))
-                 AS u(external_id, title, url, path, author, updated_at, content_hash, access)
+                        CAST(:hashes AS text[]), CAST(:accesses AS jsonb[]), CAST(:versions AS text[]))
+                 AS u(external_id, title, url, path, author, updated_at, content_hash, access, version)
             ON CONFLICT (source_id, external_id) DO UPDATE SET
                 title = EXCLUDED.title, url = EXCLUDED.url, path = EXCLUDED.path, author = EXCLUDED.author,
                 updated_at = EXCLUDED.updated_at, content_hash = EXCLUDED.content_hash,
-                access = EXCLUDED.access, indexed_at = now()
+                access = EXCLUDED.access, version = EXCLUDED.version, indexed_at = now()
             RETURNING id, external_id
             """
         ),
@@ -257,6 +308,7 @@ async def _upsert_documents(
             "authors": [d.author for d in documents], "updated": [d.updated_at for d in documents],
             "hashes": [d.content_hash for d in documents],
             "accesses": [json.dumps(list(d.access)) for d in documents],
+            "versions": [d.version for d in documents],
         },
     )
     return {r.external_id: r.id for r in rows}
@@ -324,9 +376,9 @@ LEFT JOIN weights w ON w.i = u.i
 
 
 async def _insert_chunks(
-    conn: AsyncConnection, source_id: int, documents: Sequence[tuple[int, DocumentWrite]], text_search_config: str
+    conn: AsyncConnection, source_id: int, documents: Sequence[tuple[int, Sequence[ChunkRow]]], text_search_config: str
 ) -> None:
-    rows = [(document_id, c) for document_id, d in documents for c in d.chunks]
+    rows = [(document_id, c) for document_id, chunks in documents for c in chunks]
     if not rows:
         return
     # A batch's (chunk, lexeme) pairs are sorted and grouped in memory rather than spilled to disk.
@@ -397,6 +449,63 @@ async def reweight_bm25(engine: AsyncEngine, *, batch: int = REWEIGHT_BATCH, for
             return reweighted
         reweighted += row.n
         after = row.last
+=======
+    ).first()
+    if existing is not None and existing.content_hash == content_hash:
+        changed = await update_document_metadata(
+            conn, existing.id, url=url, path=path, author=author, updated_at=updated_at, access=access
+        )
+        await set_document_version(conn, existing.id, version)
+        return WriteOutcome(existing.id, "metadata_updated" if changed else "unchanged")
+    document_id = (
+        await conn.execute(
+            text(
+                """
+                INSERT INTO documents (source_id, external_id, title, url, path, author, updated_at, content_hash,
+                                       access, version)
+                VALUES (:source_id, :external_id, :title, :url, :path, :author, :updated_at, :content_hash, :access,
+                        :version)
+                ON CONFLICT (source_id, external_id) DO UPDATE SET
+                    title = EXCLUDED.title, url = EXCLUDED.url, path = EXCLUDED.path, author = EXCLUDED.author,
+                    updated_at = EXCLUDED.updated_at, content_hash = EXCLUDED.content_hash,
+                    access = EXCLUDED.access, version = EXCLUDED.version, indexed_at = now()
+                RETURNING id
+                """
+            ),
+            {"source_id": source_id, "external_id": external_id, "title": title, "url": url, "path": path,
+             "author": author, "updated_at": updated_at, "content_hash": content_hash, "access": list(access),
+             "version": version},
+        )
+    ).scalar_one()
+    await conn.execute(text("DELETE FROM chunks WHERE document_id = :id"), {"id": document_id})
+    if chunks:
+        # One statement for all chunks: the BM25 statistics trigger then runs once per document, not per chunk.
+        await conn.execute(
+            text(
+                """
+                INSERT INTO chunks (document_id, ordinal, text, heading, token_count, content_hash, embedding, tsv,
+                                    lexical_len, access, source_id, doc_updated_at)
+                SELECT :document_id, u.ordinal, u.text, u.heading, u.token_count, u.content_hash,
+                       u.embedding::vector, v.tsv, tsvector_length_in_tokens(v.tsv), :access, :source_id,
+                       :updated_at
+                FROM unnest(CAST(:ordinals AS integer[]), CAST(:texts AS text[]), CAST(:headings AS text[]),
+                            CAST(:token_counts AS integer[]), CAST(:hashes AS text[]),
+                            CAST(:embeddings AS text[]), CAST(:search_texts AS text[]))
+                     AS u(ordinal, text, heading, token_count, content_hash, embedding, search_text)
+                CROSS JOIN LATERAL (SELECT to_tsvector(CAST(:config AS regconfig), u.search_text) AS tsv) v
+                """
+            ),
+            {
+                "document_id": document_id, "access": list(access), "source_id": source_id,
+                "updated_at": updated_at, "config": text_search_config,
+                "ordinals": [c.ordinal for c in chunks], "texts": [c.text for c in chunks],
+                "headings": [c.heading for c in chunks], "token_counts": [c.token_count for c in chunks],
+                "hashes": [c.content_hash for c in chunks], "embeddings": [c.embedding for c in chunks],
+                "search_texts": [c.search_text for c in chunks],
+            },
+        )
+    return WriteOutcome(document_id, "added" if existing is None else "updated")
+>>>>>>> issue-11-first-run
 
 
 async def lock_index_for_writing(conn: AsyncConnection) -> None:

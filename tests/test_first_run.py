@@ -147,7 +147,7 @@ def _modules_after(args: list[str], database_url: str) -> dict[str, bool]:
 
 
 def test_status_help_and_lexical_search_load_no_model_and_search_never_imports_torch(handbook_url: str) -> None:
-    for args in (["status"], ["db", "--help"], ["search", "carry over", "--mode", "lexical"]):
+    for args in (["status"], ["source", "list"], ["db", "--help"], ["search", "carry over", "--mode", "lexical"]):
         loaded = _modules_after(args, handbook_url)
         assert not loaded["torch"] and not loaded["sentence_transformers"] and not loaded["transformers"], (args, loaded)
         assert not loaded["knowledge.numpy_encoder"], (args, loaded)  # no model of any kind
@@ -168,13 +168,16 @@ def test_the_numpy_encoder_matches_sentence_transformers() -> None:
 
 # --- help -------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("command", [[], ["ask"], ["search"], ["ingest"], ["eval"], ["chat"], ["status"], ["db"], ["db", "upgrade"]])
+@pytest.mark.parametrize(
+    "command", [[], ["ask"], ["search"], ["ingest"], ["eval"], ["chat"], ["status"], ["db"], ["db", "upgrade"], ["sync"],
+                ["source", "list"]],
+)
 def test_help_shows_metavars_not_python_types(command: list[str]) -> None:
     out = ok(*command, "--help").stdout
     for leaked in ("<bool>", "<str>", "<list[", "<int", "<path>", "<datetime>", "{"):
         assert leaked not in out, f"{leaked!r} in:\n{out}"
     if command == ["ask"]:
-        assert "Usage: ragbot ask [OPTIONS] QUESTION" in out
+        assert "ask [OPTIONS] QUESTION" in out
         assert re.search(r"--as\s+PRINCIPAL", out)
     if command == ["search"]:
         assert re.search(r"-k\s+N", out) and re.search(r"--updated-after\s+DATE", out)

@@ -17,6 +17,7 @@ Access rules (every ambiguity fails closed, and is reported in the sync report):
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import re
@@ -24,9 +25,10 @@ import stat
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping
 
-from knowledge.sources.base import EVERYONE, SourceItem, SourceSpec
+from knowledge.errors import SourceConfigError, SourceUnavailable
+from knowledge.sources.base import EVERYONE, ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 
 ACCESS_FILE = ".access"
 MAX_ACCESS_FILE_BYTES = 64 * 1024
@@ -109,7 +111,14 @@ class FolderSource:
 
     `root` defaults to `path` itself (or a file's folder). Indexing a subfolder or a file of an existing source
     passes that source's root, so external ids stay relative to it and only the listed part can be deleted.
+
+    On the source interface: every sync lists the folder (cheap) and reports every file as a change with
+    version "mtime_ns:size", so only files whose version moved are read; the same listing is the inventory, so
+    files that are gone are pruned on every sync (`prune_on_every_sync`). There is no checkpoint. `warnings`,
+    `unlisted_prefixes` and `vanished()` are the optional listing extras the indexer honours (see base.py).
     """
+
+    prune_on_every_sync = True
 
     def __init__(self, path: Path, name: str | None = None, root: Path | None = None) -> None:
         if not path.exists():
@@ -128,6 +137,7 @@ class FolderSource:
         self.warnings: list[str] = []
         self.unlisted_prefixes: list[str] = []
         self._access_cache: dict[Path, tuple[str, ...]] = {}
+        self._listed: list[SourceItem] | None = None
 
     # --- listing ---------------------------------------------------------------------------------------------
 
@@ -210,7 +220,32 @@ class FolderSource:
                 path=f"{self.spec.name}/{external_id}",
                 updated_at=datetime.fromtimestamp(info.st_mtime, tz=timezone.utc),
                 access=self.access_for(path),
+                version=f"{info.st_mtime_ns}:{info.st_size}",
             )
+
+    # --- the source interface (see knowledge.sources.base) ---------------------------------------------------
+
+    async def check(self) -> None:
+        if not self.path.exists():
+            raise SourceUnavailable(
+                f"source {self.spec.name!r}: the folder {self.path} does not exist (is the drive mounted?); "
+                f"fix the path or run `ragbot source remove {self.spec.name}`"
+            )
+
+    async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[ChangeBatch]:
+        self._access_cache.clear()  # .access files may have changed since the last listing
+        listed = await asyncio.to_thread(lambda: list(self.items()))
+        self._listed = listed
+        yield ChangeBatch(items=listed, total=len(listed))
+
+    async def inventory(self) -> list[ItemRef] | None:
+        if not self.complete_listing:
+            return None  # one file says nothing about its neighbours
+        listed = self._listed if self._listed is not None else await asyncio.to_thread(lambda: list(self.items()))
+        return [ItemRef(item.external_id, item.access) for item in listed]
+
+    async def aclose(self) -> None:
+        self._listed = None
 
     def vanished(self, external_ids: list[str]) -> list[str]:
         """Which of these indexed documents no longer exist on disk (so a partial sync can drop a moved file's old
@@ -262,3 +297,18 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror.lower()
     return str(exc) or type(exc).__name__
+
+
+@register_source("folder")
+def build_folder_source(name: str, config: Mapping[str, Any]) -> FolderSource:
+    """A stored folder source: config {"path": "/abs/path"}."""
+    path = Path(str(config["path"]))
+    try:
+        return FolderSource(path, name)
+    except FileNotFoundError as exc:
+        raise SourceUnavailable(
+            f"source {name!r}: the folder {path} does not exist (is the drive mounted?); "
+            f"fix the path or run `ragbot source remove {name}`"
+        ) from exc
+    except ValueError as exc:
+        raise SourceConfigError(f"source {name!r}: {exc}") from exc

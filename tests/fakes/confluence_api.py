@@ -1,0 +1,435 @@
+"""A fake Confluence (Cloud or Data Center): a real HTTP server on 127.0.0.1 speaking REST v1 JSON shapes.
+
+It serves what the Confluence source calls, with the real paging rules: Cloud's CQL search ignores `start` and
+pages by an opaque cursor in `_links.next` (relative to `_links.base`, which includes `/wiki`); Data Center pages
+by `start` under a context path. Auth is checked like the real thing (Cloud: Basic email:token; Data Center:
+Bearer PAT) and answered with 401. Tests script 429/503 storms with Retry-After, and can hold a request until
+released (to kill a sync midway).
+
+    with FakeConfluence(edition="cloud") as wiki:
+        wiki.add_space("ENG", "Engineering")
+        root = wiki.add_page("ENG", "Handbook", "<p>Hello</p>")
+        wiki.add_page("ENG", "Child", "<p>...</p>", parent=root)
+        wiki.restrict(root, groups=["hr"])
+        wiki.base_url  # http://127.0.0.1:PORT/wiki  (Data Center: http://127.0.0.1:PORT/confluence)
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
+
+
+@dataclass
+class Page:
+    id: str
+    space: str
+    title: str
+    body: str
+    type: str = "page"
+    parent: str | None = None
+    labels: list[str] = field(default_factory=list)
+    version: int = 1
+    when: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    read_users: list[str] = field(default_factory=list)  # account ids (Cloud) / usernames (DC)
+    read_groups: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Attachment:
+    id: str
+    page: str
+    filename: str
+    data: bytes
+    media_type: str
+    version: int = 1
+    when: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+
+
+@dataclass
+class User:
+    id: str  # accountId (Cloud) / username (DC)
+    display_name: str
+    email: str | None
+
+
+class FakeConfluence:
+    def __init__(self, edition: str = "cloud", email: str = "bot@acme.example", token: str = "good-token",
+                 page_size: int = 3) -> None:
+        self.edition = edition
+        self.email = email
+        self.token = token
+        self.page_size = page_size
+        self.spaces: dict[str, dict[str, Any]] = {}
+        self.pages: dict[str, Page] = {}
+        self.attachments: dict[str, Attachment] = {}
+        self.users: dict[str, User] = {}
+        self.groups: dict[str, str] = {}  # id -> name
+        self.requests: list[str] = []
+        self.scripted: deque[tuple[int, dict[str, str]]] = deque()
+        self.hold: threading.Event | None = None  # when set up, a search request with a cursor/start waits for it
+        self.held = threading.Event()
+        self.search_delay = 0.0  # seconds each CQL search request takes (a slow wiki)
+        self._ids = itertools.count(1001)
+        self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=timezone.utc)
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    # -- lifecycle --
+
+    def __enter__(self) -> "FakeConfluence":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.hold is not None:
+            self.hold.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    @property
+    def context(self) -> str:
+        return "/wiki" if self.edition == "cloud" else "/confluence"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}{self.context}"
+
+    # -- content --
+
+    def tick(self) -> datetime:
+        self._clock += timedelta(minutes=7)
+        return self._clock
+
+    def add_space(self, key: str, name: str, readers: list[tuple[str, str]] | None = None) -> None:
+        """readers: ("group", name) / ("user", id) / ("anonymous", "") with read permission (default: all users)."""
+        group_ids = {name: gid for gid, name in self.groups.items()}
+        readers = readers if readers is not None else [("group", "confluence-users")]
+        for kind, ident in readers:
+            if kind == "group" and ident not in group_ids:
+                gid = f"g-{len(self.groups) + 1}"
+                self.groups[gid] = ident
+                group_ids[ident] = gid
+        self.spaces[key] = {"id": 98000 + len(self.spaces), "key": key, "name": name, "readers": readers}
+
+    def add_user(self, ident: str, display_name: str, email: str | None) -> None:
+        self.users[ident] = User(ident, display_name, email)
+
+    def add_page(self, space: str, title: str, body: str, parent: str | None = None, labels: list[str] | None = None,
+                 type: str = "page") -> str:
+        with self._lock:
+            page_id = str(next(self._ids))
+            self.pages[page_id] = Page(page_id, space, title, body, type, parent, list(labels or []), when=self.tick())
+        return page_id
+
+    def edit_page(self, page_id: str, body: str | None = None, title: str | None = None,
+                  labels: list[str] | None = None) -> None:
+        with self._lock:
+            page = self.pages[page_id]
+            page.body = body if body is not None else page.body
+            page.title = title if title is not None else page.title
+            page.labels = labels if labels is not None else page.labels
+            page.version += 1
+            page.when = self.tick()
+
+    def delete_page(self, page_id: str) -> None:
+        with self._lock:
+            del self.pages[page_id]
+            for att in [a for a in self.attachments.values() if a.page == page_id]:
+                del self.attachments[att.id]
+
+    def restrict(self, page_id: str, users: list[str] | None = None, groups: list[str] | None = None) -> None:
+        """Read restrictions; they do not bump the page's version (as in Confluence)."""
+        self.pages[page_id].read_users = list(users or [])
+        self.pages[page_id].read_groups = list(groups or [])
+
+    def add_attachment(self, page_id: str, filename: str, data: bytes, media_type: str = "application/octet-stream") -> str:
+        with self._lock:
+            att_id = f"att{next(self._ids)}"
+            self.attachments[att_id] = Attachment(att_id, page_id, filename, data, media_type, when=self.tick())
+        return att_id
+
+    def fail_next(self, count: int, status: int = 429, retry_after: str | None = "0") -> None:
+        headers = {"Retry-After": retry_after} if retry_after is not None else {}
+        for _ in range(count):
+            self.scripted.append((status, headers))
+
+    def hold_next_pages(self) -> None:
+        """Search requests for a second or later results page wait until `release()` (a sync stuck mid-way)."""
+        self.hold = threading.Event()
+        self.held.clear()
+
+    def release(self) -> None:
+        if self.hold is not None:
+            self.hold.set()
+            self.hold = None
+
+    # -- JSON shapes --
+
+    def _user_json(self, ident: str) -> dict[str, Any]:
+        user = self.users.get(ident) or User(ident, ident, None)
+        if self.edition == "cloud":
+            data: dict[str, Any] = {"type": "known", "accountId": user.id, "accountType": "atlassian",
+                                    "publicName": user.display_name, "displayName": user.display_name}
+            if user.email:
+                data["email"] = user.email
+            return data
+        return {"type": "known", "username": user.id, "userKey": f"key-{user.id}", "displayName": user.display_name}
+
+    def _space_json(self, key: str) -> dict[str, Any]:
+        space = self.spaces[key]
+        return {"id": space["id"], "key": key, "name": space["name"], "type": "global",
+                "_links": {"webui": f"/spaces/{key}"}}
+
+    def _ancestors(self, page: Page) -> list[Page]:
+        chain = []
+        parent = page.parent
+        while parent is not None and parent in self.pages:
+            chain.append(self.pages[parent])
+            parent = self.pages[parent].parent
+        return list(reversed(chain))
+
+    def _content_json(self, page: Page, expand: set[str]) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": page.id, "type": page.type, "status": "current", "title": page.title,
+            "_links": {"webui": f"/spaces/{page.space}/pages/{page.id}/{quote(page.title).replace('%20', '+')}",
+                       "self": f"{self.base_url}/rest/api/content/{page.id}", "tinyui": f"/x/{page.id}"},
+            "_expandable": {},
+        }
+        version = {"number": page.version, "when": page.when.strftime("%Y-%m-%dT%H:%M:%S.000Z"), "minorEdit": False,
+                   "by": self._user_json("editor")}
+        if "version" in expand:
+            data["version"] = version
+        if "space" in expand:
+            data["space"] = self._space_json(page.space)
+        if "ancestors" in expand:
+            data["ancestors"] = [{"id": a.id, "type": a.type, "status": "current", "title": a.title}
+                                 for a in self._ancestors(page)]
+        if "body.storage" in expand:
+            data["body"] = {"storage": {"value": page.body, "representation": "storage"}}
+        if "metadata.labels" in expand:
+            data["metadata"] = {"labels": {"results": [{"prefix": "global", "name": n, "id": str(i)}
+                                                       for i, n in enumerate(page.labels)],
+                                           "start": 0, "limit": 200, "size": len(page.labels)}}
+        if "history" in expand:
+            data["history"] = {"latest": True, "createdBy": self._user_json("author"),
+                               "createdDate": page.when.strftime("%Y-%m-%dT%H:%M:%S.000Z")}
+        return data
+
+    def _attachment_json(self, att: Attachment, expand: set[str]) -> dict[str, Any]:
+        page = self.pages[att.page]
+        data: dict[str, Any] = {
+            "id": att.id, "type": "attachment", "status": "current", "title": att.filename,
+            "metadata": {"mediaType": att.media_type},
+            "extensions": {"mediaType": att.media_type, "fileSize": len(att.data)},
+            "_links": {"webui": f"/pages/viewpageattachments.action?pageId={page.id}&preview={quote(att.filename)}",
+                       "download": f"/download/attachments/{page.id}/{quote(att.filename)}?version={att.version}&api=v2"},
+        }
+        if "version" in expand:
+            data["version"] = {"number": att.version, "when": att.when.strftime("%Y-%m-%dT%H:%M:%S.000Z")}
+        if "container" in expand:
+            data["container"] = {"id": page.id, "type": page.type, "title": page.title, "status": "current"}
+        if "space" in expand:
+            data["space"] = self._space_json(page.space)
+        return data
+
+    # -- CQL --
+
+    def _search(self, cql: str) -> list[tuple[datetime, Any]]:
+        spaces = re.search(r"space in \(([^)]*)\)", cql)
+        keys = {k.strip().strip('"') for k in spaces.group(1).split(",")} if spaces else set(self.spaces)
+        types_match = re.search(r"type in \(([^)]*)\)", cql)
+        types = {t.strip() for t in types_match.group(1).split(",")} if types_match else {"page"}
+        since_match = re.search(r'lastmodified >= "(\d{4}-\d\d-\d\d \d\d:\d\d)"', cql)
+        since = (datetime.strptime(since_match.group(1), "%Y-%m-%d %H:%M").replace(tzinfo=timezone.utc)
+                 if since_match else None)
+        label_match = re.search(r'label = "([^"]+)"', cql)
+        found: list[tuple[datetime, Any]] = []
+        for page in self.pages.values():
+            if page.space in keys and page.type in types and (since is None or page.when >= since):
+                if label_match and label_match.group(1) not in page.labels:
+                    continue
+                found.append((page.when, page))
+        if "attachment" in types:
+            for att in self.attachments.values():
+                if self.pages[att.page].space in keys and (since is None or att.when >= since):
+                    found.append((att.when, att))
+        found.sort(key=lambda pair: (pair[0], pair[1].id))
+        return found
+
+    # -- HTTP --
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                fake.requests.append(self.path)
+                if fake.scripted:
+                    status, headers = fake.scripted.popleft()
+                    return self._send(status, {"statusCode": status, "message": "Rate limit exceeded"}, headers)
+                if not self._authorised():
+                    return self._send(401, {"statusCode": 401, "message": "Client must be authenticated"})
+                parts = urlsplit(self.path)
+                path = parts.path
+                if not path.startswith(fake.context):
+                    return self._send(404, {"statusCode": 404, "message": "not under the context path"})
+                path = path[len(fake.context):]
+                query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+                try:
+                    fake_route(fake, self, path, query)
+                except KeyError as exc:
+                    self._send(404, {"statusCode": 404, "message": f"No content found: {exc}"})
+
+            def _authorised(self) -> bool:
+                header = self.headers.get("Authorization", "")
+                if fake.edition == "cloud":
+                    expected = base64.b64encode(f"{fake.email}:{fake.token}".encode()).decode()
+                    return header == f"Basic {expected}"
+                return header == f"Bearer {fake.token}"
+
+            def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+                raw = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def send_json(self, body: Any) -> None:
+                self._send(200, body)
+
+            def send_bytes(self, data: bytes, media_type: str) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", media_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def redirect(self, location: str) -> None:
+                self.send_response(302)
+                self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        return Handler
+
+
+def fake_route(fake: FakeConfluence, handler: Any, path: str, query: dict[str, str]) -> None:
+    expand = set((query.get("expand") or "").split(","))
+    if path == "/rest/api/content/search":
+        if fake.search_delay:
+            time.sleep(fake.search_delay)
+        cql = query["cql"]
+        limit = min(int(query.get("limit", 25)), fake.page_size)
+        if fake.edition == "cloud":  # Cloud ignores start: only the cursor pages
+            offset = int(base64.urlsafe_b64decode(query["cursor"]).decode()) if "cursor" in query else 0
+        else:
+            offset = int(query.get("start", 0))
+        if offset and fake.hold is not None:
+            fake.held.set()
+            fake.hold.wait(30)
+        with fake._lock:
+            found = fake._search(cql)
+            window = found[offset : offset + limit]
+            results = [fake._attachment_json(obj, expand) if isinstance(obj, Attachment)
+                       else fake._content_json(obj, expand) for _, obj in window]
+        links: dict[str, str] = {"base": fake.base_url, "context": fake.context,
+                                 "self": f"{fake.base_url}/rest/api/content/search"}
+        if offset + limit < len(found):
+            params = {"cql": cql, "limit": limit, "expand": query.get("expand", "")}
+            if fake.edition == "cloud":
+                params["cursor"] = base64.urlsafe_b64encode(str(offset + limit).encode()).decode()
+            else:
+                params["start"] = offset + limit
+            links["next"] = "/rest/api/content/search?" + urlencode(params)
+        body: dict[str, Any] = {"results": results, "start": offset, "limit": limit, "size": len(results),
+                                "_links": links}
+        if fake.edition == "cloud":
+            body["totalSize"] = len(found)
+        return handler.send_json(body)
+    match = re.fullmatch(r"/rest/api/space/([^/]+)", path)
+    if match:
+        return handler.send_json(fake._space_json(fake.spaces[match.group(1)]["key"]))
+    match = re.fullmatch(r"/rest/api/space/([^/]+)/permissions", path)
+    if match and fake.edition != "cloud":
+        space = fake.spaces[match.group(1)]
+        out = []
+        for kind, ident in space["readers"]:
+            subject = ({"type": "group", "name": ident} if kind == "group" else
+                       {"type": "user", "userKey": f"key-{ident}"} if kind == "user" else {"type": "anonymous"})
+            out.append({"operation": {"targetType": "space", "operationKey": "read"}, "subject": subject,
+                        "spaceKey": space["key"], "spaceId": space["id"]})
+        out.append({"operation": {"targetType": "page", "operationKey": "create"},
+                    "subject": {"type": "group", "name": "confluence-administrators"}})
+        return handler.send_json(out)
+    match = re.fullmatch(r"/api/v2/spaces/(\d+)/permissions", path)
+    if match and fake.edition == "cloud":
+        space = next(s for s in fake.spaces.values() if s["id"] == int(match.group(1)))
+        group_ids = {name: gid for gid, name in fake.groups.items()}
+        results = []
+        for i, (kind, ident) in enumerate(space["readers"]):
+            principal = {"type": kind, "id": group_ids[ident] if kind == "group" else ident}
+            results.append({"id": str(i), "principal": principal, "operation": {"key": "read", "targetType": "space"}})
+        results.append({"id": "99", "principal": {"type": "group", "id": "g-admins"},
+                        "operation": {"key": "administer", "targetType": "space"}})
+        # Two results per page, so the cursor is followed.
+        start = int(query.get("cursor", "0"))
+        page = results[start : start + 2]
+        links = {}
+        if start + 2 < len(results):
+            links["next"] = f"/wiki/api/v2/spaces/{space['id']}/permissions?cursor={start + 2}&limit=2"
+        return handler.send_json({"results": page, "_links": links})
+    if path == "/rest/api/group/by-id":
+        gid = query["id"]
+        return handler.send_json({"type": "group", "name": fake.groups[gid], "id": gid})
+    if path == "/rest/api/user":
+        ident = query.get("accountId") or query.get("username") or (query.get("key") or "").removeprefix("key-")
+        if ident not in fake.users:
+            raise KeyError(ident)
+        return handler.send_json(fake._user_json(ident))
+    match = re.fullmatch(r"/rest/api/content/([^/]+)/restriction/byOperation", path)
+    if match:
+        page = fake.pages[match.group(1)]
+        users = [fake._user_json(u) for u in page.read_users]
+        groups = [{"type": "group", "name": g, "id": f"id-{g}"} for g in page.read_groups]
+        return handler.send_json({
+            "read": {"operation": "read", "restrictions": {
+                "user": {"results": users, "start": 0, "limit": 200, "size": len(users)},
+                "group": {"results": groups, "start": 0, "limit": 200, "size": len(groups)}},
+                "_links": {"self": f"{fake.base_url}/rest/api/content/{page.id}/restriction/byOperation/read"}},
+            "update": {"operation": "update", "restrictions": {"user": {"results": [], "size": 0},
+                                                               "group": {"results": [], "size": 0}}},
+        })
+    match = re.fullmatch(r"/rest/api/content/([^/]+)/child/attachment/([^/]+)/download", path)
+    if match:
+        att = fake.attachments[match.group(2)]
+        return handler.redirect(f"{fake.context}/download/attachments/{att.page}/{quote(att.filename)}"
+                                f"?version={att.version}&api=v2")
+    match = re.fullmatch(r"/download/attachments/([^/]+)/(.+)", path)
+    if match:
+        from urllib.parse import unquote
+
+        att = next(a for a in fake.attachments.values()
+                   if a.page == match.group(1) and a.filename == unquote(match.group(2)))
+        return handler.send_bytes(att.data, att.media_type)
+    match = re.fullmatch(r"/rest/api/content/([^/]+)", path)
+    if match:
+        return handler.send_json(fake._content_json(fake.pages[match.group(1)], expand))
+    raise KeyError(path)

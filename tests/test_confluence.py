@@ -1,0 +1,288 @@
+"""Confluence through the real client code (httpx) against a fake Confluence speaking the REST v1 shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from sqlalchemy import text
+
+from fakes.confluence_api import FakeConfluence
+from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable
+from knowledge.retrieval import SearchFilters
+from knowledge.sources.confluence import storage_to_markdown
+
+VPN = (
+    "<h2>Install</h2><p>Install the WireGuard client from Self Service.</p>"
+    '<ac:structured-macro ac:name="code"><ac:parameter ac:name="language">bash</ac:parameter>'
+    "<ac:plain-text-body><![CDATA[wg-quick up northwind0]]></ac:plain-text-body></ac:structured-macro>"
+    '<ac:structured-macro ac:name="warning"><ac:rich-text-body><p>Never share your private key.</p>'
+    "</ac:rich-text-body></ac:structured-macro>"
+)
+LEAVE = (
+    "<h2>Allowance</h2><table><tbody><tr><th>Years</th><th>Days</th></tr><tr><td>0-5</td><td>25</td></tr>"
+    "<tr><td>5+</td><td>28</td></tr></tbody></table>"
+    '<ac:structured-macro ac:name="expand"><ac:parameter ac:name="title">Carry-over</ac:parameter>'
+    "<ac:rich-text-body><ul><li>Up to 5 unused days carry over to March.</li></ul></ac:rich-text-body>"
+    "</ac:structured-macro>"
+)
+
+
+def handbook(wiki: FakeConfluence) -> dict[str, str]:
+    wiki.add_space("ENG", "Engineering")
+    ids = {"root": wiki.add_page("ENG", "Handbook", "<p>The Northwind engineering handbook.</p>")}
+    ids["vpn"] = wiki.add_page("ENG", "VPN setup", VPN, parent=ids["root"])
+    ids["leave"] = wiki.add_page("ENG", "Leave policy", LEAVE, parent=ids["root"])
+    ids["draft"] = wiki.add_page("ENG", "Old draft", "<p>The launch codeword is pineapple.</p>", labels=["archived"])
+    ids["oncall"] = wiki.add_page("ENG", "On-call", "<p>The on-call rotation hands over on Mondays at 10am.</p>",
+                                  parent=ids["root"])
+    ids["blog"] = wiki.add_page("ENG", "Offsite recap", "<p>The offsite was held in Lisbon in October.</p>",
+                                type="blogpost")
+    ids["runbook"] = wiki.add_attachment(ids["oncall"], "runbook.txt",
+                                         b"Restart the billing worker with systemctl restart billing.", "text/plain")
+    wiki.add_attachment(ids["oncall"], "diagram.png", b"\x89PNG....", "image/png")
+    return ids
+
+
+@pytest.fixture
+def wiki(monkeypatch):
+    monkeypatch.setenv("CONFLUENCE_API_TOKEN", "good-token")
+    with FakeConfluence(edition="cloud") as fake:
+        yield fake
+
+
+def cloud_config(wiki: FakeConfluence, **extra) -> dict:
+    return {"url": wiki.base_url, "spaces": ["ENG"], "email": wiki.email, "exclude_labels": ["archived"], **extra}
+
+
+async def documents(kb) -> dict[str, tuple[str, list[str]]]:
+    async with kb.engine.connect() as conn:
+        rows = await conn.execute(text("SELECT external_id, title, access FROM documents"))
+        return {r.external_id: (r.title, sorted(r.access)) for r in rows}
+
+
+async def top(kb, query: str, principals=("everyone",)) -> list[str]:
+    return [h.external_id for h in (await kb.search(query, SearchFilters(tuple(principals)), k=3)).hits]
+
+
+async def test_first_sync_indexes_pages_blogposts_and_attachments_as_markdown(fresh_kb, wiki):
+    ids = handbook(wiki)
+    await fresh_kb.add_source("wiki", "confluence", cloud_config(wiki))
+    report = await fresh_kb.sync_source("wiki")
+    expected = {ids[k] for k in ("root", "vpn", "leave", "oncall", "blog", "runbook")}
+    assert set(report.added) == expected and report.failed == []
+    assert set(await documents(fresh_kb)) == expected  # no archived draft, no png
+
+    hit = (await fresh_kb.search("how do I bring the VPN tunnel up", SearchFilters(), k=1)).hits[0]
+    assert hit.external_id == ids["vpn"] and hit.title == "VPN setup"
+    assert hit.path == "Engineering > Handbook > VPN setup"
+    assert hit.url == f"{wiki.base_url}/spaces/ENG/pages/{ids['vpn']}/VPN+setup"
+    all_text = await _text_of(fresh_kb, ids["vpn"]) + await _text_of(fresh_kb, ids["leave"])
+    assert "wg-quick up northwind0" in all_text and "Warning:" in all_text and "private key" in all_text
+    assert "| 5+ | 28 |" in all_text and "Carry-over" in all_text and "carry over to March" in all_text
+    assert (await top(fresh_kb, "how do I restart the billing worker"))[0] == ids["runbook"]
+    assert ids["draft"] not in await top(fresh_kb, "launch codeword pineapple")
+    # Cloud's search paged only by cursor: several pages were followed.
+    assert sum("cursor=" in r for r in wiki.requests if "/content/search" in r) >= 2
+
+
+async def test_an_edit_re_indexes_one_page_and_fetches_and_embeds_nothing_else(fresh_kb, wiki):
+    ids = handbook(wiki)
+    await fresh_kb.add_source("wiki", "confluence", cloud_config(wiki))
+    await fresh_kb.sync_source("wiki")
+    downloads = sum("/download" in r for r in wiki.requests)
+
+    wiki.edit_page(ids["oncall"], "<p>The on-call rotation hands over on Tuesdays at 9am.</p>")
+    report = await fresh_kb.sync_source("wiki")
+    assert report.updated == [ids["oncall"]] and report.added == [] and report.deleted == []
+    assert report.chunks_embedded == 1  # the one chunk of the edited page
+    assert sum("/download" in r for r in wiki.requests) == downloads  # the attachment was not fetched again
+    hit = (await fresh_kb.search("when does on-call hand over", SearchFilters(), k=1)).hits[0]
+    assert "Tuesdays at 9am" in hit.text
+
+
+async def test_a_deleted_page_disappears_after_the_prune(fresh_kb, wiki):
+    ids = handbook(wiki)
+    await fresh_kb.add_source("wiki", "confluence", cloud_config(wiki))
+    await fresh_kb.sync_source("wiki")
+    wiki.delete_page(ids["oncall"])  # and its attachment
+
+    incremental = await fresh_kb.sync_source("wiki")  # no delete feed: nothing to see yet
+    assert incremental.deleted == [] and not incremental.pruned
+    full = await fresh_kb.sync_source("wiki", full=True)
+    assert full.pruned and sorted(full.deleted) == sorted([ids["oncall"], ids["runbook"]])
+    assert full.chunks_embedded == 0
+    assert ids["oncall"] not in await top(fresh_kb, "when does on-call hand over")
+
+    wiki.edit_page(ids["blog"], labels=["archived"])  # labelled out later: removed on the next sync
+    assert (await fresh_kb.sync_source("wiki")).deleted == [ids["blog"]]
+
+
+async def test_a_sync_killed_midway_resumes_and_ends_with_exactly_the_source(fresh_kb, wiki):
+    ids = handbook(wiki)
+    for n in range(4):
+        wiki.add_page("ENG", f"Team page {n}", f"<p>Team {n} sits on floor {n + 2}.</p>")
+    await fresh_kb.add_source("wiki", "confluence", cloud_config(wiki))
+    wiki.hold_next_pages()
+    task = asyncio.create_task(fresh_kb.sync_source("wiki"))
+    assert await asyncio.to_thread(wiki.held.wait, 30)  # the first results page is being committed
+    for _ in range(200):
+        if len(await documents(fresh_kb)) == 3:
+            break
+        await asyncio.sleep(0.05)
+    task.cancel()  # killed mid-run
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    wiki.release()
+    partial = await documents(fresh_kb)
+    assert len(partial) == 3
+    async with fresh_kb.engine.connect() as conn:
+        checkpoint = (await conn.execute(text("SELECT checkpoint FROM sources WHERE name = 'wiki'"))).scalar()
+    assert checkpoint is not None  # moved as far as the committed page, no further
+
+    report = await fresh_kb.sync_source("wiki")
+    assert report.unchanged == 3 and report.chunks_embedded > 0
+    final = await documents(fresh_kb)
+    expected = {ids[k] for k in ("root", "vpn", "leave", "oncall", "blog", "runbook")} | {
+        pid for pid, page in wiki.pages.items() if page.title.startswith("Team page")}
+    assert set(final) == expected
+    async with fresh_kb.engine.connect() as conn:
+        dupes = (await conn.execute(text(
+            "SELECT count(*) FROM (SELECT document_id, ordinal FROM chunks GROUP BY 1, 2 HAVING count(*) > 1) d"
+        ))).scalar()
+    assert dupes == 0
+    runs = await fresh_kb.sync_runs("wiki")
+    assert [r.status for r in runs] == ["ok", "interrupted"] and "CancelledError" in runs[1].error
+
+
+async def test_a_restriction_added_to_a_parent_hides_its_child_from_others(fresh_kb, wiki):
+    ids = handbook(wiki)
+    wiki.add_user("acc-alice", "Alice", "Alice@Acme.example")
+    wiki.add_user("acc-bob", "Bob", None)  # Cloud hides Bob's email
+    await fresh_kb.add_source("wiki", "confluence", cloud_config(wiki))
+    await fresh_kb.sync_source("wiki")
+    assert (await top(fresh_kb, "how do I bring the VPN tunnel up"))[0] == ids["vpn"]
+
+    wiki.restrict(ids["root"], users=["acc-alice", "acc-bob"], groups=["it"])  # no new version
+    report = await fresh_kb.sync_source("wiki", prune=True)
+    assert ids["vpn"] in report.metadata_updated and report.chunks_embedded == 0
+    docs = await documents(fresh_kb)
+    assert docs[ids["vpn"]][1] == ["group:it", "user:alice@acme.example", "user:confluence:acc-bob"]
+    assert docs[ids["runbook"]][1] == docs[ids["oncall"]][1]  # attachments follow their page
+    assert docs[ids["blog"]][1] == ["everyone"]
+    assert ids["vpn"] not in await top(fresh_kb, "how do I bring the VPN tunnel up", ["user:mallory@acme.example"])
+    assert ids["vpn"] in await top(fresh_kb, "how do I bring the VPN tunnel up", ["group:it"])
+
+    wiki.restrict(ids["vpn"], groups=["it", "security"])  # the child narrows it further: both must allow
+    await fresh_kb.sync_source("wiki", prune=True)
+    assert (await documents(fresh_kb))[ids["vpn"]][1] == ["group:it"]
+
+
+async def test_space_permissions_and_visibility_everyone(fresh_kb, kb_factory, wiki):
+    wiki.add_space("HR", "People team", readers=[("group", "hr"), ("user", "acc-carol")])
+    wiki.add_space("PUB", "Public", readers=[("anonymous", ""), ("group", "hr")])
+    wiki.add_user("acc-carol", "Carol", "carol@acme.example")
+    wiki.add_page("HR", "Salary bands", "<p>Band L3 pays 120k to 150k.</p>")
+    wiki.add_page("PUB", "Office hours", "<p>The office opens at 8am.</p>")
+    config = {"url": wiki.base_url, "spaces": ["HR", "PUB"], "email": wiki.email}
+    await fresh_kb.add_source("wiki", "confluence", config)
+    await fresh_kb.sync_source("wiki")
+    access = {title: acl for title, acl in (await documents(fresh_kb)).values()}
+    assert access == {"Salary bands": ["group:hr", "user:carol@acme.example"], "Office hours": ["everyone"]}
+
+    other = await kb_factory()
+    before = len(wiki.requests)
+    await other.add_source("open", "confluence", {**config, "visibility": "everyone"})
+    await other.sync_source("open", full=True)
+    assert {tuple(acl) for _, acl in (await documents(other)).values()} == {("everyone",)}
+    assert not any("restriction" in r or "permissions" in r for r in wiki.requests[before:])
+
+
+async def test_a_429_storm_is_survived_and_retry_after_is_honoured(fresh_kb, wiki):
+    handbook(wiki)
+    await fresh_kb.add_source("wiki", "confluence", cloud_config(wiki))
+    wiki.fail_next(4, status=429, retry_after="0")
+    wiki.fail_next(1, status=503, retry_after="1")
+    started = time.monotonic()
+    report = await fresh_kb.sync_source("wiki")
+    assert len(report.added) == 6 and report.failed == []
+    assert time.monotonic() - started >= 1.0  # the 503's Retry-After: 1 was waited out
+
+
+async def test_a_storm_past_the_retry_bound_fails_cleanly_and_keeps_the_index(fresh_kb, wiki):
+    ids = handbook(wiki)
+    await fresh_kb.add_source("wiki", "confluence", cloud_config(wiki))
+    await fresh_kb.sync_source("wiki")
+    wiki.edit_page(ids["vpn"], VPN + "<p>New text</p>")
+    wiki.fail_next(50, status=429, retry_after="0")
+    with pytest.raises(SourceUnavailable, match="'wiki'.*kept answering 429.*next sync retries"):
+        await fresh_kb.sync_source("wiki")
+    wiki.scripted.clear()
+    assert len(await documents(fresh_kb)) == 6
+    assert (await fresh_kb.sync_runs("wiki"))[0].status == "failed"
+    assert (await fresh_kb.sync_source("wiki")).updated == [ids["vpn"]]  # the next interval catches up
+
+
+async def test_a_bad_token_gives_a_clear_error_and_deletes_nothing(fresh_kb, wiki, monkeypatch):
+    handbook(wiki)
+    await fresh_kb.add_source("wiki", "confluence", cloud_config(wiki))
+    await fresh_kb.sync_source("wiki")
+    monkeypatch.setenv("CONFLUENCE_API_TOKEN", "revoked-token")
+    with pytest.raises(SourceAuthError) as caught:
+        await fresh_kb.sync_source("wiki", full=True)
+    message = str(caught.value)
+    assert "'wiki'" in message and "refused the credentials (401)" in message and "CONFLUENCE_API_TOKEN" in message
+    assert "revoked-token" not in message
+    assert len(await documents(fresh_kb)) == 6
+    run = (await fresh_kb.sync_runs("wiki"))[0]
+    assert run.status == "failed" and run.deleted == 0 and "401" in run.error
+
+    monkeypatch.setenv("CONFLUENCE_API_TOKEN", "good-token")
+    with pytest.raises(SourceConfigError, match="space 'NOPE' was not found"):
+        await fresh_kb.add_source("bad", "confluence", {**cloud_config(wiki), "spaces": ["NOPE"]})
+    monkeypatch.delenv("CONFLUENCE_API_TOKEN")
+    with pytest.raises(SourceAuthError, match="CONFLUENCE_API_TOKEN is not set"):
+        await fresh_kb.add_source("bad", "confluence", cloud_config(wiki))
+    assert [s.name for s in await fresh_kb.list_sources()] == ["wiki"]  # broken sources are never saved
+
+
+async def test_data_center_bearer_token_context_path_and_start_paging(fresh_kb, monkeypatch):
+    monkeypatch.setenv("DC_PAT", "pat-123")
+    with FakeConfluence(edition="dc", token="pat-123") as wiki:
+        wiki.add_space("OPS", "Operations", readers=[("group", "ops"), ("user", "dave")])
+        wiki.add_user("dave", "Dave", None)
+        ids = [wiki.add_page("OPS", f"Runbook {n}", f"<p>Runbook {n} restarts service {n}.</p>") for n in range(5)]
+        wiki.restrict(ids[0], users=["dave"])
+        await fresh_kb.add_source("ops", "confluence", {"url": wiki.base_url, "spaces": ["OPS"], "token_env": "DC_PAT"})
+        report = await fresh_kb.sync_source("ops")
+        assert sorted(report.added) == sorted(ids)
+        assert any("start=3" in r for r in wiki.requests)  # Data Center pages by start
+        assert all(r.startswith("/confluence/") for r in wiki.requests)
+        docs = await documents(fresh_kb)
+        assert docs[ids[0]][1] == ["user:confluence:dave"]
+        assert docs[ids[1]][1] == ["group:ops", "user:confluence:dave"]
+
+
+def test_storage_format_keeps_structure_and_macro_text():
+    markdown = storage_to_markdown(
+        "<h1>Title</h1><h3>Sub</h3><ol><li>one</li><li>two</li></ol>"
+        '<ac:structured-macro ac:name="info"><ac:parameter ac:name="title">Heads up</ac:parameter>'
+        "<ac:rich-text-body><p>Read this.</p></ac:rich-text-body></ac:structured-macro>"
+        '<p>See <ac:link><ri:page ri:content-title="Other page"/></ac:link> and '
+        '<ac:image><ri:attachment ri:filename="x.png"/></ac:image>done.</p>'
+        '<ac:structured-macro ac:name="code"><ac:plain-text-body><![CDATA[if a < b: print("<ok>")]]>'
+        "</ac:plain-text-body></ac:structured-macro>"
+    )
+    assert "# Title" in markdown and "### Sub" in markdown and "1. one" in markdown and "2. two" in markdown
+    assert "> Info: Heads up" in markdown and "> Read this." in markdown
+    assert "See Other page and done." in markdown
+    assert '```\nif a < b: print("<ok>")\n```' in markdown
+
+
+async def _text_of(kb, external_id: str) -> str:
+    async with kb.engine.connect() as conn:
+        rows = await conn.execute(text(
+            "SELECT c.text FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.external_id = :e "
+            "ORDER BY c.ordinal"), {"e": external_id})
+        return "\n".join(r.text for r in rows)

@@ -1,0 +1,74 @@
+"""The scheduler: syncs on each source's interval, and two schedulers on one database never sync a source at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fakes.confluence_api import FakeConfluence
+from knowledge.scheduler import SchedulerService, format_interval, parse_interval, start_scheduler
+
+
+async def test_two_schedulers_sync_on_the_interval_and_never_overlap(kb_factory, fresh_database, monkeypatch):
+    monkeypatch.setenv("CONFLUENCE_API_TOKEN", "good-token")
+    url = fresh_database()
+    first, second = await kb_factory(url), await kb_factory(url)  # two replicas on one database
+    with FakeConfluence(edition="cloud") as wiki:
+        wiki.add_space("ENG", "Engineering")
+        for n in range(4):
+            wiki.add_page("ENG", f"Page {n}", f"<p>Fact number {n}: the build takes {n + 3} minutes.</p>")
+        wiki.search_delay = 0.25  # each run takes a while, so two schedulers firing together would overlap
+        await first.add_source("wiki", "confluence", {"url": wiki.base_url, "spaces": ["ENG"], "email": wiki.email,
+                                                      "visibility": "everyone"}, schedule_seconds=1, prune_seconds=2)
+        await first.add_source("manual", "folder", {"path": "/"}, check=False)  # no schedule: never run
+        handles = [await start_scheduler(kb, refresh_seconds=0.5) for kb in (first, second)]
+        assert handles[0].jobs() == ["prune:wiki", "sync:wiki"]
+        try:
+            for _ in range(100):
+                runs = await first.sync_runs("wiki", limit=100)
+                if sum(r.status == "ok" for r in runs) >= 3:
+                    break
+                await asyncio.sleep(0.2)
+        finally:
+            for handle in handles:
+                await handle.stop()
+        wiki.search_delay = 0
+
+        runs = sorted(await first.sync_runs("wiki", limit=100), key=lambda r: r.started_at)
+        assert len(runs) >= 3 and {r.trigger for r in runs} == {"schedule"}
+        assert all(r.status == "ok" for r in runs), [(r.status, r.error) for r in runs]
+        for earlier, later in zip(runs, runs[1:]):
+            assert earlier.finished_at <= later.started_at, "two runs of one source overlapped"
+        assert runs[0].added == 4 and all(r.added == 0 for r in runs[1:])  # later runs find nothing new
+        assert any(r.pruned for r in runs)
+        assert await first.sync_runs("manual") == []
+        assert (await first.status()).documents == 4
+
+
+async def test_the_scheduler_picks_up_sources_added_and_removed_while_it_runs(fresh_kb, tmp_path):
+    service = SchedulerService(lambda: fresh_kb, refresh_seconds=3600)  # as `ragbot run` holds it
+    await service.start()
+    handle = service.handle
+    assert handle is not None
+    try:
+        assert handle.jobs() == []
+        (tmp_path / "a.md").write_text("# A\n\nAlpha.")
+        await fresh_kb.add_source("docs", "folder", {"path": str(tmp_path)}, schedule_seconds=3600)
+        await handle.refresh()
+        assert handle.jobs() == ["prune:docs", "sync:docs"]
+        await fresh_kb.remove_source("docs")
+        await handle.refresh()
+        assert handle.jobs() == []
+    finally:
+        await service.stop()
+    assert service.handle is None
+
+
+def test_intervals_are_read_and_shown():
+    assert [parse_interval(v) for v in ("30s", "15m", "1h", "1h30m", "1d", "2w")] == [
+        30, 900, 3600, 5400, 86400, 1209600]
+    assert format_interval(5400) == "1h30m" and format_interval(None) == "on demand"
+    for bad in ("", "1", "h", "1x", "-1h", "0m"):
+        with pytest.raises(ValueError, match="interval"):
+            parse_interval(bad)
