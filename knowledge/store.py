@@ -252,7 +252,6 @@ async def write_documents(
             text("SELECT id, external_id, content_hash FROM documents WHERE source_id = :s AND external_id = ANY(:e)"),
             {"s": source_id, "e": ids},
         )
-<<<<<<< HEAD
     }
     outcomes: dict[str, WriteOutcome] = {}
     to_write = []
@@ -449,63 +448,6 @@ async def reweight_bm25(engine: AsyncEngine, *, batch: int = REWEIGHT_BATCH, for
             return reweighted
         reweighted += row.n
         after = row.last
-=======
-    ).first()
-    if existing is not None and existing.content_hash == content_hash:
-        changed = await update_document_metadata(
-            conn, existing.id, url=url, path=path, author=author, updated_at=updated_at, access=access
-        )
-        await set_document_version(conn, existing.id, version)
-        return WriteOutcome(existing.id, "metadata_updated" if changed else "unchanged")
-    document_id = (
-        await conn.execute(
-            text(
-                """
-                INSERT INTO documents (source_id, external_id, title, url, path, author, updated_at, content_hash,
-                                       access, version)
-                VALUES (:source_id, :external_id, :title, :url, :path, :author, :updated_at, :content_hash, :access,
-                        :version)
-                ON CONFLICT (source_id, external_id) DO UPDATE SET
-                    title = EXCLUDED.title, url = EXCLUDED.url, path = EXCLUDED.path, author = EXCLUDED.author,
-                    updated_at = EXCLUDED.updated_at, content_hash = EXCLUDED.content_hash,
-                    access = EXCLUDED.access, version = EXCLUDED.version, indexed_at = now()
-                RETURNING id
-                """
-            ),
-            {"source_id": source_id, "external_id": external_id, "title": title, "url": url, "path": path,
-             "author": author, "updated_at": updated_at, "content_hash": content_hash, "access": list(access),
-             "version": version},
-        )
-    ).scalar_one()
-    await conn.execute(text("DELETE FROM chunks WHERE document_id = :id"), {"id": document_id})
-    if chunks:
-        # One statement for all chunks: the BM25 statistics trigger then runs once per document, not per chunk.
-        await conn.execute(
-            text(
-                """
-                INSERT INTO chunks (document_id, ordinal, text, heading, token_count, content_hash, embedding, tsv,
-                                    lexical_len, access, source_id, doc_updated_at)
-                SELECT :document_id, u.ordinal, u.text, u.heading, u.token_count, u.content_hash,
-                       u.embedding::vector, v.tsv, tsvector_length_in_tokens(v.tsv), :access, :source_id,
-                       :updated_at
-                FROM unnest(CAST(:ordinals AS integer[]), CAST(:texts AS text[]), CAST(:headings AS text[]),
-                            CAST(:token_counts AS integer[]), CAST(:hashes AS text[]),
-                            CAST(:embeddings AS text[]), CAST(:search_texts AS text[]))
-                     AS u(ordinal, text, heading, token_count, content_hash, embedding, search_text)
-                CROSS JOIN LATERAL (SELECT to_tsvector(CAST(:config AS regconfig), u.search_text) AS tsv) v
-                """
-            ),
-            {
-                "document_id": document_id, "access": list(access), "source_id": source_id,
-                "updated_at": updated_at, "config": text_search_config,
-                "ordinals": [c.ordinal for c in chunks], "texts": [c.text for c in chunks],
-                "headings": [c.heading for c in chunks], "token_counts": [c.token_count for c in chunks],
-                "hashes": [c.content_hash for c in chunks], "embeddings": [c.embedding for c in chunks],
-                "search_texts": [c.search_text for c in chunks],
-            },
-        )
-    return WriteOutcome(document_id, "added" if existing is None else "updated")
->>>>>>> issue-11-first-run
 
 
 async def lock_index_for_writing(conn: AsyncConnection) -> None:
