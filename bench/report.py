@@ -118,7 +118,7 @@ def ingest_section(result: dict) -> str:  # type: ignore[type-arg]
              f"| re-sync, 1% of documents edited ({r.get('one_percent_changed_documents')}) | "
              f"{r.get('one_percent_changed_resync_s')} s | first sync {r.get('first_sync_s')} s | "
              f"{r.get('one_percent_changed_resync_speedup')}× faster |",
-             f"| BM25 re-weighting after an avgdl drift ({r.get('reweight_chunks')} chunks, batches of 5,000 in "
+             f"| BM25 re-weighting after an avgdl drift ({r.get('reweight_chunks')} chunks, batches of 2,000 in "
              f"their own transactions) | {r.get('reweight_chunks_per_s')} chunks/s | longest lock hold ≈ "
              f"{r.get('reweight_batch_max_s')} s | |"]
     return "\n".join(lines) + "\n"

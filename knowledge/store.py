@@ -397,7 +397,7 @@ async def _insert_chunks(
 # Re-weighting after avgdl drift: how far it may drift before chunks are re-weighted, and how many chunks one
 # short transaction re-weights.
 REWEIGHT_DRIFT = 0.10
-REWEIGHT_BATCH = 5000
+REWEIGHT_BATCH = 2000
 REWEIGHT_PENDING = "bm25_reweight_pending"  # kb_meta key: "1" from moving the target until every chunk follows it
 
 
