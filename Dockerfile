@@ -16,6 +16,8 @@ COPY examples ./examples
 RUN pip install -e . && useradd --create-home ragbot && mkdir -p /data && chown ragbot /data
 USER ragbot
 VOLUME /data
+# Slack events (HTTP mode), /healthz and /metrics.
+EXPOSE 3000
 
 ENTRYPOINT ["ragbot"]
 CMD ["run"]

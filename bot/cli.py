@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import sys
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Awaitable, Callable, Optional, TypeVar
@@ -17,7 +18,8 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from bot.settings import BotSettings
 from bot.terminal import (
-    RichSyncProgress, chat_session, console, err_console, render_answer, render_hits, render_status, render_sync_report,
+    RichSyncProgress, chat_session, console, err_console, render_answer, render_hits, render_searched_for, render_status,
+    render_sync_report,
 )
 
 
@@ -130,6 +132,19 @@ def _quote_safe_strings(value: object) -> object:
     return value
 
 
+def cli_message(exc: Exception) -> str:
+    """The knowledge core's typed errors, worded for the command line (naming the flag that fixes them)."""
+    from knowledge.errors import SourceConflict, UnknownSource
+
+    if isinstance(exc, SourceConflict):
+        where = f"{exc.kind} {exc.location}" if exc.location else exc.kind
+        return f"source {exc.name!r} already indexes {where}; pick another name with --source"
+    if isinstance(exc, UnknownSource) and exc.names:  # raised with a ready message otherwise (sync by name)
+        return (f"unknown source {', '.join(exc.names)}; indexed sources: {', '.join(exc.known) or 'none yet'} "
+                "(check --source)")
+    return str(exc)
+
+
 def run_async(factory: Callable[[], Awaitable[T]]) -> T:
     return run_sync(lambda: asyncio.run(factory()))  # type: ignore[arg-type]
 
@@ -137,9 +152,8 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
 def run_sync(work: Callable[[], T]) -> T:
     """Run `work`, turning the errors a user can fix into one clear line and exit code 2."""
     from knowledge.embedding import EmbeddingModelError
-    from knowledge.evaluation import EvalFileError
     from knowledge.errors import KnowledgeError
-    from knowledge.store import SourceConflict
+    from knowledge.evaluation import EvalFileError
 
     from sqlalchemy.exc import DBAPIError
 
@@ -147,9 +161,8 @@ def run_sync(work: Callable[[], T]) -> T:
 
     try:
         return work()
-    except (SourceConflict, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError,
-            KnowledgeError) as exc:
-        fail(str(exc))
+    except (KnowledgeError, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError) as exc:
+        fail(cli_message(exc))
     except DBAPIError as exc:
         fail(f"database error: {exc.orig or exc}".splitlines()[0])
     raise AssertionError("unreachable: fail() exits")
@@ -222,7 +235,7 @@ def search(
         fail(f"--mode must be one of {', '.join(MODES)}")
 
     async def run_search(kb: KnowledgeBase) -> SearchResults:
-        await check_sources(kb, sources)
+        await kb.check_sources(sources)
         since = updated_after.replace(tzinfo=updated_after.tzinfo or timezone.utc) if updated_after else None
         filters = SearchFilters(tuple(principals or ()), tuple(sources) if sources else None, since)
         return await kb.search(query, filters, k=k, mode=mode)  # type: ignore[arg-type]
@@ -234,34 +247,32 @@ def search(
         render_hits(results.hits)
 
 
-async def check_sources(kb: KnowledgeBase, sources: Optional[list[str]]) -> None:
-    if not sources:
-        return
-    known = await kb.source_names()
-    unknown = [s for s in sources if s not in known]
-    if unknown:
-        raise ValueError(f"unknown source {', '.join(unknown)}; indexed sources: {', '.join(known) or 'none yet'}")
-
-
 @app.command()
 def ask(
     question: Annotated[str, typer.Argument(help="Your question.")],
     principals: AsOption = None,
     sources: SourceOption = None,
+    conversation: Annotated[
+        Optional[str],
+        typer.Option("--conversation", help="Continue this conversation (follow-ups are understood from its "
+                                            "earlier questions). Default: a new conversation for each call."),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Answer a question from the documents, with numbered citations."""
     if not question.strip():
         fail("the question is empty")
+    conversation_id = conversation or f"cli:{uuid.uuid4()}"
 
     async def run_ask(kb: KnowledgeBase) -> Answer:
-        await check_sources(kb, sources)
-        return await kb.answer(question, principals or ["everyone"], "cli:ask", sources=sources)
+        await kb.check_sources(sources)
+        return await kb.answer(question, principals or ["everyone"], conversation_id, sources=sources, asker="cli")
 
     answer = with_kb(run_ask)
     if as_json:
-        print_json(answer.to_dict())
+        print_json({**answer.to_dict(), "conversation_id": conversation_id})
     else:
+        render_searched_for(question, answer)
         render_answer(answer)
 
 
@@ -272,7 +283,7 @@ def chat(principals: AsOption = None, sources: SourceOption = None) -> None:
     from knowledge.kb import KnowledgeBase
 
     def session() -> None:
-        chat_session(KnowledgeBase.open, principals or ["everyone"], sources, lambda kb: check_sources(kb, sources))
+        chat_session(KnowledgeBase.open, principals or ["everyone"], sources, lambda kb: kb.check_sources(sources))
 
     run_sync(session)
 
@@ -299,20 +310,25 @@ def remove_source(name: Annotated[str, typer.Argument(help="The source to forget
 
 @app.command()
 def run() -> None:
-    """Start the bot. With no chat platform tokens configured, that is the terminal chat."""
-    platforms = BotSettings().chat_platforms
-    if platforms:
-        err_console.print(
-            f"[yellow]{' and '.join(platforms)} token(s) found, but the chat adapters are not part of this build "
-            "yet; starting the terminal chat instead.[/]"
-        )
-    chat(principals=None, sources=None)
+    """Start the bots (Slack and/or Discord, per the tokens set) with /healthz and /metrics; with no chat tokens,
+    the terminal chat."""
+    from bot.app import run as run_bots
+
+    run_bots(runner=run_async)
 
 
 @app.command(name="eval")
 def evaluate(
-    file: Annotated[Optional[Path], typer.Argument(help="JSONL, one question per line: {\"question\": ..., \"relevant\": (document ids)}.")] = None,
+    file: Annotated[Optional[Path], typer.Argument(help="JSONL, one question per line with \"question\", \"relevant\" (document ids) and, for --answers, \"facts\".")] = None,
     beir: Annotated[Optional[Path], typer.Option("--beir", metavar="DIR", help="A BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.")] = None,
+    corpus: Annotated[
+        Optional[Path],
+        typer.Option("--corpus", metavar="FILE", help="A BEIR-style corpus.jsonl (\"_id\", \"title\", \"text\" per line) to "
+                                      "index and search for FILE's questions; its _ids are the relevant ids."),
+    ] = None,
+    no_memory: Annotated[
+        bool, typer.Option("--no-memory", help="Search each question alone, ignoring its history (the baseline).")
+    ] = False,
     mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense, lexical, or all.")] = "all",
     principals: AsOption = None,
     sources: SourceOption = None,
@@ -328,8 +344,13 @@ def evaluate(
 
     if (file is None) == (beir is None):
         fail("give either an eval FILE.jsonl or --beir DIR")
+    if corpus is not None and beir is not None:
+        fail("--corpus goes with an eval FILE.jsonl; a --beir folder has its own corpus")
+    for target in (file, beir, corpus):
+        if target is not None and not target.exists():
+            fail(f"no such file or folder: {target}")
     if answers:
-        if file is None or not file.exists():
+        if file is None:
             fail("--answers needs an eval FILE.jsonl with expected facts")
         from bot.evaluate import render_answer_eval, run_answer_eval
 
@@ -339,15 +360,12 @@ def evaluate(
         else:
             render_answer_eval(summary)
         return
-    target = file or beir
-    assert target is not None
-    if not target.exists():
-        fail(f"no such file or folder: {target}")
     modes = ("dense", "lexical", "hybrid") if mode == "all" else (mode,)
     if any(m not in ("dense", "lexical", "hybrid") for m in modes):
         fail("--mode must be one of hybrid, dense, lexical, all")
 
-    results = with_kb(lambda kb: run_eval(kb, file, beir, modes, principals or [], sources or []))
+    results = with_kb(lambda kb: run_eval(kb, file, beir, modes, principals or [], sources or [], corpus=corpus,
+                                          memory=not no_memory))
     if as_json:
         print_json(results)
     else:
@@ -384,6 +402,10 @@ def db_stop() -> None:
         fail("DATABASE_URL is set: ragbot is not running an embedded database")
     console.print("Stopped the embedded database." if stop_embedded(settings.home) else "The embedded database was not running.")
 
+
+from bot.admin_cli import register as _register_admin_commands  # noqa: E402
+
+_register_admin_commands(app)
 
 from bot.cli_sources import register_source_commands  # noqa: E402  (source, sync, sync-runs, scheduler)
 

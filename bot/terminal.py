@@ -168,6 +168,12 @@ def _print_reference(citation) -> None:  # type: ignore[no-untyped-def]
     console.print(f"  [bold][{citation.n}][/] {shown(where)} [dim]{shown(location)}[/]", soft_wrap=True, highlight=False)
 
 
+def render_searched_for(question: str, answer: Answer) -> None:
+    """When a follow-up was rewritten into a standalone query, show (dimmed) what was searched for."""
+    if answer.standalone_query and answer.standalone_query.strip() != question.strip():
+        console.print(f"[dim]searched for: {escape(answer.standalone_query)}[/]", highlight=False)
+
+
 def render_status(status: IndexStatus) -> None:
     console.print(f"Database: {shown(status.database)}", soft_wrap=True, highlight=False)
     model = status.embedding_model or "none yet"
@@ -244,9 +250,9 @@ def chat_session(
 
 def _chat(runner: asyncio.Runner, kb: "KnowledgeBase", principals: Sequence[str], sources: Sequence[str] | None) -> None:
     conversation_id = f"terminal:{uuid.uuid4()}"
-    mode = "Claude" if kb.answerer.generator else "offline excerpts (set ANTHROPIC_API_KEY for composed answers)"
+    mode = "Claude" if kb.answer_mode == "llm" else "offline excerpts (set ANTHROPIC_API_KEY for composed answers)"
     console.print(f"[bold]ragbot[/] — ask about your documents. Answers: {mode}.")
-    console.print(f"[dim]{LEAVE_HINT}[/]")
+    console.print(LEAVE_HINT, style="dim", highlight=False)
     while True:
         try:
             question = input("\nyou> ")
@@ -260,9 +266,12 @@ def _chat(runner: asyncio.Runner, kb: "KnowledgeBase", principals: Sequence[str]
             return
         try:
             with console.status("Searching…"):
-                answer = runner.run(kb.answer(question, principals, conversation_id, sources=sources))
+                answer = runner.run(
+                    kb.answer(question, principals, conversation_id, sources=sources, asker="terminal")
+                )
         except KeyboardInterrupt:
             console.print("[dim](cancelled)[/]")
             continue
         console.print("[bold]ragbot>[/]")
+        render_searched_for(question, answer)
         render_answer(answer)

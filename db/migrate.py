@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from alembic.config import Config
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+from db import locks
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = PROJECT_ROOT / "alembic" / "versions"
 
@@ -111,7 +113,7 @@ async def upgrade_to_head(engine: "AsyncEngine") -> None:
     from db.errors import DatabaseUnavailable
 
     def _upgrade(sync_connection) -> None:  # type: ignore[no-untyped-def]
-        sync_connection.execute(text("SELECT pg_advisory_xact_lock(727274001)"))
+        sync_connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": locks.MIGRATIONS})
         config = alembic_config()
         config.attributes["connection"] = sync_connection
         command.upgrade(config, "head")

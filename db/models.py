@@ -136,8 +136,21 @@ class KbMeta(Base):
 class ConversationTurn(Base):
     __tablename__ = "conversation_turns"
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    conversation_id: Mapped[str] = mapped_column(Text, index=True)
+    conversation_id: Mapped[str] = mapped_column(Text)  # indexed with id (migration 0002)
     question: Mapped[str] = mapped_column(Text)
+    standalone_query: Mapped[str | None] = mapped_column(Text)  # what was searched; NULL in turns from before 0002
     answer: Mapped[str] = mapped_column(Text)
     principals: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    asker: Mapped[str | None] = mapped_column(Text)  # e.g. "slack:U123"
+    cited_chunk_ids: Mapped[list[int]] = mapped_column(ARRAY(BigInteger), server_default="{}")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class ConversationSummary(Base):
+    """Older turns of a conversation folded into one rolling summary (turns with id <= through_turn_id)."""
+
+    __tablename__ = "conversation_summaries"
+    conversation_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    summary: Mapped[str] = mapped_column(Text)
+    through_turn_id: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -1,24 +1,29 @@
-"""question + asker's principals + conversation id → answer with numbered citations.
+"""question + asker's principals + conversation → answer with numbered citations.
 
-The pipeline: hybrid search filtered by the asker's principals → abstain if the best match is weak → pack the
-best chunks, grouped by document, into numbered sources within a token budget → generate (Claude, or offline
-excerpts) → keep only citations the answer really uses, renumbered 1..n in order of first use.
+The pipeline: the conversation's history (memory) → a standalone search query for a follow-up → hybrid search
+filtered by the asker's principals → abstain if the best match is weak → pack the best chunks, grouped by document,
+into numbered sources within the prompt's token budget → generate (Claude, streamed when asked, with the history in
+view; or offline excerpts) → keep only citations the answer really uses → store the turn.
+
+Citations: without streaming, they are renumbered 1..n in order of first use. When the text was streamed to the
+asker as it was written, the numbers they saw are kept (no renumbering) and only the sources cited are listed.
 """
-
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Awaitable, Callable, Protocol, Sequence
 
-from knowledge import store
+from knowledge.embedding import Embedder
+from knowledge.errors import EmptyQuestion
 from knowledge.generators.anthropic_client import AnthropicGenerator, GenerationError
 from knowledge.generators import extractive
 from knowledge.generators.passages import section_path
+from knowledge.memory import ChatMessage, ConversationMemory, CountTokens, History, format_conversation
 from knowledge.prompts import NO_ANSWER, SYSTEM_PROMPT, PromptSource, build_user_message, cited_numbers, renumber_citations
-from knowledge.retrieval import SearchFilters, SearchHit
+from knowledge.retrieval import Retriever, SearchFilters, SearchHit
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +34,34 @@ ABSTAIN_MESSAGE = (
 SNIPPET_CHARS = 240
 
 
+TextCallback = Callable[[str], Awaitable[None]]
+
+
 class Generator(Protocol):
+    """A language model behind one call. `model`/`max_tokens` override its defaults (the follow-up rewrite and
+    the summary use a small model and budget); with `on_text` the reply is streamed, delta by delta."""
+
     mode: str
 
-    async def generate(self, system: str, user: str) -> str: ...
+    async def generate(
+        self, system: str, user: str, *, model: str | None = None, max_tokens: int | None = None,
+        on_text: TextCallback | None = None,
+    ) -> str: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class AnswerSettings:
+    context_chunks: int = 8  # at most this many retrieved chunks in the prompt
+    context_token_budget: int = 3000  # retrieved text in the prompt, in tokens
+    prompt_token_budget: int = 6000  # the whole prompt: system + conversation + sources + question
+    abstain_below_similarity: float = 0.20
+
+    @classmethod
+    def from_settings(cls, settings) -> "AnswerSettings":  # type: ignore[no-untyped-def]
+        return cls(settings.context_chunks, settings.context_token_budget, settings.prompt_token_budget,
+                   settings.abstain_below_similarity)
 
 
 @dataclass(frozen=True)
@@ -61,12 +90,16 @@ class Answer:
     chunks_used: list[SearchHit]
     timings: dict[str, float] = field(default_factory=dict)
     note: str | None = None  # e.g. why the LLM was not used this time
+    id: int | None = None  # the stored turn's id: feedback refers to it
+    standalone_query: str = ""  # what was searched: the question, or its rewrite when it was a follow-up
     related: list[Citation] = field(default_factory=list)  # when abstaining: the nearest documents, numbered 1..n
 
     def to_dict(self) -> dict[str, object]:
         fields = ("n", "title", "url", "path", "external_id", "heading")
         result: dict[str, object] = {
+            "id": self.id,
             "answer": self.text,
+            "standalone_query": self.standalone_query,
             "mode": self.mode,
             "abstained": self.abstained,
             "citations": [{f: getattr(c, f) for f in fields} for c in self.citations],
@@ -115,76 +148,173 @@ def group_into_sources(hits: Sequence[SearchHit], count_tokens, budget: int) -> 
 
 
 class Answerer:
-    def __init__(self, kb, generator: Generator | None) -> None:  # type: ignore[no-untyped-def]
-        self.kb = kb
+    """Answers one question: memory → retrieval → generation → memory. Gets exactly what it uses."""
+
+    def __init__(
+        self, retriever: Retriever, memory: ConversationMemory, generator: Generator | None,
+        count_tokens: CountTokens, settings: AnswerSettings, embedder: Embedder,
+    ) -> None:
+        self.retriever = retriever
+        self.memory = memory
         self.generator = generator
+        self.count_tokens = count_tokens
+        self.settings = settings
+        self.embedder = embedder  # offline excerpts pick sentences by similarity
+
+    @property
+    def mode(self) -> str:
+        return self.generator.mode if self.generator else "extractive"
 
     async def answer(
-        self, question: str, principals: Sequence[str], conversation_id: str, *, sources: Sequence[str] | None = None
+        self, question: str, principals: Sequence[str], conversation_id: str, *, sources: Sequence[str] | None = None,
+        asker: str | None = None, prior_messages: Sequence[ChatMessage] | None = None,
+        on_text: TextCallback | None = None,
     ) -> Answer:
         question = question.strip()
         if not question:
-            raise ValueError("the question is empty")
-        settings = self.kb.settings
+            raise EmptyQuestion()
+        settings = self.settings
         timings: dict[str, float] = {}
         started = time.perf_counter()
+        history = await self.memory.history(conversation_id, prior_messages)
+        rewrite = await self.memory.standalone_query(question, history)
+        query = rewrite.query
+        timings["memory_ms"] = (time.perf_counter() - started) * 1000
+        started = time.perf_counter()
         filters = SearchFilters(tuple(principals), tuple(sources) if sources else None)
-        results = await self.kb.search(question, filters, k=settings.context_chunks)
+        results = await self.retriever.search(query, filters, k=settings.context_chunks)
         timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
-        mode = self.generator.mode if self.generator else "extractive"
         best = results.best_similarity
         if not results.hits or best is None or best < settings.abstain_below_similarity:
-            answer = Answer(ABSTAIN_MESSAGE, mode, True, [], results.hits, timings)
-            await self._remember(conversation_id, question, principals, answer)
-            return answer
+            answer = Answer(ABSTAIN_MESSAGE, self.mode, True, [], results.hits, timings, rewrite.note)
+            return await self._remember(conversation_id, question, query, principals, asker, answer, [])
 
-        groups = group_into_sources(results.hits, self.kb.embedder.count_tokens_many, settings.context_token_budget)
+        conversation = format_conversation(history) if not history.empty else ""
+        groups = self._fit_prompt(question, conversation, results.hits)
         in_context = [hit for group in groups for hit in group.hits]
         started = time.perf_counter()
         note = None
         if self.generator is not None:
+            gate = _StreamGate(on_text) if on_text is not None else None
             try:
-                answer = await self._generate(question, groups, in_context)
+                answer, cited = await self._generate(question, conversation, groups, in_context, gate)
             except GenerationError as exc:
                 logger.warning("LLM unavailable, answering with excerpts: %s", exc)
-                note = str(exc)
-                answer = await self._extract(question, groups, in_context)
+                note = str(exc) if gate is None or not gate.sent else f"the answer stopped while being written ({exc})"
+                answer, cited = await self._extract(query, groups, in_context)
         else:
-            answer = await self._extract(question, groups, in_context)
+            answer, cited = await self._extract(query, groups, in_context)
         timings["generation_ms"] = (time.perf_counter() - started) * 1000
         answer.timings = timings
-        answer.note = note
-        await self._remember(conversation_id, question, principals, answer)
-        return answer
+        answer.note = note or rewrite.note
+        return await self._remember(conversation_id, question, query, principals, asker, answer, cited)
 
-    async def _generate(self, question: str, groups: list[_SourceGroup], hits: list[SearchHit]) -> Answer:
+    def _fit_prompt(self, question: str, conversation: str, hits: Sequence[SearchHit]) -> list[_SourceGroup]:
+        """Sources for the prompt such that system + conversation + sources + question stay within the prompt
+        budget (and the sources within the context budget): fill by estimate, then drop the weakest chunks while
+        the real prompt is still too long."""
+        budget = self.settings.prompt_token_budget
+        fixed = sum(self.count_tokens([SYSTEM_PROMPT, conversation, question])) + 16
+        room = max(0, min(self.settings.context_token_budget, budget - fixed))
+        groups = group_into_sources(hits, self.count_tokens, room) if room else []
+        kept = [hit for group in groups for hit in group.hits]
+        while kept and self.prompt_tokens(question, conversation, groups) > budget:
+            kept = sorted(kept, key=lambda h: h.rank)[:-1]
+            groups = group_into_sources(kept, self.count_tokens, room)
+        return groups
+
+    def prompt_tokens(self, question: str, conversation: str, groups: Sequence[_SourceGroup]) -> int:
+        user = build_user_message(question, [g.prompt_source() for g in groups], conversation)
+        return sum(self.count_tokens([SYSTEM_PROMPT, user]))
+
+    async def _generate(
+        self, question: str, conversation: str, groups: list[_SourceGroup], hits: list[SearchHit],
+        gate: "_StreamGate | None",
+    ) -> tuple[Answer, list[int]]:
         assert self.generator is not None
-        user = build_user_message(question, [g.prompt_source() for g in groups])
-        reply = await self.generator.generate(SYSTEM_PROMPT, user)
-        if not reply or reply.strip().strip(".").upper() == NO_ANSWER or reply.strip().startswith(NO_ANSWER):
-            return Answer(ABSTAIN_MESSAGE, self.generator.mode, True, [], hits, related=related_documents(groups))
+        user = build_user_message(question, [g.prompt_source() for g in groups], conversation)
+        reply = await self.generator.generate(SYSTEM_PROMPT, user, on_text=gate)
+        if gate is not None:
+            await gate.finish(reply)
+        if _is_no_answer(reply):
+            return Answer(ABSTAIN_MESSAGE, self.generator.mode, True, [], hits, related=related_documents(groups)), []
         by_number = {g.n: g for g in groups}
-        used = [n for n in cited_numbers(reply) if n in by_number]
-        mapping = {old: new for new, old in enumerate(used, start=1)}
-        text_out = renumber_citations(reply, mapping)
-        citations = [by_number[old].citation(new) for old, new in mapping.items()]
-        return Answer(text_out, self.generator.mode, False, citations, hits)
+        if gate is not None:
+            # Streamed: the asker has seen these numbers; keep them and list only the sources cited.
+            text_out = gate.text
+            used = sorted(n for n in cited_numbers(text_out) if n in by_number)
+            citations = [by_number[n].citation(n) for n in used]
+        else:
+            used = [n for n in cited_numbers(reply) if n in by_number]
+            mapping = {old: new for new, old in enumerate(used, start=1)}
+            text_out = renumber_citations(reply, mapping)
+            citations = [by_number[old].citation(new) for old, new in mapping.items()]
+        cited = [hit.chunk_id for n in used for hit in by_number[n].hits]
+        return Answer(text_out, self.generator.mode, False, citations, hits), cited
 
-    async def _extract(self, question: str, groups: list[_SourceGroup], hits: list[SearchHit]) -> Answer:
+    async def _extract(self, query: str, groups: list[_SourceGroup], hits: list[SearchHit]) -> tuple[Answer, list[int]]:
+        """Offline: quote the passage that best answers the standalone query (a follow-up's own words are too thin),
+        or decline and offer the nearest documents when nothing retrieved addresses it."""
         passages = [
             extractive.Passage(g.n, h.title, h.heading, h.ordinal, h.text) for g in groups[:3] for h in g.hits
         ]
-        offline = await asyncio.to_thread(extractive.compose, question, passages, self.kb.embedder)
+        offline = await asyncio.to_thread(extractive.compose, query, passages, self.embedder)
         if offline is None:  # retrieved, but nothing in it addresses the question
-            return Answer(ABSTAIN_MESSAGE, "extractive", True, [], hits, related=related_documents(groups))
+            return Answer(ABSTAIN_MESSAGE, "extractive", True, [], hits, related=related_documents(groups)), []
         by_number = {g.n: g for g in groups}
         citations = [by_number[old].citation(new) for new, old in enumerate(offline.sources, start=1)]
-        return Answer(offline.text, "extractive", False, citations, hits)
+        cited = [hit.chunk_id for n in offline.sources for hit in by_number[n].hits]
+        return Answer(offline.text, "extractive", False, citations, hits), cited
 
-    async def _remember(self, conversation_id: str, question: str, principals: Sequence[str], answer: Answer) -> None:
-        """Keep the turn: follow-up rewriting and thread summaries build on this history."""
-        async with self.kb.engine.begin() as conn:
-            await store.record_turn(conn, conversation_id, question, answer.text, principals)
+    async def _remember(
+        self, conversation_id: str, question: str, query: str, principals: Sequence[str], asker: str | None,
+        answer: Answer, cited_chunk_ids: Sequence[int],
+    ) -> Answer:
+        """Keep the turn (follow-up rewriting and summaries build on it); the answer carries its id and query."""
+        answer.standalone_query = query
+        answer.id = await self.memory.remember(
+            conversation_id, question=question, standalone_query=query, answer=answer.text, principals=principals,
+            asker=asker, cited_chunk_ids=cited_chunk_ids,
+        )
+        return answer
+
+
+def _is_no_answer(reply: str) -> bool:
+    return not reply or reply.strip().strip(".").upper() == NO_ANSWER or reply.strip().startswith(NO_ANSWER)
+
+
+class _StreamGate:
+    """Passes Claude's text deltas on to the asker, except a reply that is (so far) the NO_ANSWER marker: that is
+    held back, so nobody ever sees "NO_ANSWER" flash by. Leading whitespace is dropped. `text` is what was sent."""
+
+    def __init__(self, on_text: TextCallback) -> None:
+        self.on_text = on_text
+        self.pending = ""
+        self.sent: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.sent).strip()
+
+    async def __call__(self, delta: str) -> None:
+        if self.sent:
+            await self._send(delta)
+            return
+        self.pending += delta
+        head = self.pending.lstrip().upper()
+        if not head or NO_ANSWER.startswith(head) or head.startswith(NO_ANSWER):
+            return  # could still be (or is) the no-answer marker
+        await self._send(self.pending.lstrip())
+
+    async def finish(self, reply: str) -> None:
+        """The stream ended. A short reply that was held back only because it began like the marker goes out now."""
+        if not self.sent and not _is_no_answer(reply) and self.pending.strip():
+            await self._send(self.pending.lstrip())
+
+    async def _send(self, delta: str) -> None:
+        if delta:
+            self.sent.append(delta)
+            await self.on_text(delta)
 
 
 def related_documents(groups: Sequence[_SourceGroup], limit: int = 3) -> list[Citation]:

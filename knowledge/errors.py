@@ -1,11 +1,31 @@
-"""Typed errors the knowledge core raises. Each message names what went wrong and how to fix it, so the CLI and
-the chat adapters can show it as it is."""
+"""Typed errors the knowledge core raises.
+
+Their messages describe the problem in plain words and never name a CLI flag: the same errors are shown in the
+terminal, in Slack and in Discord. Each surface adds its own wording (the CLI's lives in bot/cli.py).
+"""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 
 class KnowledgeError(Exception):
-    """Base class: an error a user can act on (its message says how)."""
+    """Base class: something the person asking can fix or should know about (its message says how)."""
+
+
+class EmptyQuestion(KnowledgeError, ValueError):
+    def __init__(self) -> None:
+        super().__init__("the question is empty")
+
+
+class SourceConflict(KnowledgeError, ValueError):
+    """A source name already used for another kind of source or another location."""
+
+    def __init__(self, name: str, kind: str, location: str | None) -> None:
+        self.name = name
+        self.kind = kind
+        self.location = location
+        super().__init__(f"source {name!r} already indexes {kind} {location or ''}".rstrip() + "; pick another name")
 
 
 # --- sources and sync runs -----------------------------------------------------------------------------------
@@ -16,7 +36,22 @@ class SourceError(KnowledgeError):
 
 
 class UnknownSource(SourceError, ValueError):
-    """No stored source has that name."""
+    """No stored source has that name. `known` lists the ones that are (when the raiser knew them).
+
+    Raised either as `UnknownSource(names, known)` or with a ready message, `UnknownSource("unknown source 'x'")`.
+    """
+
+    def __init__(self, names: Sequence[str] | str, known: Sequence[str] | None = None) -> None:
+        if isinstance(names, str) and known is None:
+            self.names: tuple[str, ...] = ()
+            self.known: tuple[str, ...] = ()
+            super().__init__(names)
+            return
+        self.names = (names,) if isinstance(names, str) else tuple(names)
+        self.known = tuple(known or ())
+        super().__init__(
+            f"unknown source {', '.join(self.names)}; indexed sources: {', '.join(self.known) or 'none yet'}"
+        )
 
 
 class SourceBusy(SourceError):

@@ -1,8 +1,13 @@
 """Retrieval evaluation over documents: a document ranks where its best chunk ranks.
 
-Two inputs: ragbot's own JSONL (`{"question", "relevant": [external ids]}` per line; questions with no relevant
+Two inputs: ragbot's own JSONL (`{"question", "relevant": [external ids]}` per line, optionally with the
+conversation before it, `"history": [{"role": "user"|"assistant", "text"}, ...]`; questions with no relevant
 documents are unanswerable and are left out of ranking metrics) and the BEIR layout (`corpus.jsonl`,
-`queries.jsonl`, `qrels/test.tsv`), whose corpus is ingested as its own source and searched within it.
+`queries.jsonl`, `qrels/test.tsv`), whose corpus is ingested as its own source and searched within it. A JSONL
+question file can also be paired with a BEIR-style `corpus.jsonl` alone (`load_corpus`).
+
+With history, retrieval searches the memory's standalone rewrite of the question (what a follow-up in a chat
+would search); `memory=False` searches the last question alone, the baseline the rewrite must beat.
 Metrics follow the usual definitions (pytrec_eval's, as BEIR reports them): nDCG@10 with linear gains from the
 qrels' grades, MAP@100 and recall over all relevant documents.
 """
@@ -18,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from knowledge.judging import AnswerJudge, Judgement, JudgeError
+from knowledge.memory import ChatMessage
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@100", "precision@5", "recall@10")
@@ -31,6 +37,7 @@ class EvalQuestion:
     question: str
     relevant: dict[str, int]  # external id -> grade (> 0)
     kind: str = ""  # free-form label from the file, e.g. "paraphrased", "off_topic", "near_miss"
+    history: tuple[ChatMessage, ...] = ()  # the conversation before the question, oldest first
     facts: tuple[str, ...] = ()  # what a right answer must state, e.g. ("15 days",): scored by `--answers`
 
 
@@ -47,15 +54,25 @@ def load_jsonl_questions(path: Path) -> list[EvalQuestion]:
             record = json.loads(line)
             question = str(record["question"]).strip()
             relevant = [str(r) for r in record.get("relevant", [])]
+            history = tuple(_message(m) for m in record.get("history", []))
             facts = tuple(str(f) for f in record.get("facts", []))
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise EvalFileError(f"{path}:{number}: expected {{\"question\": ..., \"relevant\": [...]}}: {exc}") from exc
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise EvalFileError(
+                f"{path}:{number}: expected {{\"history\": [{{\"role\": \"user\"|\"assistant\", \"text\": ...}}], "
+                f"\"question\": ..., \"relevant\": [...]}} (history optional): {exc}"
+            ) from exc
         if not question:
             raise EvalFileError(f"{path}:{number}: empty question")
         questions.append(
-            EvalQuestion(str(number), question, {r: 1 for r in relevant}, str(record.get("kind", "")), facts)
+            EvalQuestion(str(number), question, {r: 1 for r in relevant}, str(record.get("kind", "")), history, facts)
         )
     return questions
+
+
+def _message(record: object) -> ChatMessage:
+    if not isinstance(record, dict) or record.get("role") not in ("user", "assistant"):
+        raise ValueError(f"a history message needs a role of user or assistant: {record!r}")
+    return ChatMessage(record["role"], str(record.get("text", "")))
 
 
 def _read_jsonl(path: Path) -> Iterable[dict]:  # type: ignore[type-arg]
@@ -70,19 +87,6 @@ def load_beir(directory: Path, split: str = "test") -> tuple[StaticSource, list[
     for required in (corpus, queries, qrels_path):
         if not required.exists():
             raise EvalFileError(f"{required} is missing: a BEIR folder has corpus.jsonl, queries.jsonl, qrels/{split}.tsv")
-    items = []
-    for record in _read_jsonl(corpus):
-        body = str(record.get("text", ""))
-        items.append(
-            SourceItem(
-                external_id=str(record["_id"]),
-                filename=f"{record['_id']}.txt",
-                read=(lambda body=body: body.encode("utf-8")),
-                title=str(record.get("title") or "").strip() or None,
-                path=f"beir/{directory.name}",
-                access=(EVAL_PRINCIPAL,),
-            )
-        )
     relevant: dict[str, dict[str, int]] = {}
     with qrels_path.open(encoding="utf-8") as handle:
         for row in csv.reader(handle, delimiter="\t"):
@@ -92,8 +96,37 @@ def load_beir(directory: Path, split: str = "test") -> tuple[StaticSource, list[
                 relevant.setdefault(row[0], {})[row[1]] = int(row[2])
     texts = {str(r["_id"]): str(r["text"]) for r in _read_jsonl(queries)}
     questions = [EvalQuestion(qid, texts[qid], rel) for qid, rel in relevant.items() if qid in texts]
-    source = StaticSource(SourceSpec(name=f"beir-{directory.resolve().name}", kind="beir", location=str(directory.resolve())), items)
-    return source, questions
+    return _corpus_source(corpus, f"beir-{directory.resolve().name}", f"beir/{directory.name}", directory), questions
+
+
+def load_corpus(path: Path) -> StaticSource:
+    """A BEIR-style corpus file (`{"_id", "title", "text"}` per line) as an eval-only source; its `_id`s are the
+    external ids a question file's `relevant` lists name."""
+    if not path.is_file():
+        raise EvalFileError(f"{path} is not a file: --corpus takes a JSONL file of {{\"_id\", \"title\", \"text\"}} lines")
+    resolved = path.resolve()
+    return _corpus_source(path, f"corpus-{resolved.parent.name}-{resolved.stem}", f"corpus/{resolved.stem}", path)
+
+
+def _corpus_source(corpus: Path, name: str, display_path: str, location: Path) -> StaticSource:
+    """Indexed for the eval principal only, so benchmark documents never turn up in anyone's answers."""
+    items = []
+    try:
+        for record in _read_jsonl(corpus):
+            body = str(record.get("text", ""))
+            items.append(
+                SourceItem(
+                    external_id=str(record["_id"]),
+                    filename=f"{record['_id']}.txt",
+                    read=(lambda body=body: body.encode("utf-8")),
+                    title=str(record.get("title") or "").strip() or None,
+                    path=display_path,
+                    access=(EVAL_PRINCIPAL,),
+                )
+            )
+    except (json.JSONDecodeError, KeyError) as exc:
+        raise EvalFileError(f"{corpus}: expected one {{\"_id\", \"title\", \"text\"}} object per line: {exc}") from exc
+    return StaticSource(SourceSpec(name=name, kind="beir", location=str(location.resolve())), items)
 
 
 def score_ranking(ranked: Sequence[str], relevant: dict[str, int]) -> dict[str, float]:
@@ -125,16 +158,30 @@ def mean_metrics(per_question: Sequence[dict[str, float]]) -> dict[str, float]:
     return {metric: sum(q[metric] for q in per_question) / len(per_question) for metric in METRICS}
 
 
+async def search_queries(kb, questions: Sequence[EvalQuestion], memory: bool = True) -> list[str]:  # type: ignore[no-untyped-def]
+    """What each question searches: with memory, the standalone rewrite given its history (the question itself
+    when it has none); without, the last question alone."""
+    queries = []
+    for question in questions:
+        if memory and question.history:
+            history = kb.memory.history_from_messages(list(question.history))
+            queries.append((await kb.memory.standalone_query(question.question, history)).query)
+        else:
+            queries.append(question.question)
+    return queries
+
+
 async def evaluate_retrieval(
-    kb, questions: Sequence[EvalQuestion], modes: Sequence[str], filters  # type: ignore[no-untyped-def]
+    kb, questions: Sequence[EvalQuestion], modes: Sequence[str], filters, memory: bool = True  # type: ignore[no-untyped-def]
 ) -> dict[str, dict[str, float]]:
     """Mean metrics per mode over the answerable questions; each document ranks where its best chunk ranks."""
     answerable = [q for q in questions if q.relevant]
+    queries = await search_queries(kb, answerable, memory)
     results: dict[str, dict[str, float]] = {}
     for mode in modes:
         per_question = []
-        for question in answerable:
-            found = await kb.search(question.question, filters, k=100, mode=mode, max_per_document=1)
+        for question, query in zip(answerable, queries, strict=True):
+            found = await kb.search(query, filters, k=100, mode=mode, max_per_document=1)
             per_question.append(score_ranking([hit.external_id for hit in found.hits], question.relevant))
         results[mode] = {metric: round(value, 4) for metric, value in mean_metrics(per_question).items()}
     return results

@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol, Sequence
 
-from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -491,7 +490,7 @@ class Indexer:
         index in one transaction: searches see either the old model's vectors or the new one's, never a mix.
         """
         async with self.engine.begin() as conn:
-            await conn.execute(text("SELECT pg_advisory_xact_lock(727274002)"))
+            await store.lock_embedding_space(conn)
             model = await store.get_meta(conn, "embedding_model")
             if model == self.embedder.name:
                 return False  # set together with its vector index below, in one transaction

@@ -8,21 +8,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import create_engine, database_url
 from db.migrate import ensure_schema
 from db.settings import DatabaseSettings, redact_url
-from knowledge.answering import Answer, Answerer, make_generator
+from knowledge.answering import Answer, Answerer, AnswerSettings, make_generator
+from knowledge.botstate import BotStateMethods
 from knowledge.embedding import Embedder, get_embedder
+from knowledge.errors import UnknownSource
 from knowledge.indexing import Indexer, SyncProgress, SyncReport
+from knowledge.memory import ChatMessage, ConversationMemory, MemorySettings
 from knowledge.retrieval import Mode, Retriever, SearchFilters, SearchResults
 from knowledge.settings import KnowledgeSettings
 from knowledge import store
-from knowledge.errors import UnknownSource
 from knowledge.sources.base import Source, SourceInfo, SyncRun
 from knowledge.sources.folder import FolderSource
 from knowledge.syncing import SyncRunner
@@ -69,7 +70,19 @@ class IndexStatus:
         }
 
 
-class KnowledgeBase:
+def memory_settings(settings: KnowledgeSettings, with_claude: bool) -> MemorySettings:
+    return MemorySettings(
+        token_budget=settings.memory_token_budget,
+        recent_turns=settings.memory_recent_turns,
+        rewrite_model=settings.anthropic_rewrite_model if with_claude else None,
+        rewrite_max_tokens=settings.rewrite_max_tokens,
+        summary_max_tokens=settings.summary_max_tokens,
+    )
+
+
+class KnowledgeBase(BotStateMethods):
+    """Bot-side state (events, channel grants, identity map, feedback) comes from `BotStateMethods`."""
+
     def __init__(self, engine: AsyncEngine, settings: KnowledgeSettings, embedder: Embedder, url: str) -> None:
         self.engine = engine
         self.settings = settings
@@ -77,7 +90,11 @@ class KnowledgeBase:
         self.url = url
         self.indexer = Indexer(engine, embedder, settings)
         self.retriever = Retriever(engine, embedder, settings)
-        self.answerer = Answerer(self, make_generator(settings))
+        self.generator = make_generator(settings)
+        self.memory = ConversationMemory(engine, memory_settings(settings, self.generator is not None),
+                                         embedder.count_tokens_many, self.generator, settings.text_search_config)
+        self.answerer = Answerer(self.retriever, self.memory, self.generator, embedder.count_tokens_many,
+                                 AnswerSettings.from_settings(settings), embedder)
         self.syncs = SyncRunner(engine, self.indexer)
         self._embedding_space_ready = False
 
@@ -104,16 +121,37 @@ class KnowledgeBase:
             self._embedding_space_ready = True
 
     async def close(self) -> None:
-        generator = self.answerer.generator
-        if generator is not None and hasattr(generator, "close"):
-            await generator.close()
+        if self.generator is not None:
+            await self.generator.close()
         await self.engine.dispose()
 
+    @property
+    def answer_mode(self) -> str:
+        """"llm" when answers are composed by Claude, "extractive" when they are quoted offline."""
+        return self.answerer.mode
+
     async def answer(
-        self, question: str, principals: Sequence[str], conversation_id: str, *, sources: Sequence[str] | None = None
+        self, question: str, principals: Sequence[str], conversation_id: str, *,
+        sources: Sequence[str] | None = None,
+        asker: str | None = None,
+        prior_messages: Sequence[ChatMessage] | None = None,
+        on_text: Callable[[str], Awaitable[None]] | None = None,
     ) -> Answer:
-        """The one entry point the bots use: who asks, in which conversation, and what."""
-        return await self.answerer.answer(question, principals, conversation_id, sources=sources)
+        """The one entry point the bots use: who asks (their principals, and `asker`, stored with the turn, e.g.
+        "slack:U123"), in which conversation, and what.
+
+        - `conversation_id` names the thread; follow-ups are understood from its stored turns, and only its own.
+        - `prior_messages`: thread messages the bot never saw, used as history only while the conversation has
+          no stored turns yet (the bot was mentioned mid-thread).
+        - `on_text`: called with each text delta while Claude writes the answer. The deltas concatenated are the
+          answer's text; `Answer.text` keeps the citation numbers that were streamed (no renumbering) and
+          `Answer.citations` lists only the sources cited. Offline (excerpt) answers never call it; if the stream
+          breaks off, the returned Answer (excerpts, with a note) replaces what was shown.
+        """
+        return await self.answerer.answer(
+            question, principals, conversation_id, sources=sources, asker=asker, prior_messages=prior_messages,
+            on_text=on_text,
+        )
 
     async def __aenter__(self) -> "KnowledgeBase":
         return self
@@ -187,9 +225,7 @@ class KnowledgeBase:
         async with self.engine.connect() as conn:
             source_id = await store.source_id_by_name(conn, name)
         if source_id is None:
-            raise UnknownSource(
-                f"unknown source {name!r}; indexed sources: {', '.join(await self.source_names()) or 'none'}"
-            )
+            raise UnknownSource([name], await self.source_names())
         async with self.syncs.source_lock(source_id, name):
             async with self.engine.begin() as conn:
                 removed = await store.delete_source(conn, name)
@@ -202,44 +238,34 @@ class KnowledgeBase:
 
     async def source_names(self) -> list[str]:
         async with self.engine.connect() as conn:
-            return list((await conn.execute(text("SELECT name FROM sources ORDER BY name"))).scalars())
+            return await store.source_names(conn)
+
+    async def check_sources(self, names: Sequence[str] | None) -> None:
+        """Raise UnknownSource if any of `names` is not an indexed source."""
+        if not names:
+            return
+        known = await self.source_names()
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise UnknownSource(unknown, known)
 
     async def status(self) -> IndexStatus:
         infos = {info.name: info for info in await self.list_sources()}
         async with self.engine.connect() as conn:
             sources = [
-                SourceStatus(r.name, r.kind, r.location, r.documents, r.chunks, r.last_synced_at,
-                             infos[r.name].last_run if r.name in infos else None,
-                             infos[r.name].running if r.name in infos else False)
-                for r in await conn.execute(
-                    text(
-                        """
-                        SELECT s.name, s.kind, s.location, s.last_synced_at,
-                               (SELECT count(*) FROM documents d WHERE d.source_id = s.id) AS documents,
-                               (SELECT count(*) FROM chunks c WHERE c.source_id = s.id) AS chunks
-                        FROM sources s ORDER BY s.name
-                        """
-                    )
-                )
+                SourceStatus(s.name, s.kind, s.location, s.documents, s.chunks, s.last_synced_at,
+                              infos[s.name].last_run if s.name in infos else None,
+                              infos[s.name].running if s.name in infos else False)
+                for s in await store.source_counts(conn)
             ]
-            stats = (
-                await conn.execute(
-                    text(
-                        "SELECT n_chunks, total_len, (SELECT count(*) FROM lexemes WHERE df > 0) AS vocabulary, "
-                        "(SELECT count(*) FROM documents) AS documents, "
-                        "(SELECT value FROM kb_meta WHERE key = 'embedding_model') AS model, "
-                        "(SELECT value FROM kb_meta WHERE key = 'embedding_dimension') AS dimension "
-                        "FROM corpus_stats WHERE id = 1"
-                    )
-                )
-            ).one()
+            counts = await store.index_counts(conn)
         return IndexStatus(
             database=redact_url(self.url),
-            embedding_model=stats.model,
-            embedding_dimension=int(stats.dimension) if stats.dimension else None,
+            embedding_model=counts.embedding_model,
+            embedding_dimension=int(counts.embedding_dimension) if counts.embedding_dimension else None,
             sources=sources,
-            documents=stats.documents,
-            chunks=stats.n_chunks,
-            vocabulary=stats.vocabulary,
-            avg_chunk_length=stats.total_len / stats.n_chunks if stats.n_chunks else 0.0,
+            documents=counts.documents,
+            chunks=counts.chunks,
+            vocabulary=counts.vocabulary,
+            avg_chunk_length=counts.total_length / counts.chunks if counts.chunks else 0.0,
         )

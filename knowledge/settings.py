@@ -48,6 +48,16 @@ class KnowledgeSettings(BaseSettings):
     answer_max_tokens: int = 1024
     context_token_budget: int = 3000  # how much retrieved text goes into the prompt
     context_chunks: int = 8
+    # The whole prompt (system + conversation + sources + question) never exceeds this many tokens.
+    prompt_token_budget: int = Field(default=6000, ge=1000)
+
+    # Conversation memory. Past this many tokens of history, older turns are folded into a rolling summary.
+    memory_token_budget: int = Field(default=1500, ge=200)
+    memory_recent_turns: int = Field(default=3, ge=1)  # turns kept verbatim next to the summary
+    # Follow-up rewriting and summaries with Claude use this (small, fast) model; offline they are deterministic.
+    anthropic_rewrite_model: str = "claude-haiku-4-5"
+    rewrite_max_tokens: int = Field(default=100, ge=16)
+    summary_max_tokens: int = Field(default=400, ge=32)
     # Abstain when the best chunk's cosine similarity to the question is below this (measured on the handbook
     # eval set; see the README's "Retrieval quality" section).
     abstain_below_similarity: float = 0.20

@@ -16,9 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.models import BM25_SPARSE_DIM
 
+from db import locks
+from knowledge.errors import SourceConflict
 
-class SourceConflict(ValueError):
-    pass
+__all__ = ["SourceConflict"]  # re-exported: raised by ensure_source
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,7 @@ async def ensure_source(conn: AsyncConnection, name: str, kind: str, location: s
         await conn.execute(text("SELECT id, kind, location FROM sources WHERE name = :name"), {"name": name})
     ).one()
     if row.kind != kind or (location and row.location and row.location != location):
-        raise SourceConflict(
-            f"source {name!r} already indexes {row.kind} {row.location}; pick another name with --source"
-        )
+        raise SourceConflict(name, row.kind, row.location)
     return row.id
 
 
@@ -454,7 +453,12 @@ async def lock_index_for_writing(conn: AsyncConnection) -> None:
     """Serialise writers until the transaction ends. The BM25 triggers lock vocabulary rows and the statistics
     row in an order that two concurrent syncs could interleave into a deadlock; one writer at a time cannot.
     Searches never take this lock."""
-    await conn.execute(text("SELECT pg_advisory_xact_lock(727274003)"))
+    await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": locks.INDEX_WRITERS})
+
+
+async def lock_embedding_space(conn: AsyncConnection) -> None:
+    """One process at a time checks or switches the embedding model (until the transaction ends)."""
+    await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": locks.EMBEDDING_SPACE})
 
 
 async def delete_documents_not_in(
@@ -577,13 +581,54 @@ async def set_chunk_embeddings(conn: AsyncConnection, ids: Sequence[int], embedd
     )
 
 
-async def record_turn(
-    conn: AsyncConnection, conversation_id: str, question: str, answer: str, principals: Sequence[str]
-) -> None:
-    await conn.execute(
+async def source_names(conn: AsyncConnection) -> list[str]:
+    return list((await conn.execute(text("SELECT name FROM sources ORDER BY name"))).scalars())
+
+
+@dataclass(frozen=True)
+class SourceCounts:
+    name: str
+    kind: str
+    location: str | None
+    documents: int
+    chunks: int
+    last_synced_at: datetime | None
+
+
+@dataclass(frozen=True)
+class IndexCounts:
+    documents: int
+    chunks: int
+    total_length: int
+    vocabulary: int
+    embedding_model: str | None
+    embedding_dimension: str | None
+
+
+async def source_counts(conn: AsyncConnection) -> list[SourceCounts]:
+    rows = await conn.execute(
         text(
-            "INSERT INTO conversation_turns (conversation_id, question, answer, principals) "
-            "VALUES (:c, :q, :a, :p)"
-        ),
-        {"c": conversation_id, "q": question, "a": answer, "p": list(principals)},
+            """
+            SELECT s.name, s.kind, s.location, s.last_synced_at,
+                   (SELECT count(*) FROM documents d WHERE d.source_id = s.id) AS documents,
+                   (SELECT count(*) FROM chunks c WHERE c.source_id = s.id) AS chunks
+            FROM sources s ORDER BY s.name
+            """
+        )
     )
+    return [SourceCounts(r.name, r.kind, r.location, r.documents, r.chunks, r.last_synced_at) for r in rows]
+
+
+async def index_counts(conn: AsyncConnection) -> IndexCounts:
+    row = (
+        await conn.execute(
+            text(
+                "SELECT n_chunks, total_len, (SELECT count(*) FROM lexemes WHERE df > 0) AS vocabulary, "
+                "(SELECT count(*) FROM documents) AS documents, "
+                "(SELECT value FROM kb_meta WHERE key = 'embedding_model') AS model, "
+                "(SELECT value FROM kb_meta WHERE key = 'embedding_dimension') AS dimension "
+                "FROM corpus_stats WHERE id = 1"
+            )
+        )
+    ).one()
+    return IndexCounts(row.documents, row.n_chunks, row.total_len, row.vocabulary, row.model, row.dimension)

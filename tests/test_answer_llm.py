@@ -192,7 +192,7 @@ async def test_api_key_is_sent_as_header_and_never_logged(kb_factory, fake_anthr
     fake_anthropic.reply_text("25 days [1].")
     ok = await kb.answer("How many vacation days do I get?", ["user:alice@example.com"], "c-key")
     fake_anthropic.unauthorized()
-    failed = await kb.answer("How many sick days do I get?", ["user:alice@example.com"], "c-key")
+    failed = await kb.answer("How many sick days do I get?", ["user:alice@example.com"], "c-key-2")
 
     assert ok.mode == "llm" and failed.mode == "extractive"
     assert len(fake_anthropic.requests) == 3

@@ -221,7 +221,7 @@ def test_search_source_restricts_results(
 
 def test_ask_json_answers_from_the_handbook_with_a_citation(on_handbook: str) -> None:
     answer = ok_json("ask", "How many PTO days do I get in my first year?")
-    assert set(answer) == {"answer", "mode", "abstained", "citations"}
+    assert set(answer) == {"id", "answer", "standalone_query", "mode", "abstained", "citations", "conversation_id"}
     assert answer["mode"] == "extractive"
     assert answer["abstained"] is False
     assert answer["answer"].strip()

@@ -8,7 +8,7 @@ from sqlalchemy import text
 from conftest import write
 from knowledge.retrieval import SearchFilters
 from knowledge.sources.folder import FolderSource
-from knowledge.store import SourceConflict
+from knowledge.errors import SourceConflict
 
 LEAVE = """# Leave policy
 
@@ -134,7 +134,7 @@ async def test_a_source_name_cannot_silently_index_a_second_folder(fresh_kb, doc
     await fresh_kb.sync(FolderSource(docs, name="handbook"))
     other = tmp_path / "other"
     write(other, "a.md", "# A\n\ntext")
-    with pytest.raises(SourceConflict, match="pick another name with --source"):
+    with pytest.raises(SourceConflict, match="pick another name"):
         await fresh_kb.sync(FolderSource(other, name="handbook"))
 
 

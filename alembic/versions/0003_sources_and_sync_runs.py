@@ -16,7 +16,7 @@ Create Date: 2026-11-22
 from alembic import op
 
 revision = "0003"
-down_revision = "0001"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 

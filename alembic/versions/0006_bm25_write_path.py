@@ -15,13 +15,13 @@ After:
   concurrent sync waits for one batch at most, and searches meanwhile see weights within the bounded drift.
 
 Revision ID: 0006
-Revises: 0003
+Revises: 0004
 """
 
 from alembic import op
 
 revision = "0006"
-down_revision = "0003"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

@@ -1,12 +1,19 @@
-"""Answers from Anthropic's Claude through the official async SDK (retries, timeouts and backoff are the SDK's)."""
+"""Answers from Anthropic's Claude through the official async SDK (retries, timeouts and backoff are the SDK's).
+
+With `on_text`, the reply is streamed (`messages.stream`, server-sent events) and each text delta is handed over
+as it arrives, so a chat surface can show the answer while Claude writes it.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Awaitable, Callable
 
 from knowledge.settings import KnowledgeSettings
 
 logger = logging.getLogger(__name__)
+
+TextCallback = Callable[[str], Awaitable[None]]
 
 
 class GenerationError(RuntimeError):
@@ -30,21 +37,35 @@ class AnthropicGenerator:
             max_retries=settings.anthropic_max_retries,
         )
 
-    async def generate(self, system: str, user: str) -> str:
+    async def generate(
+        self, system: str, user: str, *, model: str | None = None, max_tokens: int | None = None,
+        on_text: TextCallback | None = None,
+    ) -> str:
+        """One user message in, the reply's text out. `model`/`max_tokens` override the answer settings (the
+        follow-up rewrite and the summary use a smaller model and budget); `on_text` streams the reply."""
         import anthropic
 
+        model = model or self.model
+        request = dict(
+            model=model,
+            max_tokens=max_tokens or self.max_tokens,
+            # The system prompt never changes, so it is marked for prompt caching.
+            system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+            messages=[{"role": "user", "content": user}],
+        )
         try:
-            message = await self.client.messages.create(
-                model=self.model,
-                max_tokens=self.max_tokens,
-                # The system prompt never changes, so it is marked for prompt caching.
-                system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
-                messages=[{"role": "user", "content": user}],
-            )
+            if on_text is None:
+                message = await self.client.messages.create(**request)  # type: ignore[arg-type]
+            else:
+                async with self.client.messages.stream(**request) as stream:  # type: ignore[arg-type]
+                    async for delta in stream.text_stream:
+                        await on_text(delta)
+                    message = await stream.get_final_message()
         except anthropic.AuthenticationError as exc:
             raise GenerationError("Anthropic rejected the API key: check ANTHROPIC_API_KEY") from exc
         except anthropic.NotFoundError as exc:
-            raise GenerationError(f"Anthropic does not know model {self.model!r}: check ANTHROPIC_MODEL") from exc
+            setting = "ANTHROPIC_MODEL" if model == self.model else "ANTHROPIC_REWRITE_MODEL"
+            raise GenerationError(f"Anthropic does not know model {model!r}: check {setting}") from exc
         except anthropic.APIStatusError as exc:
             raise GenerationError(f"Anthropic API error {exc.status_code} after retries: {_error_type(exc)}") from exc
         except anthropic.APIConnectionError as exc:

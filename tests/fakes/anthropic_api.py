@@ -7,6 +7,8 @@ The anthropic SDK (>= 1.0) sends its requests through httpx2, which respx cannot
         fake.rate_limited()                 # next request: 429 rate_limit_error (retry-after-ms: 1)
         fake.overloaded()                   # then: 529 overloaded_error
         fake.reply_text("Paris [1].")       # then: 200 with this text
+        fake.reply_stream(["Par", "is [1]."])  # then: this text in these deltas (if the request streams)
+        fake.stream_breaks(["Par"], "overloaded_error")  # then: a stream that fails after these deltas
         ...                                 # afterwards: `fake.default(request)` answers
         fake.requests[0].body["messages"]   # every request, parsed
 """
@@ -93,6 +95,14 @@ class FakeAnthropicAPI:
     def reply_text(self, text: str) -> None:
         self.script(200, {"text": text})  # filled in as a full message when served
 
+    def reply_stream(self, deltas: list[str]) -> None:
+        """A reply whose text arrives in exactly these deltas when the request asks to stream (else all at once)."""
+        self.script(200, {"deltas": list(deltas)})
+
+    def stream_breaks(self, deltas: list[str], error_type: str = "overloaded_error") -> None:
+        """A streamed reply that sends these deltas and then an SSE `error` event instead of finishing."""
+        self.script(200, {"deltas": list(deltas), "error": error_type})
+
     def rate_limited(self, message: str = "slow down") -> None:
         self.script(429, error_body("rate_limit_error", message), RETRY_NOW)
 
@@ -117,17 +127,56 @@ class FakeAnthropicAPI:
             "usage": {"input_tokens": len(json.dumps(request.body)) // 4, "output_tokens": max(1, len(text) // 4)},
         }
 
+    def stream_events(
+        self, request: RecordedRequest, deltas: list[str], error_type: str | None = None
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """The Messages API's server-sent events for a text reply, in the real order and shapes."""
+        message = self.message(request, "")
+        message["content"] = []
+        message["stop_reason"] = None
+        message["usage"] = {"input_tokens": message["usage"]["input_tokens"], "output_tokens": 1}
+        events: list[tuple[str, dict[str, Any]]] = [
+            ("message_start", {"type": "message_start", "message": message}),
+            ("content_block_start",
+             {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ("ping", {"type": "ping"}),
+        ]
+        events += [
+            ("content_block_delta",
+             {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": delta}})
+            for delta in deltas
+        ]
+        if error_type is not None:
+            return events + [("error", error_body(error_type, "stream interrupted"))]
+        text = "".join(deltas)
+        return events + [
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                               "usage": {"output_tokens": max(1, len(text) // 4)}}),
+            ("message_stop", {"type": "message_stop"}),
+        ]
+
     def respond(self, request: RecordedRequest) -> ScriptedResponse:
         with self._lock:
             self.requests.append(request)
             scripted = self._queue.popleft() if self._queue else None
         if request.method != "POST" or request.path.split("?")[0] != "/v1/messages":
             return ScriptedResponse(404, error_body("not_found_error", f"no route {request.path}"), {})
+        streaming = isinstance(request.body, dict) and request.body.get("stream") is True
         if scripted is None:
-            return ScriptedResponse(200, self.message(request, self.default(request)), {})
-        if scripted.status == 200 and isinstance(scripted.body, dict) and set(scripted.body) == {"text"}:
-            return ScriptedResponse(200, self.message(request, scripted.body["text"]), scripted.headers)
-        return scripted
+            scripted = ScriptedResponse(200, {"text": self.default(request)}, {})
+        if scripted.status != 200 or not isinstance(scripted.body, dict):
+            return scripted
+        if set(scripted.body) == {"text"}:
+            deltas = _split_into_deltas(scripted.body["text"])
+        elif "deltas" in scripted.body:
+            deltas = scripted.body["deltas"]
+        else:
+            return scripted
+        if streaming:
+            return ScriptedResponse(200, _SSE(self.stream_events(request, deltas, scripted.body.get("error"))),
+                                    scripted.headers)
+        return ScriptedResponse(200, self.message(request, "".join(deltas)), scripted.headers)
 
     def start(self) -> "FakeAnthropicAPI":
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -147,6 +196,23 @@ class FakeAnthropicAPI:
         self.stop()
 
 
+@dataclass(frozen=True)
+class _SSE:
+    """A body to send as `text/event-stream`: (event name, data) pairs."""
+
+    events: list[tuple[str, dict[str, Any]]]
+
+    def encode(self) -> bytes:
+        return b"".join(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in self.events)
+
+
+def _split_into_deltas(text: str) -> list[str]:
+    """Word-sized pieces (each keeps its leading space), like the text deltas of a real stream."""
+    import re
+
+    return re.findall(r"\s*\S+", text) or [text]
+
+
 def _handler_for(fake: FakeAnthropicAPI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the SDK's connection pool expects
@@ -162,9 +228,10 @@ def _handler_for(fake: FakeAnthropicAPI) -> type[BaseHTTPRequestHandler]:
                 self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body
             )
             response = fake.respond(request)
-            payload = json.dumps(response.body).encode()
+            streamed = isinstance(response.body, _SSE)
+            payload = response.body.encode() if streamed else json.dumps(response.body).encode()
             self.send_response(response.status)
-            self.send_header("content-type", "application/json")
+            self.send_header("content-type", "text/event-stream" if streamed else "application/json")
             self.send_header("content-length", str(len(payload)))
             self.send_header("request-id", f"req_fake{len(fake.requests):04d}")
             for name, value in response.headers.items():

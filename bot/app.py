@@ -1,0 +1,164 @@
+"""The composition root `ragbot run` uses: settings are read once here, the knowledge base is opened once, and
+every configured chat adapter, the HTTP server (/healthz, /metrics, Slack's events in HTTP mode) and the background
+services (the sync scheduler) start and stop together.
+
+With no chat tokens configured, `ragbot run` opens the terminal chat instead.
+
+An adapter is any object with
+    name: str
+    routes() -> list[aiohttp.web.RouteDef]      # HTTP routes it serves on PORT (may be empty)
+    async start() -> None                         # connect; returns once it is running
+    async stop() -> None
+built from a `BotContext` (the knowledge base, the settings, the metrics). Background services (the scheduler)
+have the same start/stop shape and are added to `BotApp.services`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Protocol
+
+from aiohttp import web
+
+from bot.server import BotMetrics, build_web_app, start_web_server
+from bot.settings import BotSettings
+
+if TYPE_CHECKING:
+    from db.settings import DatabaseSettings
+    from knowledge.kb import KnowledgeBase
+    from knowledge.settings import KnowledgeSettings
+
+logger = logging.getLogger(__name__)
+
+
+class Adapter(Protocol):
+    name: str
+
+    def routes(self) -> list[web.RouteDef]: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass
+class BotContext:
+    """What every adapter gets: built once, shared."""
+
+    kb: "KnowledgeBase"
+    settings: BotSettings
+    metrics: BotMetrics
+
+
+def configured_adapters(context: BotContext) -> list[Adapter]:
+    """One adapter per platform whose token is set."""
+    adapters: list[Adapter] = []
+    platforms = context.settings.chat_platforms
+    if "slack" in platforms:
+        from bot.slack import SlackAdapter
+
+        adapters.append(SlackAdapter(context))
+    if "discord" in platforms:
+        from bot.discord_bot import DiscordAdapter  # issue 7
+
+        adapters.append(DiscordAdapter(context))
+    return adapters
+
+
+@dataclass
+class BotApp:
+    settings: BotSettings
+    knowledge_settings: "KnowledgeSettings | None" = None
+    database_settings: "DatabaseSettings | None" = None
+    kb: "KnowledgeBase | None" = None  # given: used as is and not closed here (tests)
+    adapters: list[Adapter] | None = None  # given: used instead of the configured ones (tests)
+    services: list[Service] = field(default_factory=list)
+    metrics: BotMetrics = field(default_factory=BotMetrics)
+    port: int | None = None  # the bound port once started
+    _runner: web.AppRunner | None = None
+    _owns_kb: bool = False
+    _started: list[object] = field(default_factory=list)
+
+    async def start(self) -> None:
+        from knowledge.kb import KnowledgeBase
+
+        if self.kb is None:
+            self.kb = await KnowledgeBase.open(self.knowledge_settings, self.database_settings)
+            self._owns_kb = True
+        # Load the embedding model now: the first question should not wait for it, and /healthz reports it.
+        await asyncio.to_thread(lambda: self.kb.embedder.model)  # type: ignore[union-attr]
+        context = BotContext(self.kb, self.settings, self.metrics)
+        if self.adapters is None:
+            self.adapters = configured_adapters(context)
+        routes = [route for adapter in self.adapters for route in adapter.routes()]
+        self._runner, self.port = await start_web_server(
+            build_web_app(self.kb, self.metrics, routes), self.settings.host, self.settings.port
+        )
+        logger.info("HTTP server on port %s: /healthz, /metrics%s", self.port,
+                    "".join(f", {r.path}" for r in routes if hasattr(r, "path")))
+        for part in [*self.adapters, *self.services]:
+            await part.start()
+            self._started.append(part)
+
+    async def stop(self) -> None:
+        for part in reversed(self._started):
+            try:
+                await part.stop()  # type: ignore[attr-defined]
+            except Exception:
+                logger.exception("stopping %r failed", part)
+        self._started.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._owns_kb and self.kb is not None:
+            await self.kb.close()
+            self.kb = None
+
+    async def serve_forever(self) -> None:
+        """Run until SIGINT/SIGTERM (a container's stop), then shut down cleanly."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+
+def run(settings: BotSettings | None = None, runner: Callable[..., object] | None = None) -> None:
+    """`ragbot run`: the chat bots when tokens are set, otherwise the terminal chat. `runner` runs the coroutine
+    factory (the CLI passes the one that turns known errors into one-line messages)."""
+    from db.settings import DatabaseSettings
+    from knowledge.settings import KnowledgeSettings
+
+    settings = settings or BotSettings()
+    if not settings.chat_platforms:
+        from bot.cli import chat
+
+        chat(principals=None, sources=None)
+        return
+    app = BotApp(settings, KnowledgeSettings(), DatabaseSettings())
+    if settings.run_scheduler:
+        from knowledge.scheduler import SchedulerService
+
+        app.services.append(SchedulerService(lambda: app.kb))  # type: ignore[arg-type, return-value]
+    print(f"ragbot: starting {' and '.join(settings.chat_platforms)} (health and metrics on port {settings.port})",
+          flush=True)
+    if runner is None:
+        asyncio.run(app.serve_forever())
+    else:
+        runner(app.serve_forever)

@@ -1,0 +1,102 @@
+"""The SQL of conversation memory: turns and rolling summaries, always read within one conversation id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+
+@dataclass(frozen=True)
+class StoredTurn:
+    id: int
+    question: str
+    standalone_query: str
+    answer: str
+    cited_chunk_ids: tuple[int, ...]
+    asker: str | None
+
+
+@dataclass(frozen=True)
+class StoredSummary:
+    text: str
+    through_turn_id: int
+
+
+async def record_turn(
+    conn: AsyncConnection, conversation_id: str, *, question: str, standalone_query: str, answer: str,
+    principals: Sequence[str], asker: str | None, cited_chunk_ids: Sequence[int],
+) -> int:
+    return (
+        await conn.execute(
+            text(
+                "INSERT INTO conversation_turns (conversation_id, question, standalone_query, answer, principals, "
+                "asker, cited_chunk_ids) VALUES (:c, :q, :s, :a, :p, :asker, CAST(:chunks AS bigint[])) RETURNING id"
+            ),
+            {"c": conversation_id, "q": question, "s": standalone_query, "a": answer, "p": list(principals),
+             "asker": asker, "chunks": list(cited_chunk_ids)},
+        )
+    ).scalar_one()
+
+
+async def turns_after(conn: AsyncConnection, conversation_id: str, after_id: int = 0) -> list[StoredTurn]:
+    """The conversation's turns with id > after_id, oldest first. Turns stored before migration 0002 have no
+    standalone query: the question stands in for it."""
+    rows = await conn.execute(
+        text(
+            "SELECT id, question, coalesce(standalone_query, question) AS standalone_query, answer, "
+            "cited_chunk_ids, asker FROM conversation_turns WHERE conversation_id = :c AND id > :after ORDER BY id"
+        ),
+        {"c": conversation_id, "after": after_id},
+    )
+    return [
+        StoredTurn(r.id, r.question, r.standalone_query, r.answer, tuple(r.cited_chunk_ids or ()), r.asker)
+        for r in rows
+    ]
+
+
+async def has_turns(conn: AsyncConnection, conversation_id: str) -> bool:
+    return bool(
+        (await conn.execute(
+            text("SELECT EXISTS (SELECT 1 FROM conversation_turns WHERE conversation_id = :c)"), {"c": conversation_id}
+        )).scalar()
+    )
+
+
+async def load_summary(conn: AsyncConnection, conversation_id: str) -> StoredSummary | None:
+    row = (
+        await conn.execute(
+            text("SELECT summary, through_turn_id FROM conversation_summaries WHERE conversation_id = :c"),
+            {"c": conversation_id},
+        )
+    ).first()
+    return StoredSummary(row.summary, row.through_turn_id) if row else None
+
+
+async def save_summary(conn: AsyncConnection, conversation_id: str, summary: str, through_turn_id: int) -> None:
+    """Store the summary unless a concurrent fold already covered more turns (the newest summary wins)."""
+    await conn.execute(
+        text(
+            "INSERT INTO conversation_summaries (conversation_id, summary, through_turn_id) VALUES (:c, :s, :t) "
+            "ON CONFLICT (conversation_id) DO UPDATE SET summary = EXCLUDED.summary, "
+            "through_turn_id = EXCLUDED.through_turn_id, updated_at = now() "
+            "WHERE conversation_summaries.through_turn_id < EXCLUDED.through_turn_id"
+        ),
+        {"c": conversation_id, "s": summary, "t": through_turn_id},
+    )
+
+
+async def rarest_term_fraction(conn: AsyncConnection, text_: str, config: str) -> float | None:
+    """The fraction of indexed chunks that hold the text's rarest (stemmed) term; None if no term is indexed."""
+    return (
+        await conn.execute(
+            text(
+                "SELECT min(l.df::float8 / greatest(s.n_chunks, 1)) FROM lexemes l, corpus_stats s "
+                "WHERE s.id = 1 AND l.df > 0 "
+                "AND l.lexeme = ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :text)))"
+            ),
+            {"config": config, "text": text_},
+        )
+    ).scalar()
