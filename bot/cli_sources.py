@@ -111,6 +111,45 @@ def add_confluence(
     _save(name, "confluence", config, seconds, prune)
 
 
+@add_app.command("gdrive")
+def add_gdrive(
+    name: Annotated[str, typer.Argument(help="A name for the source.")],
+    folder: Annotated[Optional[list[str]], typer.Option("--folder", help="A folder id or link (repeatable); "
+                                                                       "everything below it is indexed.")] = None,
+    shared_drive: Annotated[Optional[list[str]], typer.Option("--shared-drive", help="A shared drive id or link "
+                                                                                   "(repeatable): the whole drive.")] = None,
+    credentials_env: Annotated[str, typer.Option("--credentials-env", help="The environment variable holding the "
+                                                                           "service account's JSON key (else "
+                                                                           "GOOGLE_APPLICATION_CREDENTIALS names "
+                                                                           "the key file).")] = "GOOGLE_SERVICE_ACCOUNT_JSON",
+    subject: Annotated[Optional[str], typer.Option("--subject", help="Read as this user (domain-wide "
+                                                                     "delegation).")] = None,
+    every: EveryOption = None,
+    visibility: Annotated[str, typer.Option("--visibility", help="permissions: each file's sharing decides who "
+                                                                 "sees it; everyone: index everything for "
+                                                                 "everyone.")] = "permissions",
+    prune_every: PruneOption = "1d",
+) -> None:
+    """Google Drive folders and shared drives (kept fresh through the Changes API), with permissions."""
+    from bot.cli import fail
+    from knowledge.sources.gdrive import GoogleDriveConfig, drive_id_from
+
+    if not folder and not shared_drive:
+        fail("give at least one --folder ID or --shared-drive ID (the last part of its drive.google.com link)")
+    if visibility not in ("permissions", "everyone"):
+        fail(f"--visibility must be permissions or everyone, not {visibility!r}")
+    try:
+        folders = tuple(dict.fromkeys(drive_id_from(f) for f in folder or []))
+        drives = tuple(dict.fromkeys(drive_id_from(d) for d in shared_drive or []))
+    except ValueError as exc:
+        fail(str(exc))
+        raise AssertionError("unreachable") from exc
+    seconds, prune = _intervals(every, prune_every)
+    config = GoogleDriveConfig(folders=folders, shared_drives=drives, credentials_env=credentials_env,
+                               subject=subject, visibility=visibility)  # type: ignore[arg-type]
+    _save(name, "gdrive", config.to_dict(), seconds, prune)
+
+
 @source_app.command("list")
 def list_sources(as_json: JsonOption = False) -> None:
     """Stored sources: kind, schedule, documents, last run."""
@@ -123,7 +162,8 @@ def list_sources(as_json: JsonOption = False) -> None:
         _print_json({"sources": [s.to_dict() for s in sources]})
         return
     if not sources:
-        console.print("No sources yet: `ragbot source add folder NAME PATH` or `ragbot source add confluence ...`.")
+        console.print("No sources yet: `ragbot source add folder NAME PATH`, `ragbot source add confluence ...` or "
+                      "`ragbot source add gdrive ...`.")
         return
     table = Table("source", "kind", "schedule", "documents", "last run", "where")
     for s in sources:
@@ -140,6 +180,13 @@ def _where(info: "SourceInfo") -> str:
         spaces = ", ".join(info.config.get("spaces") or [])
         edition = "Cloud" if info.config.get("email") else "Data Center"
         return f"{info.location} ({edition}; spaces {spaces}; {info.config.get('visibility', 'permissions')})"
+    if info.kind == "gdrive":
+        parts = [f"folders {', '.join(info.config.get('folders') or [])}" if info.config.get("folders") else "",
+                 f"shared drives {', '.join(info.config.get('shared_drives') or [])}"
+                 if info.config.get("shared_drives") else "",
+                 f"as {info.config['subject']}" if info.config.get("subject") else "",
+                 info.config.get("visibility", "permissions")]
+        return f"{info.location} ({'; '.join(p for p in parts if p)})"
     return info.location or ""
 
 

@@ -40,13 +40,17 @@ def chunk_document(
     document: ParsedDocument, count_tokens: TokenCounter, max_tokens: int = 256, overlap_tokens: int = 40
 ) -> list[ChunkDraft]:
     drafts: list[ChunkDraft] = []
-    for headings, blocks in _sections(document.blocks):
+    for headings, header, blocks in _sections(document.blocks):
         heading = _shorten(" > ".join(headings), MAX_HEADING_CHARS)
         prefix = search_prefix(document.title, heading)
         prefix_tokens = count_tokens([prefix])[0] if prefix else 0
-        budget = max(32, max_tokens - prefix_tokens)
+        # Spreadsheet rows: the header row opens every chunk, and rows are whole records, so no overlap.
+        header_tokens = count_tokens([header])[0] if header else 0
+        budget = max(32, max_tokens - prefix_tokens - header_tokens)
         units = _units(blocks, count_tokens, budget)
-        for body in _pack(units, budget, min(overlap_tokens, budget // 2)):
+        for body in _pack(units, budget, 0 if header else min(overlap_tokens, budget // 2)):
+            if header:
+                body = f"{header}\n{body}"
             drafts.append(ChunkDraft(len(drafts), body, heading, compose_search_text(document.title, heading, body), 0))
     if not drafts and document.title:
         # A document with a title and no body is still findable by its title.
@@ -77,13 +81,14 @@ def compose_search_text(title: str, heading: str, text: str) -> str:
     return "\n".join(part for part in (search_prefix(title, heading), text) if part)
 
 
-def _sections(blocks: Sequence[Block]) -> list[tuple[tuple[str, ...], list[Block]]]:
-    sections: list[tuple[tuple[str, ...], list[Block]]] = []
+def _sections(blocks: Sequence[Block]) -> list[tuple[tuple[str, ...], str, list[Block]]]:
+    """Runs of blocks under the same headings (and, for spreadsheet rows, the same header row)."""
+    sections: list[tuple[tuple[str, ...], str, list[Block]]] = []
     for block in blocks:
-        if sections and sections[-1][0] == block.headings:
-            sections[-1][1].append(block)
+        if sections and sections[-1][0] == block.headings and sections[-1][1] == block.header:
+            sections[-1][2].append(block)
         else:
-            sections.append((block.headings, [block]))
+            sections.append((block.headings, block.header, [block]))
     return sections
 
 
@@ -115,7 +120,8 @@ def _units(blocks: Sequence[Block], count_tokens: TokenCounter, budget: int) -> 
     for block in blocks:
         for i, (sentence, starts_line) in enumerate(_sentences_with_line_starts(block.text)):
             texts.append(sentence)
-            separators.append("\n\n" if i == 0 else "\n" if starts_line else " ")
+            # Spreadsheet rows are lines of one table; other blocks are paragraphs.
+            separators.append(("\n" if block.header else "\n\n") if i == 0 else "\n" if starts_line else " ")
     counts = count_tokens(texts) if texts else []
     units: list[_Unit] = []
     for text, tokens, separator in zip(texts, counts, separators, strict=True):

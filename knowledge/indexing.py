@@ -125,7 +125,7 @@ def truncate_blocks(document: ParsedDocument, max_chars: int) -> bool:
     total = 0
     for index, block in enumerate(document.blocks):
         if total + len(block.text) > max_chars:
-            document.blocks[index:] = [Block(block.headings, block.text[: max(0, max_chars - total)])]
+            document.blocks[index:] = [Block(block.headings, block.text[: max(0, max_chars - total)], block.header)]
             return True
         total += len(block.text)
     return False

@@ -18,7 +18,7 @@ from pathlib import PurePosixPath
 # pypdf logs every oddity of a damaged file; the sync reports unreadable files itself.
 logging.getLogger("pypdf").setLevel(logging.ERROR)
 
-SUPPORTED_SUFFIXES = (".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".docx")
+SUPPORTED_SUFFIXES = (".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".docx", ".csv", ".xlsx")
 
 
 class UnsupportedFormat(ValueError):
@@ -31,10 +31,14 @@ class CorruptDocument(ValueError):
 
 @dataclass(frozen=True)
 class Block:
-    """A run of text (a paragraph, list item, table row...) under a heading path."""
+    """A run of text (a paragraph, list item, table row...) under a heading path.
+
+    `header` is set for spreadsheet rows: the sheet's header row, which the chunker repeats at the top of every chunk
+    so a row such as "| Berlin | 12 |" still says what its columns are."""
 
     headings: tuple[str, ...]
     text: str
+    header: str = ""
 
 
 @dataclass
@@ -64,7 +68,8 @@ def parse_document(data: bytes, filename: str) -> ParsedDocument:
     # Postgres text cannot hold NUL characters; they carry no meaning in a document anyway.
     return ParsedDocument(
         parsed.title.replace("\x00", ""),
-        [Block(b.headings, b.text.replace("\x00", "")) for b in parsed.blocks if b.text.replace("\x00", "").strip()],
+        [Block(b.headings, b.text.replace("\x00", ""), b.header.replace("\x00", ""))
+         for b in parsed.blocks if b.text.replace("\x00", "").strip()],
     )
 
 
@@ -330,6 +335,58 @@ def parse_docx(data: bytes, fallback_title: str) -> ParsedDocument:
     return ParsedDocument(title or fallback_title, blocks)
 
 
+def _table_line(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _rows_to_blocks(rows: list[list[str]], headings: tuple[str, ...]) -> list[Block]:
+    """Spreadsheet rows → one block per row, each carrying the header row (the first non-empty row) so every chunk
+    can repeat it. Empty rows and trailing empty cells are dropped."""
+    cleaned = []
+    for row in rows:
+        cells = [_clean(cell) for cell in row]
+        while cells and not cells[-1]:
+            cells.pop()
+        if any(cells):
+            cleaned.append(cells)
+    if not cleaned:
+        return []
+    header, body = cleaned[0], cleaned[1:]
+    header_line = _table_line(header)
+    if not body:
+        return [Block(headings, header_line)]
+    return [Block(headings, _table_line(cells), header_line) for cells in body]
+
+
+def parse_csv(text: str, fallback_title: str) -> ParsedDocument:
+    """A CSV file: rows read with the csv module (quoted commas and newlines kept), the first row as the header."""
+    import csv
+
+    try:
+        dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t")
+    except csv.Error:
+        dialect = csv.excel  # type: ignore[assignment]
+    rows = list(csv.reader(io.StringIO(text), dialect))
+    return ParsedDocument(fallback_title, _rows_to_blocks(rows, ()))
+
+
+def parse_xlsx(data: bytes, fallback_title: str) -> ParsedDocument:
+    """An Excel workbook (and Google Sheets, exported as one): each sheet is a section named after it, read as rows
+    under its own header row."""
+    import openpyxl
+
+    workbook = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
+    blocks: list[Block] = []
+    try:
+        for sheet in workbook.worksheets:
+            rows = [["" if value is None else str(value) for value in row] for row in sheet.iter_rows(values_only=True)]
+            blocks.extend(_rows_to_blocks(rows, (sheet.title,) if len(workbook.worksheets) > 1 else ()))
+    finally:
+        workbook.close()
+    title = _clean(workbook.properties.title or "") if workbook.properties else ""
+    return ParsedDocument(title or fallback_title, blocks)
+
+
 _PARSERS = {
     ".md": lambda data, title: parse_markdown(_decode(data), title),
     ".markdown": lambda data, title: parse_markdown(_decode(data), title),
@@ -338,4 +395,6 @@ _PARSERS = {
     ".htm": lambda data, title: parse_html(_decode(data), title),
     ".pdf": lambda data, title: parse_pdf(data, title),
     ".docx": lambda data, title: parse_docx(data, title),
+    ".csv": lambda data, title: parse_csv(_decode(data), title),
+    ".xlsx": lambda data, title: parse_xlsx(data, title),
 }

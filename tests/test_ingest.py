@@ -86,12 +86,12 @@ async def test_deleted_file_disappears_from_the_index(fresh_kb, docs):
 
 async def test_corrupt_and_unsupported_files_are_reported_and_the_rest_is_indexed(fresh_kb, docs):
     write(docs, "finance/broken.pdf", b"%PDF-1.7 this file was truncated")
-    write(docs, "finance/budget.xlsx", b"PK\x03\x04 spreadsheet")
+    write(docs, "finance/budget.pptx", b"PK\x03\x04 slides")
     report = await fresh_kb.sync(FolderSource(docs))
     assert sorted(report.added) == ["it/vpn.html", "notes.txt", "policies/leave.md"]
     assert [i for i, _ in report.failed] == ["finance/broken.pdf"]
-    assert [i for i, _ in report.skipped] == ["finance/budget.xlsx"]
-    assert "unsupported file type .xlsx" in report.skipped[0][1]
+    assert [i for i, _ in report.skipped] == ["finance/budget.pptx"]
+    assert "unsupported file type .pptx" in report.skipped[0][1]
 
 
 async def test_a_good_file_that_turns_corrupt_keeps_its_previous_version(fresh_kb, tmp_path):

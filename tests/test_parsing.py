@@ -106,5 +106,36 @@ def test_corrupt_files_raise_a_clear_error(name):
 def test_binary_text_file_is_corrupt_and_unknown_suffix_is_unsupported():
     with pytest.raises(CorruptDocument, match="binary"):
         parse_document(b"\x00\x01\x02", "notes.txt")
-    with pytest.raises(UnsupportedFormat, match=r"\.xlsx"):
-        parse_document(b"PK...", "sheet.xlsx")
+    with pytest.raises(UnsupportedFormat, match=r"\.pptx"):
+        parse_document(b"PK...", "deck.pptx")
+
+
+def test_csv_rows_carry_their_header_and_quoted_fields_stay_whole():
+    data = b'Office,Address,Wifi\r\nBerlin,"Torstr. 1, 10119 Berlin",nw-berlin\r\n\r\nLisbon,"Rua X, 2",nw-lisbon\r\n'
+    parsed = parse_document(data, "offices.csv")
+    assert parsed.title == "Offices"
+    assert [(b.header, b.text) for b in parsed.blocks] == [
+        ("| Office | Address | Wifi |", "| Berlin | Torstr. 1, 10119 Berlin | nw-berlin |"),
+        ("| Office | Address | Wifi |", "| Lisbon | Rua X, 2 | nw-lisbon |"),
+    ]
+
+
+def test_xlsx_sheets_become_sections_of_rows():
+    import io
+
+    import openpyxl
+
+    workbook = openpyxl.Workbook()
+    workbook.active.title = "Staff"
+    workbook.active.append(["Name", "Team"])
+    workbook.active.append(["Ann", "Ops"])
+    rooms = workbook.create_sheet("Rooms")
+    rooms.append(["Room", "Floor"])
+    rooms.append(["Aurora", 3])
+    buffer = io.BytesIO()
+    workbook.save(buffer)
+    parsed = parse_document(buffer.getvalue(), "directory.xlsx")
+    assert [(b.headings, b.header, b.text) for b in parsed.blocks] == [
+        (("Staff",), "| Name | Team |", "| Ann | Ops |"),
+        (("Rooms",), "| Room | Floor |", "| Aurora | 3 |"),
+    ]
