@@ -29,7 +29,9 @@ def scripted(request: RecordedRequest) -> str:
         if "vacation" in request.user_text.split("<passages>")[0]:
             return "Here is my grading:\n" + json.dumps(VACATION_GRADE)
         return "The answer looks fine to me."  # not the JSON asked for: counted as unjudged
-    if "set up the VPN" in request.user_text:
+    if "football" in request.user_text.split("</sources>")[-1]:
+        return "NO_ANSWER"  # the model declines: nothing in the sources answers it
+    if "set up the VPN" in request.user_text.split("</sources>")[-1]:
         return "Install the WireGuard client and import the configuration from the IT portal [1]."
     return "Full-time employees get 25 days of paid vacation [1]. Unused days are paid out in cash [1]."
 
@@ -51,7 +53,7 @@ async def test_llm_answer_metrics_from_scripted_judge_replies(kb_factory, fake_a
     assert summary["context_relevance"] == round(1 / vacation.passages, 4)
     assert (summary["judged"], summary["unjudged"]) == (1, 1)
     assert scores[1].judge_error and "no JSON" in scores[1].judge_error
-    # The off-topic question was declined, without asking the model or the judge.
+    # The off-topic question was declined (by the retrieval threshold or by the model), and never judged.
     assert scores[2].abstained and summary["abstention_accuracy"] == 1.0
     assert summary["fact_recall"] == 1.0
 
