@@ -25,8 +25,12 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# The quick set (< 5 minutes on 2 cores): search at 10k chunks, a small ingest; then BENCHMARKS.md from the results.
+# Larger sizes by flag: $(BIN)/python bench/search.py --chunks 10k,100k,1M (see BENCHMARKS.md).
 bench: setup
-	$(BIN)/python bench/retrieval_bench.py
+	$(BIN)/python bench/search.py --chunks 10k --queries 100 --recall-queries 30
+	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/report.py
 
 clean-db:
 	-$(BIN)/ragbot db stop

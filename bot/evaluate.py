@@ -45,15 +45,27 @@ def render_eval(results: dict[str, dict[str, float]]) -> None:
 async def run_answer_eval(
     kb: KnowledgeBase, file: Path, principals: Sequence[str], sources: Sequence[str]
 ) -> dict[str, object]:
-    summary, scores = await evaluate_answers(kb, load_jsonl_questions(file), principals, sources or None)
+    judge = None
+    if kb.answerer.generator is not None:  # an LLM answers, so an LLM grades too (faithfulness, relevance)
+        from knowledge.judging import AnswerJudge
+
+        judge = AnswerJudge(kb.settings)
+    try:
+        summary, scores = await evaluate_answers(kb, load_jsonl_questions(file), principals, sources or None, judge)
+    finally:
+        if judge is not None:
+            await judge.close()
     return {
         "mode": "llm" if kb.answerer.generator else "extractive",
         **summary,
         "misses": [
             {"question": s.question.question, "kind": s.question.kind, "abstained": s.abstained,
-             "facts_found": s.facts_found, "facts": list(s.question.facts), "cited": list(s.cited)}
+             "facts_found": s.facts_found, "facts": list(s.question.facts), "cited": list(s.cited),
+             **({"faithfulness": round(s.judgement.faithfulness, 4)} if s.judgement else {}),
+             **({"judge_error": s.judge_error} if s.judge_error else {})}
             for s in scores
-            if (s.question.relevant and (s.abstained or s.facts_found < len(s.question.facts) or not s.right_document))
+            if (s.question.relevant and (s.abstained or s.facts_found < len(s.question.facts) or not s.right_document
+                                         or s.judge_error or (s.judgement and s.judgement.faithfulness < 1)))
             or (not s.question.relevant and not s.abstained)
         ],
     }

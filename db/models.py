@@ -90,7 +90,8 @@ class Chunk(Base):
     embedding = mapped_column(Vector())  # dimension follows the configured model (see kb_meta)
     tsv = mapped_column(TSVECTOR)
     lexical_len: Mapped[int] = mapped_column(Integer)  # BM25 document length: lexeme occurrences in tsv
-    bm25 = mapped_column(SPARSEVEC(BM25_SPARSE_DIM))  # document-side BM25 weights, maintained by triggers
+    bm25 = mapped_column(SPARSEVEC(BM25_SPARSE_DIM))  # document-side BM25 weights (store.write_documents)
+    bm25_avgdl = mapped_column(Float)  # the avgdl those weights were computed with (NULL: before migration 0006)
     access: Mapped[list[str]] = mapped_column(ARRAY(Text))
     source_id: Mapped[int] = mapped_column(Integer)
     doc_updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -18,10 +18,11 @@ import csv
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from knowledge.judging import AnswerJudge, Judgement, JudgeError
 from knowledge.memory import ChatMessage
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 
@@ -204,6 +205,8 @@ class AnswerScore:
     right_document: bool
     unrelated_sources: int
     cited: tuple[str, ...]
+    judgement: Judgement | None = None  # the LLM judge's grades (answered questions, when an LLM is configured)
+    judge_error: str | None = None
 
 
 def _plain(text: str) -> str:
@@ -248,15 +251,51 @@ def summarise_answers(scores: Sequence[AnswerScore]) -> dict[str, float]:
         "wrongly_declined": len(answerable) - len(answered),
         "near_miss_declined": declined("near_miss"),
         "off_topic_declined": declined("off_topic"),
+        "abstention_accuracy": _abstention_accuracy(scores),
+        **_judged_metrics(answered),
+    }
+
+
+def _abstention_accuracy(scores: Sequence[AnswerScore]) -> float:
+    """Share of unanswerable questions (no `relevant` documents) that the bot declined to answer."""
+    unanswerable = [s for s in scores if not s.question.relevant]
+    return round(sum(s.abstained for s in unanswerable) / len(unanswerable), 4) if unanswerable else 0.0
+
+
+def _judged_metrics(answered: Sequence[AnswerScore]) -> dict[str, float]:
+    """The LLM judge's metrics, means over the answered answerable questions it graded (see knowledge/judging.py)."""
+    judged = [s.judgement for s in answered if s.judgement is not None]
+    if not judged and not any(s.judge_error for s in answered):
+        return {}
+    contexts = [j.context_relevance for j in judged if j.context_relevance is not None]
+
+    def mean(values: Sequence[float]) -> float:
+        return round(sum(values) / len(values), 4) if values else 0.0
+
+    return {
+        "faithfulness": mean([j.faithfulness for j in judged]),
+        "answer_relevance": mean([j.answer_relevance for j in judged]),
+        "context_relevance": mean(contexts),
+        "judged": len(judged),
+        "unjudged": sum(1 for s in answered if s.judge_error),
     }
 
 
 async def evaluate_answers(
-    kb, questions: Sequence[EvalQuestion], principals: Sequence[str], sources: Sequence[str] | None = None  # type: ignore[no-untyped-def]
+    kb, questions: Sequence[EvalQuestion], principals: Sequence[str], sources: Sequence[str] | None = None,  # type: ignore[no-untyped-def]
+    judge: AnswerJudge | None = None,
 ) -> tuple[dict[str, float], list[AnswerScore]]:
-    """Ask every question through the full answer pipeline (offline unless an API key is set) and score it."""
+    """Ask every question through the full answer pipeline (offline unless an API key is set) and score it; with a
+    judge, every answered answerable question is also graded for faithfulness and relevance."""
     scores = []
     for question in questions:
         answer = await kb.answer(question.question, principals, "eval:answers", sources=sources)
-        scores.append(score_answer(question, answer))
+        score = score_answer(question, answer)
+        if judge is not None and question.relevant and not answer.abstained:
+            passages = [f"{hit.title}: {hit.text}" for hit in answer.chunks_used]
+            try:
+                score = replace(score, judgement=await judge.judge(question.question, passages, answer.text))
+            except JudgeError as exc:
+                score = replace(score, judge_error=str(exc))
+        scores.append(score)
     return summarise_answers(scores), scores

