@@ -125,18 +125,38 @@ class BotApp:
 
     async def serve_forever(self) -> None:
         """Run until SIGINT/SIGTERM (a container's stop), then shut down cleanly."""
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError):
-                pass
+        stop = stop_on_signals()
         await self.start()
         try:
             await stop.wait()
         finally:
             await self.stop()
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event that SIGINT or SIGTERM (Ctrl-C, or a container's stop) sets, for a clean shutdown."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    return stop
+
+
+def build_app(
+    settings: BotSettings, knowledge_settings: "KnowledgeSettings | None" = None,
+    database_settings: "DatabaseSettings | None" = None,
+) -> BotApp:
+    """The bots with their background services: the sync scheduler runs beside them unless RUN_SCHEDULER=false
+    (a deployment that runs `ragbot scheduler` as its own process)."""
+    app = BotApp(settings, knowledge_settings, database_settings)
+    if settings.run_scheduler:
+        from knowledge.scheduler import SchedulerService
+
+        app.services.append(SchedulerService(lambda: app.kb))  # type: ignore[arg-type, return-value]
+    return app
 
 
 def run(settings: BotSettings | None = None, runner: Callable[..., object] | None = None) -> None:
@@ -151,11 +171,7 @@ def run(settings: BotSettings | None = None, runner: Callable[..., object] | Non
 
         chat(principals=None, sources=None)
         return
-    app = BotApp(settings, KnowledgeSettings(), DatabaseSettings())
-    if settings.run_scheduler:
-        from knowledge.scheduler import SchedulerService
-
-        app.services.append(SchedulerService(lambda: app.kb))  # type: ignore[arg-type, return-value]
+    app = build_app(settings, KnowledgeSettings(), DatabaseSettings())
     print(f"ragbot: starting {' and '.join(settings.chat_platforms)} (health and metrics on port {settings.port})",
           flush=True)
     if runner is None:

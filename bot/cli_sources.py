@@ -6,9 +6,7 @@ over `KnowledgeBase` (add_source, list_sources, remove_source, sync_source, sync
 
 from __future__ import annotations
 
-import asyncio
 
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -302,13 +300,9 @@ def scheduler(
         else:
             console.print("Scheduler running, but no source has a schedule yet (`ragbot source add ... --every 1h`); "
                           "new sources are picked up automatically.")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError):
-                pass
+        from bot.app import stop_on_signals
+
+        stop = stop_on_signals()
         try:
             await stop.wait()
         finally:

@@ -72,3 +72,30 @@ def test_intervals_are_read_and_shown():
     for bad in ("", "1", "h", "1x", "-1h", "0m"):
         with pytest.raises(ValueError, match="interval"):
             parse_interval(bad)
+
+
+async def test_ragbot_run_syncs_sources_on_their_schedule_unless_turned_off(kb_factory, tmp_path):
+    """`ragbot run`'s composition root runs the scheduler beside the bots; RUN_SCHEDULER=false leaves it out."""
+    from bot.app import build_app
+    from bot.settings import BotSettings
+
+    (tmp_path / "note.md").write_text("# Note\n\nThe build takes four minutes on the main branch.\n")
+    kb = await kb_factory()
+    await kb.add_source("notes", "folder", {"path": str(tmp_path)}, schedule_seconds=1)
+
+    off = build_app(BotSettings(_env_file=None, slack_bot_token="xoxb-test", run_scheduler=False))
+    assert off.services == []
+
+    app = build_app(BotSettings(_env_file=None, slack_bot_token="xoxb-test", port=0))
+    app.kb, app.adapters = kb, []  # no chat platform needed to see the scheduler work
+    await app.start()
+    try:
+        for _ in range(100):
+            if any(r.status == "ok" for r in await kb.sync_runs("notes", limit=10)):
+                break
+            await asyncio.sleep(0.2)
+    finally:
+        await app.stop()
+    runs = await kb.sync_runs("notes", limit=10)
+    assert runs and {r.trigger for r in runs} == {"schedule"} and runs[0].status == "ok"
+    assert (await kb.status()).documents == 1
