@@ -117,12 +117,8 @@ class BotStateMethods:
     # Channel grants.
 
     async def channel_principals(self, channel_key: str) -> list[str]:
-        async with self.engine.connect() as conn:
-            rows = await conn.execute(
-                text("SELECT principal FROM bot_channel_grants WHERE channel_key = :c ORDER BY principal"),
-                {"c": channel_key},
-            )
-            return list(rows.scalars())
+        """What a shared channel's answers may draw on besides `everyone` documents."""
+        return [grant.principal for grant in await self.channel_grants(channel_key)]
 
     async def channel_grants(self, channel_key: str) -> list[ChannelGrant]:
         async with self.engine.connect() as conn:
