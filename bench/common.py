@@ -8,7 +8,9 @@ The synthetic corpus (see `SyntheticCorpus`):
 - chunk lengths like the chunker's output: about two thirds of chunks are full (140–190 words, i.e. close to the
   256-token limit) and the rest are section ends (15–140 words); documents have 1–40 chunks (geometric, mean 6);
 - embeddings: clustered unit vectors (256 topics; each document draws one, its chunks scatter around it), which is
-  how real embeddings of a corpus look at scale and costs nothing to make. Query vectors come from the real model.
+  how real embeddings of a corpus look at scale and costs nothing to make. Questions are embedded by the real model
+  (that cost is measured) but searched with a vector planted near the chunk they were drawn from
+  (`PlantedQueryEmbedder`).
 - access: every document is readable by `group:all` and by one of ten groups, so an asker in `group:g3` may see
   exactly 10% of the documents.
 """
@@ -217,16 +219,50 @@ class SyntheticCorpus:
             number += 1
 
     def queries(self, count: int, sample_chunks: Sequence[str]) -> list[str]:
-        """Questions of 3–8 words: a few words of a real chunk (so there are matches) plus Zipf-drawn words."""
+        """Questions of 3–8 words: a few words of a real chunk (so there are matches) plus Zipf-drawn words.
+        `self.query_sources[i]` is the index in `sample_chunks` of the chunk question i was drawn from."""
         out = []
+        self.query_sources: list[int] = []
         for i in range(count):
-            source = sample_chunks[int(self.rng.integers(len(sample_chunks)))].split()
+            picked = int(self.rng.integers(len(sample_chunks)))
+            self.query_sources.append(picked)
+            source = sample_chunks[picked].split()
             own = list(self.rng.choice(source, size=min(len(source), int(self.rng.integers(2, 5))), replace=False))
             extra = list(self.words[self.rng.choice(len(self.words), size=int(self.rng.integers(1, 5)), p=self.p)])
             words = own + extra
             self.rng.shuffle(words)
             out.append(" ".join(str(w) for w in words))
         return out
+
+    def question_vector(self, answer: np.ndarray) -> np.ndarray:
+        """A question's vector near its answer's, as a real question's embedding lies near the passage answering
+        it (cosine about 0.85 to it; the answer's topic neighbours come next)."""
+        noise = self.rng.standard_normal(self.dimension).astype(np.float32) * 0.03
+        vector = answer + noise
+        return vector / np.linalg.norm(vector)
+
+
+class PlantedQueryEmbedder:
+    """The product's embedder, with one change for the synthetic corpus: a question is embedded for real (so its
+    cost is in every timing), then searched with a planted vector near the chunk it was drawn from. Synthetic chunk
+    vectors have nothing to do with what the model makes of pseudo-words, and a question whose vector is unrelated
+    to every chunk is not what a search sees (HNSW is built for in-distribution queries: with unrelated ones its
+    recall collapses, which says nothing about real questions)."""
+
+    def __init__(self, embedder, planted: dict[str, list[float]]) -> None:  # type: ignore[no-untyped-def]
+        self._embedder = embedder
+        self.planted = planted
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self._embedder, name)
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        vectors = self._embedder.embed(texts)
+        return [self.planted.get(text, vector) for text, vector in zip(texts, vectors)]
+
+    async def embed_async(self, texts: Sequence[str]) -> list[list[float]]:
+        vectors = await self._embedder.embed_async(texts)
+        return [self.planted.get(text, vector) for text, vector in zip(texts, vectors)]
 
 
 def timer() -> float:
@@ -249,6 +285,22 @@ async def open_fresh_kb(database: str, **settings_overrides: object):  # type: i
         conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{database}"')
     url = server.set(database=database).render_as_string(hide_password=False)
+    return await KnowledgeBase.open(
+        KnowledgeSettings(**settings_overrides),  # type: ignore[arg-type]
+        DatabaseSettings(database_url=url),  # type: ignore[call-arg]
+    )
+
+
+async def open_existing_kb(database: str, **settings_overrides: object):  # type: ignore[no-untyped-def]
+    """A KnowledgeBase on database `database` of the configured server, as a --keep run left it."""
+    from sqlalchemy.engine import make_url
+
+    from db.engine import database_url
+    from db.settings import DatabaseSettings
+    from knowledge.kb import KnowledgeBase
+    from knowledge.settings import KnowledgeSettings
+
+    url = make_url(database_url()).set(database=database).render_as_string(hide_password=False)
     return await KnowledgeBase.open(
         KnowledgeSettings(**settings_overrides),  # type: ignore[arg-type]
         DatabaseSettings(database_url=url),  # type: ignore[call-arg]

@@ -30,12 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    SyntheticCorpus, database_versions, drop_database, machine_info, open_fresh_kb, parse_size, summary, timer,
+    PlantedQueryEmbedder, SyntheticCorpus, database_versions, drop_database, machine_info, open_existing_kb, open_fresh_kb, parse_size, summary, timer,
     use_throwaway_home, write_results,
 )
 
 use_throwaway_home()
 
+import numpy as np  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from knowledge import store  # noqa: E402
@@ -46,10 +47,17 @@ TEN_PERCENT = ("group:g3",)
 WRITE_BATCH_CHUNKS = 2000
 
 
-async def load_corpus(kb, n_chunks: int) -> tuple[SyntheticCorpus, list[str], dict[str, float]]:  # type: ignore[no-untyped-def]
+def regenerate_sample(dimension: int, n_chunks: int) -> tuple[SyntheticCorpus, list[tuple[str, np.ndarray]]]:
+    """The corpus and question sample `load_corpus` produced, generated again without storing (for --reuse)."""
+    corpus = SyntheticCorpus(dimension)
+    sample = [(d.chunks[0], d.vectors[0]) for d in corpus.documents(n_chunks) if d.number % 7 == 0][:2000]
+    return corpus, sample
+
+
+async def load_corpus(kb, n_chunks: int) -> tuple[SyntheticCorpus, list[tuple[str, np.ndarray]], dict[str, float]]:  # type: ignore[no-untyped-def]
     """Write n_chunks synthetic chunks through the product's store path, then build the HNSW index."""
     corpus = SyntheticCorpus(kb.embedder.dimension)
-    sample: list[str] = []
+    sample: list[tuple[str, np.ndarray]] = []  # (chunk text, its vector): what questions are drawn from
     async with kb.engine.begin() as conn:
         source_id = await store.ensure_source(conn, "bench", "bench", None)
         await store.drop_vector_indexes(conn)  # built once after loading, as `ragbot` does for a new model
@@ -76,7 +84,7 @@ async def load_corpus(kb, n_chunks: int) -> tuple[SyntheticCorpus, list[str], di
             for i, (body, vector) in enumerate(zip(document.chunks, document.vectors))
         ]
         if len(sample) < 2000 and document.number % 7 == 0:
-            sample.append(document.chunks[0])
+            sample.append((document.chunks[0], document.vectors[0]))
         batch.append(store.DocumentWrite(
             external_id=f"doc-{document.number}", title=f"Synthetic document {document.number}", url=None,
             path=None, author=None, updated_at=None, content_hash=f"h{document.number}", access=document.access,
@@ -147,7 +155,7 @@ async def timed_search(kb, queries: list[str], mode: str, principals: tuple[str,
 async def raw_floor(kb, vectors: list[str], principals: tuple[str, ...] | None) -> list[float]:  # type: ignore[no-untyped-def]
     dim = kb.embedder.dimension
     where = "WHERE access && CAST(:p AS text[])" if principals else ""
-    sql = text(f"SELECT id FROM chunks {where} ORDER BY embedding::vector({dim}) <=> CAST(:q AS vector({dim})) "
+    sql = text(f"SELECT id FROM chunks {where} ORDER BY embedding::halfvec({dim}) <=> CAST(:q AS halfvec({dim})) "
                "LIMIT 10")
     samples = []
     for vector in vectors:
@@ -216,7 +224,9 @@ async def recall(kb, queries: list[str]) -> dict[str, float]:  # type: ignore[no
 
 
 async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    """Measured, not assumed: HNSW ef_search, a halfvec HNSW index, and the lexical candidate rule (df share)."""
+    """Measured, not assumed: HNSW ef_search, a full-precision HNSW index beside the product's halfvec one, and the
+    lexical candidate rule (how many
+    postings the rarest question terms may bring)."""
     import knowledge.retrieval as retrieval
 
     dim = kb.embedder.dimension
@@ -235,58 +245,72 @@ async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object
             hits += len(ids & truth) / max(len(truth), 1)
         return {"recall@10": round(hits / len(vectors), 4), **summary(samples)}
 
-    vector_sql = (f"SELECT id FROM chunks ORDER BY embedding::vector({dim}) <=> CAST(:q AS vector({dim})) LIMIT 10")
+    vector_sql = (f"SELECT id FROM chunks ORDER BY embedding::halfvec({dim}) <=> CAST(:q AS halfvec({dim})) "
+                  "LIMIT 10")
     for ef in (40, 100, 200, 400):
         out[f"hnsw_ef_search_{ef}"] = await dense_run(vector_sql, f"SET LOCAL hnsw.ef_search = {ef}")
         print(f"  ef_search {ef}: {out[f'hnsw_ef_search_{ef}']}")
+    # The alternative to the product's half-precision graph: a full-precision one (what ragbot built before 0007).
     started = timer()
     async with kb.engine.begin() as conn:
-        await conn.execute(text("SET LOCAL maintenance_work_mem = '512MB'"))
-        await conn.execute(text(f"CREATE INDEX bench_halfvec ON chunks USING hnsw ((embedding::halfvec({dim})) "
-                                "halfvec_cosine_ops)"))
+        await conn.execute(text(f"SET LOCAL maintenance_work_mem = '{store.INDEX_BUILD_MEMORY}'"))
+        await conn.execute(text(f"CREATE INDEX bench_fullvec ON chunks USING hnsw ((embedding::vector({dim})) "
+                                "vector_cosine_ops)"))
     build = timer() - started
     async with kb.engine.connect() as conn:
-        size = (await conn.execute(text("SELECT pg_relation_size('bench_halfvec')"))).scalar_one()
-    halfvec = await dense_run(f"SELECT id FROM chunks ORDER BY embedding::halfvec({dim}) <=> "
-                              f"CAST(:q AS halfvec({dim})) LIMIT 10")
-    out["halfvec_hnsw"] = {**halfvec, "build_s": round(build, 1), "index_mb": round(size / 1024 / 1024, 1)}
-    print(f"  halfvec: {out['halfvec_hnsw']}")
+        size = (await conn.execute(text("SELECT pg_relation_size('bench_fullvec')"))).scalar_one()
+    full = await dense_run(f"SELECT id FROM chunks ORDER BY embedding::vector({dim}) <=> "
+                           f"CAST(:q AS vector({dim})) LIMIT 10")
+    out["full_precision_hnsw"] = {**full, "build_s": round(build, 1), "index_mb": round(size / 1024 / 1024, 1)}
+    print(f"  full-precision vector index: {out['full_precision_hnsw']}")
     async with kb.engine.begin() as conn:
-        await conn.execute(text("DROP INDEX bench_halfvec"))
+        await conn.execute(text("DROP INDEX bench_fullvec"))
 
     truths = []
     for query in queries:
         async with kb.engine.connect() as conn:
             truths.append({r.id for r in await conn.execute(
                 EXACT_BM25, {"query": query, "config": kb.settings.text_search_config})})
-    default_share = retrieval.RARE_TERM_SHARE
+    default_postings = retrieval.CANDIDATE_POSTINGS
     try:
-        for share in (0.1, 0.03, 0.01, 0.003):
-            retrieval.RARE_TERM_SHARE = share
+        for postings in (1000, 2000, 3000, 5000, 10000):
+            retrieval.CANDIDATE_POSTINGS = postings
             samples, hits = [], 0.0
             for query, truth in zip(queries, truths):
                 started = timer()
                 got = await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="lexical", max_per_document=10)
                 samples.append((timer() - started) * 1000)
                 hits += len({h.chunk_id for h in got.hits} & truth) / max(len(truth), 1)
-            out[f"lexical_df_share_{share}"] = {"recall@10": round(hits / len(queries), 4), **summary(samples)}
-            print(f"  lexical df <= {share}: {out[f'lexical_df_share_{share}']}")
+            out[f"lexical_candidate_postings_{postings}"] = {"recall@10": round(hits / len(queries), 4),
+                                                             **summary(samples)}
+            print(f"  lexical candidate postings <= {postings}: {out[f'lexical_candidate_postings_{postings}']}")
     finally:
-        retrieval.RARE_TERM_SHARE = default_share
+        retrieval.CANDIDATE_POSTINGS = default_postings
     return out
 
 
 async def run_size(
-    n_chunks: int, n_queries: int, recall_queries: int, keep: bool, with_levers: bool = False
+    n_chunks: int, n_queries: int, recall_queries: int, keep: bool, with_levers: bool = False, reuse: bool = False
 ) -> dict[str, object]:
     database = f"ragbot_bench_search_{n_chunks}"
-    kb = await open_fresh_kb(database)
+    if reuse:
+        kb = await open_existing_kb(database)
+        print(f"{n_chunks:,} chunks: reusing {database} (load figures are not re-measured)")
+        corpus, sample = regenerate_sample(kb.embedder.dimension, n_chunks)
+        load: dict[str, float] = {}
+        keep = True
+    else:
+        kb = await open_fresh_kb(database)
     try:
-        print(f"{n_chunks:,} chunks: loading through the product's store path")
-        corpus, sample, load = await load_corpus(kb, n_chunks)
-        print(f"  {load}")
+        if not reuse:
+            print(f"{n_chunks:,} chunks: loading through the product's store path")
+            corpus, sample, load = await load_corpus(kb, n_chunks)
+            print(f"  {load}")
         figures: dict[str, object] = {"chunks": n_chunks, **load, **await sizes(kb)}
-        queries = corpus.queries(n_queries, sample)
+        queries = corpus.queries(n_queries, [text for text, _ in sample])
+        planted = {q: corpus.question_vector(sample[i][1]).tolist()
+                   for q, i in zip(queries, corpus.query_sources)}
+        kb.retriever.embedder = PlantedQueryEmbedder(kb.embedder, planted)
         for query in queries[:20]:  # warm the connection pool, the model and Postgres' caches
             await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="hybrid")
         vectors = [await kb.retriever.query_vector(q) for q in queries]  # also fills the query cache
@@ -338,12 +362,15 @@ async def main() -> None:
     parser.add_argument("--levers", action="store_true",
                         help="also measure HNSW ef_search, a halfvec index and the lexical candidate rule")
     parser.add_argument("--keep", action="store_true", help="keep the databases (ragbot_bench_search_<n>)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="search the databases a --keep run left (skips loading; for trying search changes)")
     parser.add_argument("--name", default="search", help="results file name (bench/results/<name>.json)")
     args = parser.parse_args()
     results: dict[str, object] = {}
     versions: dict[str, str] = {}
     for size in [parse_size(s) for s in args.chunks.split(",")]:
-        results[str(size)] = await run_size(size, args.queries, args.recall_queries, args.keep, args.levers)
+        results[str(size)] = await run_size(size, args.queries, args.recall_queries, args.keep, args.levers,
+                                            args.reuse)
     from db.engine import create_engine, database_url
 
     engine = create_engine(database_url())

@@ -15,8 +15,9 @@ from db.embedded import embedded_database_url
 from db.errors import DatabaseUnavailable
 from db.settings import DatabaseSettings
 
-# Candidate lists are up to a few hundred rows long; ef_search must be at least that for HNSW to return them.
-HNSW_EF_SEARCH = 200
+# The HNSW search list. With the iterative scan on, a longer candidate list is still returned (the scan goes on).
+# Measured at 100k chunks (bench/search.py --levers): recall@10 against exact search 0.88 at 40, 0.99 at 100 and 200.
+HNSW_EF_SEARCH = 100
 # How many index tuples an iterative HNSW scan may visit before giving up (pgvector's default). A scan can stop
 # short when the rows it meets are filtered out (other people's chunks) or dead (a large delete not yet vacuumed);
 # the retriever then falls back to an exact search, and syncs VACUUM after large deletes.
@@ -73,6 +74,14 @@ def create_engine(url: str) -> AsyncEngine:
         cursor.execute("SET hnsw.iterative_scan = relaxed_order")
         cursor.execute(f"SET hnsw.ef_search = {HNSW_EF_SEARCH}")
         cursor.execute(f"SET hnsw.max_scan_tuples = {int(HNSW_MAX_SCAN_TUPLES)}")
+        # psycopg prepares a statement run five times on one pooled connection, and Postgres may then switch to a
+        # generic plan made without the parameters' values. For the search statement that plan skips the HNSW
+        # index (it cannot see the query vector) and scores every chunk: 1.5 s instead of 15 ms at 100k chunks
+        # (bench/search.py). Each execution is planned for its own values; the plan costs about a millisecond.
+        cursor.execute("SET plan_cache_mode = force_custom_plan")
+        # JIT compilation pays off for long analytical queries, not for a search of a few milliseconds whose cost
+        # estimate can still cross jit_above_cost at scale (compiling then takes tens of milliseconds).
+        cursor.execute("SET jit = off")
         cursor.close()
         # Commit: the SETs ran in the driver's implicit transaction, and a read-only first use of the connection
         # ends in a rollback, which would silently undo them.

@@ -35,12 +35,16 @@ from knowledge.store import vector_literal
 Mode = Literal["hybrid", "dense", "lexical"]
 MODES: tuple[Mode, ...] = ("hybrid", "dense", "lexical")
 
-# Below this many chunks every query term may find BM25 candidates; above it only terms in at most 10% of chunks
-# do (every term is still scored). Measured on SciFact: same quality, about half the latency.
+# Below this many chunks every question term finds BM25 candidates (every term is always scored).
 RARE_TERM_CORPUS_SIZE = 10_000
-# The document-frequency bound of a candidate-finding term, as a share of chunks (bench/search.py --levers measures
-# other values).
-RARE_TERM_SHARE = 0.1
+# Above it, candidates come from the question's rarest terms: terms in order of document frequency while their
+# posting lists add up to at most this many chunks (the rarest term always). Common terms still count in every
+# candidate's score; they just do not each bring thousands of candidates that would all have to be scored. Measured
+# at 100k chunks by `bench/search.py --levers` (recall@10 against exact BM25 beside the latency).
+CANDIDATE_POSTINGS = 5_000
+# At most this many candidate chunks are scored, whatever the terms: a question made only of words found in most
+# chunks cannot make a search score the whole corpus (the rows scored are then the first ones found).
+CANDIDATE_SCAN_CAP = 10_000
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,8 @@ class Retriever:
             "lexical_weight": 1.0 - self.settings.fusion_dense_weight,
             "rrf_k": self.settings.rrf_k,
             "rare_corpus": RARE_TERM_CORPUS_SIZE,
-            "rare_share": RARE_TERM_SHARE,
+            "candidate_postings": CANDIDATE_POSTINGS,
+            "scan_cap": CANDIDATE_SCAN_CAP,
         }
         started = time.perf_counter()
         async with self.engine.connect() as conn:
@@ -187,39 +192,81 @@ _FILTERS = """
     AND (CAST(:updated_after AS timestamptz) IS NULL OR c.doc_updated_at >= CAST(:updated_after AS timestamptz))
 """
 
+# The same filters, with the access check kept out of index use: for a posting list bounded by
+# CANDIDATE_POSTINGS, checking each row's access list is cheaper than building the bitmap of every chunk the asker
+# may see from the access index (10,000 rows for a reader of 10% of 100k chunks, 100,000 for everyone), which is
+# what the planner picks otherwise (it cannot estimate a posting list computed during the query).
+_FILTERS_PER_ROW = _FILTERS.replace(
+    "c.access && CAST(:principals AS text[])", "(c.access && CAST(:principals AS text[])) IS TRUE"
+)
+
 _PERMITTED_COUNT_SQL = "SELECT count(*) FROM (SELECT 1 FROM chunks c WHERE " + _FILTERS + " LIMIT :n) permitted"
 
 _LEXICAL_CTES = """
-query_terms AS (
-    -- The question's terms that occur in at least one chunk the asker may search. A term found only in chunks
-    -- they may not see must change nothing they receive (scores, order, abstention, candidates), or scores would
-    -- tell them the word exists in a document hidden from them. One GIN probe per term; EXISTS stops at a hit.
-    SELECT l.id, l.lexeme, l.df, _q.literal
+question_terms AS (
+    -- The question's terms in the vocabulary, with their idf (from every chunk's statistics).
+    SELECT l.id, l.df, _q.literal, s.n, ln(1 + (s.n - l.df + 0.5) / (l.df + 0.5)) AS idf
     FROM lexemes l
+    CROSS JOIN (SELECT greatest(n_chunks, 1)::float8 AS n FROM corpus_stats WHERE id = 1) s
     CROSS JOIN LATERAL (SELECT '''' || replace(replace(l.lexeme, '\\', '\\\\'), '''', '''''') || '''' AS literal) _q
     WHERE l.lexeme = ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :query))) AND l.df > 0
-      AND EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(_q.literal AS tsquery) AND {filters})
+),
+rare_terms AS MATERIALIZED (
+    -- The terms that may bring candidates (in a small corpus every term; else those with short posting lists),
+    -- kept only when they occur in at least one chunk the asker may search. A term found only in chunks they may
+    -- not see must change nothing they receive (scores, order, abstention, candidates), or the results would tell
+    -- them the word exists in a document hidden from them. One GIN probe per term, cheap for short lists.
+    SELECT t.* FROM question_terms t
+    WHERE (t.n < :rare_corpus OR t.df <= :candidate_postings)
+      AND EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {row_filters})
+),
+candidate_terms AS (
+    -- The rarest of those while their posting lists add up to CANDIDATE_POSTINGS (the rarest one always) ...
+    SELECT r.literal FROM (
+        SELECT r.*, row_number() OVER (ORDER BY r.df, r.id) AS nth, sum(r.df) OVER (ORDER BY r.df, r.id) AS postings
+        FROM rare_terms r
+    ) r
+    WHERE r.n < :rare_corpus OR r.nth = 1 OR r.postings <= :candidate_postings
+    UNION ALL
+    -- ... or, when every term is common, the rarest one the asker can find (CANDIDATE_SCAN_CAP bounds the work).
+    (SELECT t.literal FROM question_terms t
+     WHERE NOT EXISTS (SELECT 1 FROM rare_terms)
+       AND EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {filters})
+     ORDER BY t.df, t.id LIMIT 1)
 ),
 bm25_query AS (
     SELECT
         -- idf weights of the question's terms as a sparse vector: <#> with a chunk's weights is its BM25 score
-        ('{' || coalesce(string_agg(t.id || ':' || ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5)), ',' ORDER BY t.id), '')
+        -- (a term that no permitted chunk contains adds nothing to any score the asker sees)
+        ('{' || coalesce((SELECT string_agg(t.id || ':' || t.idf, ',' ORDER BY t.id) FROM question_terms t), '')
              || '}/{sparse_dim}')::sparsevec AS weights,
-        -- the score of an average-length chunk that contains every question term once (the sum of the idfs)
-        coalesce(sum(ln(1 + (s.n - t.df + 0.5) / (t.df + 0.5))), 0) AS full_match_score,
-        -- OR-query over the terms that find candidates (in a large corpus, the ones in <= 10% of chunks)
-        coalesce(
-            string_agg(t.literal, ' | ') FILTER (WHERE s.n < :rare_corpus OR t.df <= :rare_share * s.n),
-            string_agg(t.literal, ' | ')
-        )::tsquery AS candidates
-    FROM query_terms t
-    CROSS JOIN (SELECT greatest(n_chunks, 1)::float8 AS n FROM corpus_stats WHERE id = 1) s
+        (SELECT string_agg(literal, ' | ') FROM candidate_terms)::tsquery AS candidates
+),
+scored AS MATERIALIZED (
+    SELECT c.id, -(c.bm25 <#> q.weights) AS score, c.bm25
+    FROM (
+        SELECT c.id, c.bm25 FROM chunks c, bm25_query q
+        WHERE c.tsv @@ q.candidates AND {row_filters}
+        LIMIT :scan_cap
+    ) c, bm25_query q
+),
+full_match AS (
+    -- The score of an average-length chunk containing once every question term the asker can find (the sum of
+    -- their idfs): rare terms were checked above; a common one is proven findable by a scored candidate that
+    -- contains it, and only otherwise looked up in the index (a long posting list: the costly case).
+    SELECT coalesce(sum(t.idf), 0) AS score
+    FROM question_terms t
+    WHERE t.id IN (SELECT id FROM rare_terms)
+       OR CASE WHEN EXISTS (SELECT 1 FROM scored c
+                            WHERE (c.bm25 <#> ('{' || t.id || ':' || '1}/{sparse_dim}')::sparsevec) < 0)
+               THEN true
+               ELSE EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {filters})
+          END
 ),
 lexical AS MATERIALIZED (
-    SELECT c.id, -(c.bm25 <#> q.weights) AS score, q.full_match_score
-    FROM chunks c, bm25_query q
-    WHERE c.tsv @@ q.candidates AND {filters}
-    ORDER BY c.bm25 <#> q.weights
+    SELECT s.id, s.score, f.score AS full_match_score
+    FROM scored s, full_match f
+    ORDER BY s.score DESC, s.id
     LIMIT :n
 ),
 lexical_ranked AS (
@@ -236,7 +283,8 @@ dense AS MATERIALIZED (
     SELECT c.id, 1 - (c.embedding::vector({dim}) <=> CAST(:embedding AS vector({dim}))) AS score
     FROM chunks c
     WHERE {filters}
-    ORDER BY c.embedding::vector({dim}) <=> CAST(:embedding AS vector({dim}))
+    -- the order from the half-precision HNSW index (store.vector_index_sql), the score at full precision
+    ORDER BY c.embedding::halfvec({dim}) <=> CAST(:embedding AS halfvec({dim}))
     LIMIT :n
 ),
 dense_ranked AS (
@@ -257,7 +305,10 @@ def build_search_sql(mode: Mode, fusion: str, dimension: int) -> str:
     """The whole search as one statement. `dimension` is an int from the model, never user input."""
     ctes: list[str] = []
     if mode in ("hybrid", "lexical"):
-        ctes.append(_LEXICAL_CTES.replace("{filters}", _FILTERS).replace("{sparse_dim}", str(BM25_SPARSE_DIM)))
+        ctes.append(
+            _LEXICAL_CTES.replace("{filters}", _FILTERS).replace("{row_filters}", _FILTERS_PER_ROW)
+            .replace("{sparse_dim}", str(BM25_SPARSE_DIM))
+        )
     if mode in ("hybrid", "dense"):
         ctes.append(_DENSE_CTES.replace("{filters}", _FILTERS).replace("{dim}", str(int(dimension))))
     if mode == "hybrid":

@@ -34,7 +34,7 @@ class KnowledgeSettings(BaseSettings):
     fusion: Literal["adaptive", "convex", "rrf"] = "adaptive"
     fusion_dense_weight: float = Field(default=0.5, ge=0.0, le=1.0)  # BM25 gets 1 - this
     rrf_k: int = 60
-    candidates_per_retriever: int = Field(default=100, ge=1, le=1000)
+    candidates_per_retriever: int = Field(default=40, ge=1, le=1000)
     max_chunks_per_document: int = Field(default=2, ge=1)
     rerank_model: str | None = None  # a sentence-transformers CrossEncoder name or path; off by default
     rerank_candidates: int = 30

@@ -536,7 +536,7 @@ async def set_meta(conn: AsyncConnection, key: str, value: str) -> None:
 
 
 def vector_index_name(dimension: int) -> str:
-    return f"chunks_embedding_hnsw_{dimension}"
+    return f"chunks_embedding_hnsw_half_{dimension}"
 
 
 async def drop_vector_indexes(conn: AsyncConnection, keep: str | None = None) -> None:
@@ -548,16 +548,28 @@ async def drop_vector_indexes(conn: AsyncConnection, keep: str | None = None) ->
             await conn.execute(text(f'DROP INDEX IF EXISTS "{name}"'))
 
 
-async def ensure_vector_index(conn: AsyncConnection, dimension: int) -> None:
-    """The HNSW index is an expression index on `embedding::vector(dim)`, so one untyped column can serve any
-    model; indexes built for another dimension are dropped."""
-    await drop_vector_indexes(conn, keep=vector_index_name(dimension))
-    await conn.execute(
-        text(
-            f"CREATE INDEX IF NOT EXISTS {vector_index_name(dimension)} ON chunks "
-            f"USING hnsw ((embedding::vector({int(dimension)})) vector_cosine_ops)"
-        )
+def vector_index_sql(dimension: int) -> str:
+    """The HNSW index is an expression index on `embedding::halfvec(dim)`, so one untyped column can serve any
+    model. The graph holds half-precision vectors while the column keeps full precision for the scores: measured at
+    100k chunks (bench/search.py --levers), the index is 43% smaller (112 against 195 MB), builds 3× faster and
+    searches as fast, at the same recall@10 against exact search (0.995 against 0.99)."""
+    return (
+        f"CREATE INDEX IF NOT EXISTS {vector_index_name(dimension)} ON chunks "
+        f"USING hnsw ((embedding::halfvec({int(dimension)})) halfvec_cosine_ops)"
     )
+
+
+# Building the HNSW graph in memory is several times faster than spilling it; Postgres' default is 64 MB, and a
+# graph of 100k chunks takes about 120 MB. Set for the building transaction only.
+INDEX_BUILD_MEMORY = "512MB"
+
+
+async def ensure_vector_index(conn: AsyncConnection, dimension: int) -> None:
+    """Create the vector index for this dimension; indexes built for another dimension (or the full-precision
+    index of databases before migration 0007) are dropped."""
+    await drop_vector_indexes(conn, keep=vector_index_name(dimension))
+    await conn.execute(text(f"SET LOCAL maintenance_work_mem = '{INDEX_BUILD_MEMORY}'"))
+    await conn.execute(text(vector_index_sql(dimension)))
 
 
 async def chunks_for_reembedding(conn: AsyncConnection, after_id: int, limit: int) -> list[tuple[int, str, str, str]]:

@@ -29,3 +29,42 @@ def test_database_urls_are_redacted_even_when_the_password_is_not_url_encoded():
     assert redact_url("postgresql://bob:p@ss#word@db.example.com:5432/kb") == "postgresql://bob:***@db.example.com:5432/kb"
     assert redact_url("postgresql+psycopg://postgres:@/postgres?host=/tmp/x") == "postgresql+psycopg://postgres:***@/postgres?host=/tmp/x"
     assert redact_url("postgresql://db.example.com/kb") == "postgresql://db.example.com/kb"
+
+
+async def test_upgrading_an_indexed_database_rebuilds_its_vector_index_in_half_precision(fresh_database):
+    """Migration 0007: a database indexed before it (full-precision HNSW) gets the halfvec index that searches now
+    order by, and loses the old one; the chunks and their full-precision vectors are untouched."""
+    from alembic import command
+
+    from db.migrate import alembic_config, upgrade_to_head
+
+    url = fresh_database()
+    engine = create_engine(url)
+    try:
+        def downgrade_to_0006(sync_connection) -> None:  # type: ignore[no-untyped-def]
+            config = alembic_config()
+            config.attributes["connection"] = sync_connection
+            command.downgrade(config, "0006")
+
+        async with engine.begin() as conn:
+            await conn.run_sync(downgrade_to_0006)
+            await conn.execute(text("INSERT INTO kb_meta VALUES ('embedding_dimension', '3')"))
+            await conn.execute(text("INSERT INTO sources (name, kind) VALUES ('s', 'folder')"))
+            await conn.execute(text(
+                "INSERT INTO documents (source_id, external_id, title, content_hash, access) "
+                "SELECT id, 'a.md', 'A', 'h', '{everyone}' FROM sources"))
+            await conn.execute(text(
+                "INSERT INTO chunks (document_id, ordinal, text, token_count, content_hash, embedding, tsv, "
+                "lexical_len, access, source_id) SELECT d.id, 0, 'x', 1, 'h', '[0.1,0.2,0.3]', 'x', 1, "
+                "'{everyone}', d.source_id FROM documents d"))
+            await conn.execute(text("CREATE INDEX chunks_embedding_hnsw_3 ON chunks "
+                                    "USING hnsw ((embedding::vector(3)) vector_cosine_ops)"))
+        await upgrade_to_head(engine)
+        async with engine.connect() as conn:
+            indexes = (await conn.execute(text(
+                "SELECT indexname FROM pg_indexes WHERE indexname LIKE 'chunks_embedding_hnsw_%'"))).scalars().all()
+            vector = (await conn.execute(text("SELECT embedding::text FROM chunks"))).scalar_one()
+        assert indexes == ["chunks_embedding_hnsw_half_3"]
+        assert vector == "[0.1,0.2,0.3]"
+    finally:
+        await engine.dispose()

@@ -31,6 +31,6 @@ async def test_switching_models_re_embeds_and_search_keeps_working(kb_factory, f
         indexes = (await conn.execute(text("SELECT indexname FROM pg_indexes WHERE indexname LIKE 'chunks_embedding_hnsw_%'"))).scalars().all()
     assert {m for m, _ in models} == {"all-MiniLM-L6-v2", other_name}
     assert missing == 0
-    assert indexes == ["chunks_embedding_hnsw_384"]
+    assert indexes == ["chunks_embedding_hnsw_half_384"]
     hits = (await second.search("how do I connect to the VPN", SearchFilters(), k=1, mode="dense")).hits
     assert hits[0].external_id == "vpn.md"
