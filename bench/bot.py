@@ -90,7 +90,7 @@ def questions() -> list[str]:
 # --- 1. overhead and ack, in process ------------------------------------------------------------------------
 
 
-async def measure_overhead(mentions: int, warmup: int) -> dict[str, Any]:
+async def measure_overhead(mentions: int, warmup: int, profile: str | None = None) -> dict[str, Any]:
     from bot.app import BotApp
     from bot.slack import SlackAdapter
     from knowledge.retrieval import SearchFilters
@@ -136,10 +136,16 @@ async def measure_overhead(mentions: int, warmup: int) -> dict[str, Any]:
             "overhead", "overhead_from_post", "ack", "handler_start", "before_answer", "memory", "retrieval",
             "after_retrieval", "floor", "floor_embed", "floor_sql")}
         no_llm_call = 0
+        profiler = None
         try:
             async with aiohttp.ClientSession() as http:
                 client = SlackClient(app, http, slack)
                 for i in range(warmup + mentions):
+                    if profile and i == warmup:
+                        import cProfile
+
+                        profiler = cProfile.Profile()
+                        profiler.enable()
                     question = asked[i % len(asked)]
                     channel, ts = f"CB{i:05d}", new_ts()
                     kb.retriever._query_vectors.clear()  # a first-time question: embedded, not cached
@@ -184,6 +190,10 @@ async def measure_overhead(mentions: int, warmup: int) -> dict[str, Any]:
                     samples["floor_embed"].append(results.timings.get("embed_ms", 0.0))
                     samples["floor_sql"].append(results.timings.get("sql_ms", 0.0))
         finally:
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(profile)  # type: ignore[arg-type]
+                print(f"   profile of the event loop's thread written to {profile} (read it with pstats)")
             await app.stop()
             SlackAdapter.handle_http = original_handle  # type: ignore[method-assign]
             embedder = kb.embedder
@@ -324,13 +334,18 @@ async def measure_rss(database_url: str, mentions: int) -> dict[str, Any]:
                 at_healthy = _status_kb(process.pid)
                 client = SlackClient(type("Running", (), {"port": port})(), http, slack)  # type: ignore[arg-type]
                 asked = questions()
+                to_llm_ms = []  # the POST → the LLM request, per mention (the first one pays any lazy loading)
                 for i in range(mentions):
                     channel, ts = f"CR{i:05d}", new_ts()
+                    requests_before = len(claude.received_at)
+                    sent = timer()
                     status_code = await client.send_event(mention(asked[i * 7 % len(asked)], user=ASKER,
                                                                   channel=channel, ts=ts))
                     if status_code != 200:
                         raise RuntimeError(f"ragbot run answered the event with HTTP {status_code}")
                     await answer_in(slack, channel, ts, timeout=60)
+                    if len(claude.received_at) > requests_before:
+                        to_llm_ms.append(round((claude.received_at[requests_before] - sent) * 1000, 1))
                 async with http.get(f"{url}/healthz") as response:
                     health = await response.json()
             bot = _status_kb(process.pid)
@@ -355,6 +370,7 @@ async def measure_rss(database_url: str, mentions: int) -> dict[str, Any]:
         "rss_mentions_answered": mentions,
         "rss_llm_requests": len(claude.received_at),
         "startup_to_healthy_s": round(healthy_s, 1),
+        "ragbot_run_post_to_llm_ms": to_llm_ms,
         "rss_healthz": health,
         "rss_torch_loaded": "libtorch_cpu" in maps or "libtorch.so" in maps,
         "rss_ingest_in_process": False,  # `ragbot run` syncs only scheduled sources; the handbook has no schedule
@@ -387,27 +403,38 @@ async def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="mentions before timing (bolt's auth.test, pools)")
     parser.add_argument("--rss-mentions", type=int, default=5, help="mentions answered by `ragbot run` before RSS")
     parser.add_argument("--skip-rss", action="store_true", help="only the in-process overhead and ack")
+    parser.add_argument("--profile", metavar="FILE", help="cProfile the timed mentions (the event loop's thread) "
+                        "into FILE; the figures are then inflated by the profiler and are not written")
     parser.add_argument("--name", default="bot")
     args = parser.parse_args()
     load = os.getloadavg()
     wall = timer()
-    print(f"1. overhead and ack: {args.mentions} mentions (+{args.warmup} warm-up), load average {load}")
-    measured = await measure_overhead(args.mentions, args.warmup)
-    figures = measured["figures"]
-    if not args.skip_rss:
-        print(f"2. RSS of `ragbot run` ({args.rss_mentions} mentions answered first)")
-        figures.update(await measure_rss(measured["database_url"], args.rss_mentions))
-        print(f"   bot process peak {figures['rss_mb']} MB (at /healthz {figures['rss_at_healthy_mb']} MB), "
-              f"Postgres {figures['postgres_memory']}")
-    drop_database(DATABASE)
-    if not os.environ.get("DATABASE_URL"):  # the throwaway embedded server of this run
-        from db.embedded import stop_embedded
+    try:
+        print(f"1. overhead and ack: {args.mentions} mentions (+{args.warmup} warm-up), load average {load}")
+        measured = await measure_overhead(args.mentions, args.warmup, args.profile)
+        figures = measured["figures"]
+        if not args.skip_rss:
+            print(f"2. RSS of `ragbot run` ({args.rss_mentions} mentions answered first)")
+            figures.update(await measure_rss(measured["database_url"], args.rss_mentions))
+            print(f"   bot process peak {figures['rss_mb']} MB (at /healthz {figures['rss_at_healthy_mb']} MB, "
+                  f"{figures['startup_to_healthy_s']} s after start), Postgres {figures['postgres_memory']}")
+            print(f"   POST → LLM request per mention in `ragbot run` (ms): {figures['ragbot_run_post_to_llm_ms']}")
+        drop_database(DATABASE)
+    finally:
+        if not os.environ.get("DATABASE_URL"):  # the throwaway embedded server of this run
+            from db.embedded import stop_embedded
 
-        stop_embedded(Path(os.environ["RAGBOT_HOME"]))
+            stop_embedded(Path(os.environ["RAGBOT_HOME"]))
+    if args.profile:
+        print_table(figures)
+        return
     figures["targets"] = TARGETS
     figures["bench_wall_s"] = round(timer() - wall, 1)
     print_table(figures)
-    print(f"wrote {write_results(args.name, figures, machine_info({**measured['versions'], 'load_average_at_end': [round(x, 2) for x in os.getloadavg()]}))}")
+    machine = machine_info({**measured["versions"], "load_average_at_start": [round(x, 2) for x in load],
+                            "load_average_at_end": [round(x, 2) for x in os.getloadavg()]})
+    print(f"load average at start {machine['load_average_at_start']}, at end {machine['load_average_at_end']}")
+    print(f"wrote {write_results(args.name, figures, machine)}")
 
 
 if __name__ == "__main__":
