@@ -125,6 +125,17 @@ def ingest_section(result: dict) -> str:  # type: ignore[type-arg]
              f"{r.get('reweight_batch_max_s')} s | |"]
     return "\n".join(lines) + "\n"
 
+BOT_STAGES = {  # bench/bot.py's stages_ms, in path order
+    "post_to_handler": "· client POST → bolt's handler starts",
+    "handler_to_kb_answer": "· handler → `KnowledgeBase.answer` called (dispatch, exactly-once claim, audience)",
+    "memory": "· conversation memory",
+    "retrieval": "· retrieval (query embedding + hybrid SQL)",
+    "after_retrieval": "· prompt building + the SDK's request, until the server has read it",
+    "overhead_without_retrieval": "overhead minus retrieval: the bot's own part",
+    "floor_embed": "· floor: query embedding",
+    "floor_sql": "· floor: SQL",
+}
+
 
 def _met(value: object, target: float) -> str:
     return "–" if not isinstance(value, (int, float)) else ("yes" if value <= target else "**no**")
@@ -155,8 +166,10 @@ def bot_section(result: dict) -> str:  # type: ignore[type-arg]
              f"| | |",
              f"| ack: POST → HTTP 200 read (ms) | {ack.get('p50')} | {ack.get('p95')} | {ack.get('p99')} | "
              f"p95 ≤ {targets['ack_p95_ms']:g} | {_met(r.get('ack_p95_ms'), targets['ack_p95_ms'])} |"]
-    for name, row in r.get("stages_ms", {}).items():
-        lines.append(f"| stage: {name.replace('_', ' ')} (ms) | {row.get('p50')} | {row.get('p95')} | {row.get('p99')} | | |")
+    for name, label in BOT_STAGES.items():
+        row = r.get("stages_ms", {}).get(name)
+        if row:
+            lines.append(f"| {label} (ms) | {row.get('p50')} | {row.get('p95')} | {row.get('p99')} | | |")
     lines += ["", f"Overhead p95 ÷ floor p95: {r.get('overhead_vs_floor_p95')}. Encoders in the process: "
               f"sentence-transformers loaded {r.get('encoders', {}).get('sentence_transformers_loaded')}, questions "
               f"embedded by {r.get('encoders', {}).get('query_encoder')}."]
