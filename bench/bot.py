@@ -305,6 +305,16 @@ def _postgres_memory() -> dict[str, Any]:
     }
 
 
+def _syncs_not_from_cli(database_url: str) -> int:
+    """Sync runs recorded with another trigger than the bench's own `cli` sync (the scheduler's are `schedule`)."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    plain = make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(plain) as conn:
+        return int(conn.execute("SELECT count(*) FROM sync_runs WHERE trigger <> 'cli'").fetchone()[0])  # type: ignore[index]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -387,7 +397,8 @@ async def measure_rss(database_url: str, mentions: int) -> dict[str, Any]:
         "ragbot_run_post_to_llm_ms": to_llm_ms,
         "rss_healthz": health,
         "rss_torch_loaded": "libtorch_cpu" in maps or "libtorch.so" in maps,
-        "rss_ingest_in_process": False,  # `ragbot run` syncs only scheduled sources; the handbook has no schedule
+        # `ragbot run` syncs only sources with a schedule (the handbook has none): syncs it ran while measured.
+        "rss_syncs_run_by_ragbot_run": _syncs_not_from_cli(database_url),
         "postgres_memory": postgres,
     }
 

@@ -183,6 +183,8 @@ def bot_section(result: dict) -> str:  # type: ignore[type-arg]
                   f"| POST → LLM request, per mention (the first pays lazy loading) | "
                   f"{', '.join(str(x) for x in r.get('ragbot_run_post_to_llm_ms', []))} ms | | |",
                   f"| torch loaded in the bot process | {r.get('rss_torch_loaded')} | | |",
+                  f"| syncs `ragbot run` ran meanwhile (only scheduled sources sync in it) | "
+                  f"{r.get('rss_syncs_run_by_ragbot_run', '–')} | | |",
                   f"| Postgres: {pg.get('processes')} processes, RSS summed / PSS summed | {pg.get('rss_sum_mb')} MB / "
                   f"{pg.get('pss_sum_mb')} MB | | |",
                   f"| Postgres: largest single process peak RSS | {pg.get('largest_process_peak_rss_mb')} MB | | |"]
