@@ -1,6 +1,6 @@
 """The Slack bot's own cost: event received → LLM request sent, the time to ack, and the RSS of `ragbot run`.
 
-    PYTHONPATH=. .venv/bin/python bench/bot.py                  # 100 mentions + the `ragbot run` RSS (≈ 1 min)
+    PYTHONPATH=. .venv/bin/python bench/bot.py                  # 100 mentions + `ragbot run` RSS: ≈ 1 min idle
     PYTHONPATH=. .venv/bin/python bench/bot.py --mentions 300 --skip-rss
 
 1. Overhead and ack, in process. The handbook (examples/handbook) is synced into a throwaway database; the real
@@ -10,8 +10,9 @@
    (tests/fakes/anthropic_api.py). Answerable questions from examples/handbook/eval.jsonl are sent one after
    another as signed `app_mention` events, each in a channel of its own (a new thread, no history), and each
    answer is awaited before the next mention.
-   - overhead = the moment bolt's request handler (`SlackAdapter.handle_http`) starts → the moment the fake
-     Anthropic server has read the Messages request. Between them: bolt's signature check and dispatch, the
+   - overhead = the moment the app's handler of POST /slack/events (`SlackAdapter.handle_http`, which hands the
+     request to bolt) starts → the moment the fake Anthropic server has read the Messages request. Between
+     them: bolt's signature check and dispatch, the
      exactly-once claim in Postgres, the channel's audience, conversation memory, retrieval (the query embedded,
      the hybrid SQL) and the prompt, and the SDK's request. Also reported from the moment the client sends the
      POST (`overhead_from_post_*`: adds the HTTP round trip into aiohttp).
@@ -19,7 +20,8 @@
    - floor, in the same run, interleaved with the mentions: the product's bare `KnowledgeBase.search` for the
      same question with the same principals and k (query embedding included), i.e. what part is retrieval.
    The product's query-vector cache is emptied before every mention and every floor search, so each question
-   is embedded, as a first-time question is.
+   is embedded, as a first-time question is. The fake servers run in threads of this process (as in the tests), so
+   the LLM request's arrival is stamped with the same clock.
 2. RSS: the real `ragbot run` (bot/cli.py) as a subprocess in HTTP mode, configured only through environment
    variables (SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET, SLACK_API_URL → the fake Slack, ANTHROPIC_API_KEY,
    ANTHROPIC_BASE_URL → the fake Anthropic, DATABASE_URL → the handbook database of step 1, PORT). Once /healthz
@@ -68,7 +70,7 @@ HANDBOOK = REPO / "examples" / "handbook"
 ASKER = "UBENCH"
 REPLY = "Full-time employees get 15 days of PTO in their first year [1]."
 STAGES = {  # stages_ms keys → what they cover (bench/report.py prints the same labels)
-    "post_to_handler": "client POST → bolt's handler starts",
+    "post_to_handler": "client POST → the app's handler starts",
     "handler_to_kb_answer": "handler → KnowledgeBase.answer called (dispatch, claim, audience)",
     "memory": "conversation memory (history, standalone query)",
     "retrieval": "retrieval (query embedding + hybrid SQL)",
@@ -108,7 +110,7 @@ async def measure_overhead(mentions: int, warmup: int, profile: str | None = Non
     handler_started: list[float] = []
     original_handle = SlackAdapter.handle_http
 
-    async def timed_handle(self: SlackAdapter, request: Any) -> Any:  # the first line of bolt's request handler
+    async def timed_handle(self: SlackAdapter, request: Any) -> Any:  # before the app's handler hands it to bolt
         handler_started.append(timer())
         return await original_handle(self, request)
 

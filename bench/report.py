@@ -25,7 +25,7 @@ make bench                                                       # quick set: 10
 .venv/bin/python bench/search.py --chunks 10k,100k               # 100k: about 15 min on 2 cores
 .venv/bin/python bench/search.py --chunks 1M --queries 100       # 1M: hours on 2 cores (load + HNSW build)
 .venv/bin/python bench/ingest.py --documents 400 --store-chunks 20000 --base-chunks 100000
-.venv/bin/python bench/bot.py                                    # bot overhead, ack, `ragbot run` RSS (≈ 1 min)
+.venv/bin/python bench/bot.py                                    # bot overhead, ack, `ragbot run` RSS: ≈ 1 min idle
 .venv/bin/python bench/bot.py --mentions 300 --skip-rss          # more samples, overhead and ack only
 .venv/bin/python bench/report.py                                 # rewrites this file from bench/results/
 ```
@@ -126,7 +126,7 @@ def ingest_section(result: dict) -> str:  # type: ignore[type-arg]
     return "\n".join(lines) + "\n"
 
 BOT_STAGES = {  # bench/bot.py's stages_ms, in path order
-    "post_to_handler": "· client POST → bolt's handler starts",
+    "post_to_handler": "· client POST → the app's handler starts",
     "handler_to_kb_answer": "· handler → `KnowledgeBase.answer` called (dispatch, exactly-once claim, audience)",
     "memory": "· conversation memory",
     "retrieval": "· retrieval (query embedding + hybrid SQL)",
@@ -154,7 +154,8 @@ def bot_section(result: dict) -> str:  # type: ignore[type-arg]
              f"and, through the anthropic SDK, the fake Anthropic server; {corpus.get('documents')} handbook "
              f"documents ({corpus.get('chunks')} chunks); {r.get('mentions')} signed `app_mention` events, one at a "
              f"time, each in a channel of its own, questions from `examples/handbook/eval.jsonl` (query-vector cache "
-             f"emptied before each). *Overhead*: bolt's request handler starts → the fake Anthropic server has read "
+             f"emptied before each). *Overhead*: the app's POST /slack/events handler starts → the fake Anthropic "
+             f"server has read "
              f"the Messages request (claim, audience, memory, retrieval, prompt, SDK). Floor: the bare "
              f"`KnowledgeBase.search` of the same question (same principals and k, query embedded), interleaved.", "",
              "| measurement | p50 | p95 | p99 | target | met |", "|---|---|---|---|---|---|",
