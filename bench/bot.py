@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -454,6 +455,7 @@ async def main() -> None:
             from db.embedded import stop_embedded
 
             stop_embedded(Path(os.environ["RAGBOT_HOME"]))
+            shutil.rmtree(os.environ["RAGBOT_HOME"], ignore_errors=True)  # the temporary home use_throwaway_home made
     if args.profile:
         print_table(figures)
         return
