@@ -25,11 +25,13 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-# The quick set (< 5 minutes on 2 cores): search at 10k chunks, a small ingest; then BENCHMARKS.md from the results.
+# The quick set (< 5 minutes on 2 cores): search at 10k chunks, a small ingest, the Slack bot's overhead, ack and
+# RSS (about a minute); then BENCHMARKS.md from the results.
 # Larger sizes by flag: $(BIN)/python bench/search.py --chunks 10k,100k,1M (see BENCHMARKS.md).
 bench: setup
 	$(BIN)/python bench/search.py --chunks 10k --queries 100 --recall-queries 30
 	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/bot.py
 	$(BIN)/python bench/report.py
 
 clean-db:

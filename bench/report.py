@@ -21,10 +21,12 @@ busy machine absolute figures move a lot, the ratios much less. Targets are read
 ## Reproduce
 
 ```
-make bench                                                       # quick set: 10k-chunk search + small ingest, < 5 min
+make bench                                                       # quick set: 10k search, small ingest, bot; < 5 min
 .venv/bin/python bench/search.py --chunks 10k,100k               # 100k: about 15 min on 2 cores
 .venv/bin/python bench/search.py --chunks 1M --queries 100       # 1M: hours on 2 cores (load + HNSW build)
 .venv/bin/python bench/ingest.py --documents 400 --store-chunks 20000 --base-chunks 100000
+.venv/bin/python bench/bot.py                                    # bot overhead, ack, `ragbot run` RSS: ≈ 1 min idle
+.venv/bin/python bench/bot.py --mentions 300 --skip-rss          # more samples, overhead and ack only
 .venv/bin/python bench/report.py                                 # rewrites this file from bench/results/
 ```
 Without `DATABASE_URL` each run starts a throwaway embedded Postgres in a temporary `RAGBOT_HOME`; with it, the
@@ -123,6 +125,72 @@ def ingest_section(result: dict) -> str:  # type: ignore[type-arg]
              f"{r.get('reweight_batch_max_s')} s | |"]
     return "\n".join(lines) + "\n"
 
+BOT_STAGES = {  # bench/bot.py's stages_ms, in path order
+    "post_to_handler": "· client POST → the app's handler starts",
+    "handler_to_kb_answer": "· handler → `KnowledgeBase.answer` called (dispatch, exactly-once claim, audience)",
+    "memory": "· conversation memory",
+    "retrieval": "· retrieval (query embedding + hybrid SQL)",
+    "after_retrieval": "· prompt building + the SDK's request, until the server has read it",
+    "overhead_without_retrieval": "overhead minus retrieval: the bot's own part",
+    "floor_embed": "· floor: query embedding",
+    "floor_sql": "· floor: SQL",
+}
+
+
+def _met(value: object, target: float) -> str:
+    return "–" if not isinstance(value, (int, float)) else ("yes" if value <= target else "**no**")
+
+
+def bot_section(result: dict) -> str:  # type: ignore[type-arg]
+    r = result
+    targets = r.get("targets", {"overhead_p95_ms": 150, "ack_p95_ms": 50, "rss_mb": 1024})
+    m = r.get("machine", {})
+    corpus = r.get("corpus", {})
+    overhead, ack, floor = r.get("overhead_ms", {}), r.get("ack_ms", {}), r.get("floor_search_ms", {})
+    from_post = r.get("overhead_from_post_ms", {})
+    lines = ["## Bot (`bench/bot.py`)", "", _machine(result) + f" _Load average at end {m.get('load_average_at_end')}._",
+             "",
+             f"The real Slack app (`bot.app.BotApp` with slack-bolt's AsyncApp, HTTP mode) against the fake Slack API "
+             f"and, through the anthropic SDK, the fake Anthropic server; {corpus.get('documents')} handbook "
+             f"documents ({corpus.get('chunks')} chunks); {r.get('mentions')} signed `app_mention` events, one at a "
+             f"time, each in a channel of its own, questions from `examples/handbook/eval.jsonl` (query-vector cache "
+             f"emptied before each). *Overhead*: the app's POST /slack/events handler starts → the fake Anthropic "
+             f"server has read "
+             f"the Messages request (claim, audience, memory, retrieval, prompt, SDK). Floor: the bare "
+             f"`KnowledgeBase.search` of the same question (same principals and k, query embedded), interleaved.", "",
+             "| measurement | p50 | p95 | p99 | target | met |", "|---|---|---|---|---|---|",
+             f"| overhead: handler start → LLM request (ms) | {overhead.get('p50')} | {overhead.get('p95')} | "
+             f"{overhead.get('p99')} | p95 ≤ {targets['overhead_p95_ms']:g} | {_met(r.get('overhead_p95_ms'), targets['overhead_p95_ms'])} |",
+             f"| same, from the client's POST (ms) | {from_post.get('p50')} | {from_post.get('p95')} | "
+             f"{from_post.get('p99')} | | |",
+             f"| floor: bare `KnowledgeBase.search` (ms) | {floor.get('p50')} | {floor.get('p95')} | {floor.get('p99')} "
+             f"| | |",
+             f"| ack: POST → HTTP 200 read (ms) | {ack.get('p50')} | {ack.get('p95')} | {ack.get('p99')} | "
+             f"p95 ≤ {targets['ack_p95_ms']:g} | {_met(r.get('ack_p95_ms'), targets['ack_p95_ms'])} |"]
+    for name, label in BOT_STAGES.items():
+        row = r.get("stages_ms", {}).get(name)
+        if row:
+            lines.append(f"| {label} (ms) | {row.get('p50')} | {row.get('p95')} | {row.get('p99')} | | |")
+    lines += ["", f"Overhead p95 ÷ floor p95: {r.get('overhead_vs_floor_p95')}. Encoders in the process: "
+              f"sentence-transformers loaded {r.get('encoders', {}).get('sentence_transformers_loaded')}, questions "
+              f"embedded by {r.get('encoders', {}).get('query_encoder')}."]
+    if "rss_mb" in r:
+        pg = r.get("postgres_memory", {})
+        lines += ["", "| `ragbot run` (subprocess, HTTP mode, env-configured) | figure | target | met |", "|---|---|---|---|",
+                  f"| peak RSS of the bot process (VmHWM) after {r.get('rss_mentions_answered')} answered mentions | "
+                  f"{r.get('rss_mb')} MB | ≤ {targets['rss_mb']:g} MB | {_met(r.get('rss_mb'), targets['rss_mb'])} |",
+                  f"| peak RSS when /healthz first answered 200 (model loaded) | {r.get('rss_at_healthy_mb')} MB | | |",
+                  f"| start → /healthz 200 | {r.get('startup_to_healthy_s')} s | | |",
+                  f"| POST → LLM request, per mention (the first pays lazy loading) | "
+                  f"{', '.join(str(x) for x in r.get('ragbot_run_post_to_llm_ms', []))} ms | | |",
+                  f"| torch loaded in the bot process | {r.get('rss_torch_loaded')} | | |",
+                  f"| syncs `ragbot run` ran meanwhile (only scheduled sources sync in it) | "
+                  f"{r.get('rss_syncs_run_by_ragbot_run', '–')} | | |",
+                  f"| Postgres: {pg.get('processes')} processes, RSS summed / PSS summed | {pg.get('rss_sum_mb')} MB / "
+                  f"{pg.get('pss_sum_mb')} MB | | |",
+                  f"| Postgres: largest single process peak RSS | {pg.get('largest_process_peak_rss_mb')} MB | | |"]
+    return "\n".join(lines) + "\n"
+
 
 def main() -> None:
     parts = [HEADER]
@@ -134,6 +202,9 @@ def main() -> None:
     ingest = _load("ingest")
     if ingest:
         parts.append(ingest_section(ingest))
+    bot = _load("bot")
+    if bot:
+        parts.append(bot_section(bot))
     notes = HERE / "NOTES.md"
     if notes.exists():
         parts.append(notes.read_text())

@@ -96,6 +96,10 @@ class BotApp:
             self._owns_kb = True
         # Load the embedding model now: the first question should not wait for it, and /healthz reports it.
         await asyncio.to_thread(lambda: self.kb.embedder.model)  # type: ignore[union-attr]
+        # Questions are embedded by the encoder `Embedder.embed` picks for one text (the NumPy one for the default
+        # model), which loads on first use: warm it too, or the first question pays for it (measured by
+        # bench/bot.py: 0.44 s of a first mention's 0.78 s).
+        await asyncio.to_thread(self.kb.embedder.embed, ["warm up"])  # type: ignore[union-attr]
         context = BotContext(self.kb, self.settings, self.metrics)
         if self.adapters is None:
             self.adapters = configured_adapters(context)

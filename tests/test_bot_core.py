@@ -188,6 +188,27 @@ async def test_healthz_and_metrics_over_http(handbook_kb) -> None:
         await app.stop()
 
 
+async def test_start_leaves_nothing_to_load_for_the_first_question(handbook_kb) -> None:
+    """`ragbot run` loads before serving both sentence-transformers (for syncs; /healthz reports it) and the encoder
+    questions are embedded with (the NumPy one for the default model), so the first question waits for neither."""
+    from knowledge.embedding import Embedder
+    from knowledge.kb import KnowledgeBase
+
+    unloaded = Embedder(handbook_kb.embedder.name)  # not the process-wide one, which other tests have loaded
+    kb = KnowledgeBase(handbook_kb.engine, handbook_kb.settings, unloaded, handbook_kb.url)
+    assert not {"model", "light"} & set(vars(unloaded))
+    app = BotApp(BotSettings(_env_file=None, host="127.0.0.1", port=0), kb=kb, adapters=[])  # type: ignore[call-arg]
+    await app.start()
+    try:
+        loaded = set(vars(unloaded))
+        answer = await kb.answer("How many PTO days do I get in my first year?", ["everyone"], "t:first-question")
+        assert answer.citations and "leave" in (answer.citations[0].path or answer.citations[0].external_id)
+        assert set(vars(unloaded)) == loaded, "the first question loaded an encoder"
+        assert "model" in loaded and ("light" in loaded or unloaded.light is None)
+    finally:
+        await app.stop()
+
+
 async def test_healthz_reports_an_unreachable_database(kb_factory) -> None:
     kb = await kb_factory()
     app = BotApp(BotSettings(_env_file=None, host="127.0.0.1", port=0), kb=kb, adapters=[])  # type: ignore[call-arg]
