@@ -41,7 +41,7 @@ RARE_TERM_CORPUS_SIZE = 10_000
 # posting lists add up to at most this many chunks (the rarest term always). Common terms still count in every
 # candidate's score; they just do not each bring thousands of candidates that would all have to be scored. Measured
 # at 100k chunks by `bench/search.py --levers` (recall@10 against exact BM25 beside the latency).
-CANDIDATE_POSTINGS = 5_000
+CANDIDATE_POSTINGS = 3_000
 # At most this many candidate chunks are scored, whatever the terms: a question made only of words found in most
 # chunks cannot make a search score the whole corpus (the rows scored are then the first ones found).
 CANDIDATE_SCAN_CAP = 10_000
