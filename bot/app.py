@@ -86,6 +86,7 @@ class BotApp:
     port: int | None = None  # the bound port once started
     _runner: web.AppRunner | None = None
     _owns_kb: bool = False
+    _encoder_build: "asyncio.Task[str | None] | None" = None
     _started: list[object] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -96,6 +97,11 @@ class BotApp:
             self._owns_kb = True
         # Load the embedding model now: the first question should not wait for it, and /healthz reports it.
         await asyncio.to_thread(lambda: self.kb.embedder.model)  # type: ignore[union-attr]
+        if self.kb.query_encoder_missing():
+            # torch is loaded now: build the fast question encoder's file in the background (questions use the
+            # NumPy encoder until it is ready).
+            logger.info("Building the ONNX question encoder in the background (once; a few seconds)")
+            self._encoder_build = asyncio.create_task(self.kb.prepare_query_encoder())
         context = BotContext(self.kb, self.settings, self.metrics)
         if self.adapters is None:
             self.adapters = configured_adapters(context)
@@ -116,6 +122,9 @@ class BotApp:
             except Exception:
                 logger.exception("stopping %r failed", part)
         self._started.clear()
+        if self._encoder_build is not None:  # a build runs in a thread, which cannot be cancelled: let it finish
+            await asyncio.gather(self._encoder_build, return_exceptions=True)
+            self._encoder_build = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
