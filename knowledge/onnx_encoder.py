@@ -276,7 +276,21 @@ def _quantize(fp32: Path, target: Path) -> None:
     widest = max((shapes[node.input[1]][0] for node in weighted), default=0)  # the intermediate size, e.g. 1536
     keep_fp32 = [node.name for node in weighted if shapes[node.input[1]][0] == widest]
     del model
-    quantize_dynamic(
-        str(fp32), str(target), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
-        nodes_to_exclude=keep_fp32,
-    )
+    root = logging.getLogger()
+    quiet = _DropOnnxRuntimeRootRecords()
+    root.addFilter(quiet)  # the quantiser logs a line per tensor through the root logger
+    try:
+        quantize_dynamic(
+            str(fp32), str(target), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
+            nodes_to_exclude=keep_fp32,
+        )
+    finally:
+        root.removeFilter(quiet)
+
+
+class _DropOnnxRuntimeRootRecords(logging.Filter):
+    """Drops records that onnxruntime's quantiser logs straight to the root logger (logger filters apply only to
+    records created on that logger, so everything else logged through the root is untouched)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "onnxruntime" not in record.pathname
