@@ -1,0 +1,135 @@
+"""The fast question encoder: the ONNX files built from the local weights give sentence-transformers' vectors, are
+built once under RAGBOT_HOME and reused, are rebuilt when damaged, and QUERY_ENCODER picks what embeds a question.
+
+The files are built once for this module into their own folder (the export and int8 quantisation take seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from knowledge import onnx_encoder
+from knowledge.embedding import Embedder, EmbeddingModelError, get_embedder
+from knowledge.numpy_encoder import NumpyBertEncoder
+from knowledge.onnx_encoder import OnnxBertEncoder
+
+pytest.importorskip("onnxruntime")
+
+SENTENCES = [
+    "How many PTO days do I get in my first year?",
+    "Laptops are refreshed every 36 months (3 years).",
+    "Who approves expense reports over $500, and how long does reimbursement take?",
+    "Ünïcödé text: 日本語の文も混ざっています。",
+]
+
+
+@pytest.fixture(scope="module")
+def onnx_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A models folder holding the fp32 and int8 files, built once through the product's own path."""
+    cache = tmp_path_factory.mktemp("onnx-home") / "models"
+    embedder = Embedder("all-MiniLM-L6-v2", query_encoder="onnx-int8", onnx_cache=cache)
+    assert embedder.query_encoder_missing()
+    built = embedder.prepare_query_encoder()
+    assert built and "int8" in built
+    return cache
+
+
+@pytest.fixture(scope="module")
+def reference() -> np.ndarray:
+    """sentence-transformers' own vectors (the ones ingest stores)."""
+    return np.asarray(get_embedder("all-MiniLM-L6-v2").model.encode(SENTENCES, normalize_embeddings=True))
+
+
+def test_onnx_question_vectors_match_sentence_transformers(onnx_home: Path, reference: np.ndarray) -> None:
+    for setting, floor in (("onnx", 0.99999), ("onnx-int8", 0.99)):
+        embedder = Embedder("all-MiniLM-L6-v2", query_encoder=setting, onnx_cache=onnx_home)
+        assert isinstance(embedder.small_batch_encoder, OnnxBertEncoder), setting
+        one_by_one = np.array([embedder.embed([text])[0] for text in SENTENCES])
+        batched = np.array(embedder.embed(SENTENCES))  # padded to a common length in one run
+        for vectors in (one_by_one, batched):
+            cosines = (vectors * reference).sum(axis=1)
+            assert cosines.min() >= floor, (setting, cosines)
+            assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    # int8 is not fp32 in disguise: quantisation moved the vectors a little.
+    fp32 = np.array(Embedder("all-MiniLM-L6-v2", query_encoder="onnx", onnx_cache=onnx_home).embed(SENTENCES))
+    int8 = np.array(Embedder("all-MiniLM-L6-v2", query_encoder="onnx-int8", onnx_cache=onnx_home).embed(SENTENCES))
+    assert (fp32 * int8).sum(axis=1).min() < 0.99999
+
+
+def test_the_cached_file_is_reused_and_a_damaged_one_rebuilt(onnx_home: Path) -> None:
+    embedder = Embedder("all-MiniLM-L6-v2", query_encoder="onnx-int8", onnx_cache=onnx_home)
+    files = embedder._onnx_files()
+    int8 = files.model("int8")
+    stamp = int8.stat().st_mtime_ns
+    assert not embedder.query_encoder_missing()  # opened from the cache
+    assert embedder.prepare_query_encoder() is None  # nothing to build
+    assert int8.stat().st_mtime_ns == stamp
+    expected = np.array(embedder.embed(SENTENCES[:1]))
+
+    # A truncated file (a disk filled up, a copy cut short): not used, rebuilt on the next prepare.
+    int8.write_bytes(int8.read_bytes()[: int8.stat().st_size // 2])
+    damaged = Embedder("all-MiniLM-L6-v2", query_encoder="onnx-int8", onnx_cache=onnx_home)
+    assert isinstance(damaged.small_batch_encoder, NumpyBertEncoder)  # questions still answered, by NumPy
+    assert not int8.exists()
+    assert damaged.prepare_query_encoder()
+    assert isinstance(damaged.small_batch_encoder, OnnxBertEncoder)
+    assert np.array(damaged.embed(SENTENCES[:1])) @ expected[0] > 0.99999
+
+    # A file that loads but is not what was built (other weights copied over it) fails its check vector.
+    fp32 = files.model("fp32")
+    saved, saved_check = int8.read_bytes(), files.check("int8").read_bytes()
+    int8.write_bytes(fp32.read_bytes())
+    swapped = Embedder("all-MiniLM-L6-v2", query_encoder="onnx-int8", onnx_cache=onnx_home)
+    assert swapped.onnx is None and not int8.exists() and not files.check("int8").exists()
+    int8.write_bytes(saved)
+    files.check("int8").write_bytes(saved_check)
+    # No temporary files are left behind by the builds.
+    assert sorted(p.name for p in files.folder.iterdir()) == [
+        "model.check.json", "model.int8.check.json", "model.int8.onnx", "model.onnx",
+    ]
+
+
+def test_new_weights_get_their_own_cache_folder(onnx_home: Path, tmp_path: Path) -> None:
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"not the real weights")
+    assert onnx_encoder.weights_hash(weights, tmp_path) != onnx_encoder.weights_hash(
+        Path(Embedder("all-MiniLM-L6-v2").path) / "model.safetensors", tmp_path
+    )
+    memo = json.loads((tmp_path / "weights-sha256.json").read_text())
+    assert len(memo) == 2  # remembered, so a one-question process does not hash 90 MB
+
+
+def test_query_encoder_setting_numpy_and_torch(onnx_home: Path) -> None:
+    numpy_embedder = Embedder("all-MiniLM-L6-v2", query_encoder="numpy", onnx_cache=onnx_home)
+    assert isinstance(numpy_embedder.small_batch_encoder, NumpyBertEncoder)
+    assert numpy_embedder.prepare_query_encoder() is None
+    vector = np.array(numpy_embedder.embed(SENTENCES[:1])[0])
+    torch_embedder = Embedder("all-MiniLM-L6-v2", query_encoder="torch", onnx_cache=onnx_home)
+    assert torch_embedder.small_batch_encoder is None
+    assert float(np.array(torch_embedder.embed(SENTENCES[:1])[0]) @ vector) > 0.99999
+    with pytest.raises(EmbeddingModelError, match="QUERY_ENCODER must be one of"):
+        Embedder("all-MiniLM-L6-v2", query_encoder="gpu")
+
+
+def test_a_cli_search_embeds_the_question_with_onnx_and_never_imports_torch(onnx_home: Path, handbook_url: str) -> None:
+    code = (
+        "import sys, json\n"
+        "from bot.cli import app\n"
+        "app(['search', 'How often are laptops refreshed?', '--json'], standalone_mode=False)\n"
+        "print('MODULES=' + json.dumps({m: m in sys.modules for m in ('torch', 'onnxruntime')}))\n"
+    )
+    env = {**os.environ, "DATABASE_URL": handbook_url, "PYTHONPATH": str(REPO),
+           "RAGBOT_HOME": str(onnx_home.parent), "QUERY_ENCODER": "onnx-int8"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    hits = json.loads(done.stdout.split("MODULES=")[0])["results"]
+    assert hits[0]["document"]["external_id"] == "it/equipment.html"
+    assert json.loads(done.stdout.split("MODULES=")[-1]) == {"torch": False, "onnxruntime": True}
