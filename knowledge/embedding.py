@@ -54,8 +54,10 @@ class Embedder:
 
     Nothing is loaded until it is needed. For the default model (and any plain BERT sentence-transformers folder),
     token counts come from the Rust tokenizer and small batches — a question, the sentences of an offline answer —
-    from the NumPy encoder in `knowledge.numpy_encoder`, so a command that embeds one question never imports torch.
-    Large batches (ingest) go through sentence-transformers, which is faster per text once loaded.
+    from the question encoder QUERY_ENCODER picks: ONNX Runtime (`knowledge.onnx_encoder`, int8 by default) once
+    its file is built, the NumPy encoder (`knowledge.numpy_encoder`) until then, so a command that embeds one
+    question never imports torch. Large batches (ingest) go through sentence-transformers, which is faster per text
+    once loaded.
     """
 
     # Before sentence-transformers is loaded, batches up to this many tokens (a question, the sentences of an

@@ -15,7 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO
+from typer.testing import CliRunner
+
+from bot.cli import app
+from conftest import REPO, create_database, write
 from knowledge import onnx_encoder
 from knowledge.embedding import Embedder, EmbeddingModelError, get_embedder
 from knowledge.numpy_encoder import NumpyBertEncoder
@@ -32,14 +35,29 @@ SENTENCES = [
 
 
 @pytest.fixture(scope="module")
-def onnx_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A models folder holding the fp32 and int8 files, built once through the product's own path."""
-    cache = tmp_path_factory.mktemp("onnx-home") / "models"
-    embedder = Embedder("all-MiniLM-L6-v2", query_encoder="onnx-int8", onnx_cache=cache)
-    assert embedder.query_encoder_missing()
-    built = embedder.prepare_query_encoder()
-    assert built and "int8" in built
-    return cache
+def onnx_database(server_url: str, template_db: str) -> str:
+    return create_database(server_url, "onnx_encoder", template_db)
+
+
+@pytest.fixture(scope="module")
+def onnx_home(tmp_path_factory: pytest.TempPathFactory, onnx_database: str) -> Path:
+    """A RAGBOT_HOME whose models folder holds the fp32 and int8 files, built once the way a user gets them: at
+    the end of their first `ragbot ingest` (which loaded torch to embed the documents). Returns the models folder."""
+    home = tmp_path_factory.mktemp("onnx-home")
+    docs = write(home.parent / "onnx-docs", "it/equipment.md", "# Laptops\n\nLaptops are refreshed every 36 months.\n")
+    # Enough text (past Embedder.LIGHT_TOKEN_BUDGET) that the ingest loads sentence-transformers, hence torch.
+    write(docs.parent, "travel.md", "# Travel\n\n" + "\n\n".join(
+        f"## Trip {n}\n\nTrip {n} to office {n % 7} is booked {n} weeks ahead; receipts for hotel {n}, train {n} and "
+        f"meals go to finance within {n % 30 + 1} days, approved by manager {n % 11}." for n in range(150)
+    ))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAGBOT_HOME", str(home))
+        env.setenv("DATABASE_URL", onnx_database)
+        env.setenv("QUERY_ENCODER", "onnx-int8")
+        result = CliRunner().invoke(app, ["ingest", str(docs.parent.parent)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "Questions now use the ONNX int8 question encoder" in result.stderr, result.output
+    return home / "models"
 
 
 @pytest.fixture(scope="module")
@@ -119,17 +137,17 @@ def test_query_encoder_setting_numpy_and_torch(onnx_home: Path) -> None:
         Embedder("all-MiniLM-L6-v2", query_encoder="gpu")
 
 
-def test_a_cli_search_embeds_the_question_with_onnx_and_never_imports_torch(onnx_home: Path, handbook_url: str) -> None:
+def test_a_cli_search_embeds_the_question_with_onnx_and_never_imports_torch(onnx_home: Path, onnx_database: str) -> None:
     code = (
         "import sys, json\n"
         "from bot.cli import app\n"
         "app(['search', 'How often are laptops refreshed?', '--json'], standalone_mode=False)\n"
         "print('MODULES=' + json.dumps({m: m in sys.modules for m in ('torch', 'onnxruntime')}))\n"
     )
-    env = {**os.environ, "DATABASE_URL": handbook_url, "PYTHONPATH": str(REPO),
+    env = {**os.environ, "DATABASE_URL": onnx_database, "PYTHONPATH": str(REPO),
            "RAGBOT_HOME": str(onnx_home.parent), "QUERY_ENCODER": "onnx-int8"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     hits = json.loads(done.stdout.split("MODULES=")[0])["results"]
-    assert hits[0]["document"]["external_id"] == "it/equipment.html"
+    assert hits[0]["document"]["external_id"] == "it/equipment.md"
     assert json.loads(done.stdout.split("MODULES=")[-1]) == {"torch": False, "onnxruntime": True}
