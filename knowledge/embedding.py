@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 # from a file built once under RAGBOT_HOME/models (NumPy until it exists); "numpy": the NumPy encoder; "torch":
 # sentence-transformers for everything. "auto" is the one measured best (README, "Speed").
 QUERY_ENCODERS = ("auto", "onnx-int8", "onnx", "numpy", "torch")
-AUTO_QUERY_ENCODER = "onnx-int8"
+AUTO_QUERY_ENCODER = "onnx"
 
 _BUNDLED_MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
 
