@@ -54,10 +54,10 @@ class Embedder:
 
     Nothing is loaded until it is needed. For the default model (and any plain BERT sentence-transformers folder),
     token counts come from the Rust tokenizer and small batches — a question, the sentences of an offline answer —
-    from the question encoder QUERY_ENCODER picks: ONNX Runtime (`knowledge.onnx_encoder`, int8 by default) once
-    its file is built, the NumPy encoder (`knowledge.numpy_encoder`) until then, so a command that embeds one
-    question never imports torch. Large batches (ingest) go through sentence-transformers, which is faster per text
-    once loaded.
+    from the question encoder QUERY_ENCODER picks: ONNX Runtime (`knowledge.onnx_encoder`; fp32 by default, int8
+    on request) once its file is built, the NumPy encoder (`knowledge.numpy_encoder`) until then, so a command that
+    embeds one question never imports torch. Large batches (ingest) go through sentence-transformers, which is faster
+    per text once loaded.
     """
 
     # Before sentence-transformers is loaded, batches up to this many tokens (a question, the sentences of an
@@ -71,7 +71,8 @@ class Embedder:
         onnx_cache: Path | None = None,
     ) -> None:
         if query_encoder not in QUERY_ENCODERS:
-            raise EmbeddingModelError(f"QUERY_ENCODER must be one of {', '.join(QUERY_ENCODERS)}, not {query_encoder!r}")
+            choices = ", ".join(QUERY_ENCODERS)
+            raise EmbeddingModelError(f"QUERY_ENCODER must be one of {choices}, not {query_encoder!r}")
         self.name = model_name
         self.batch_size = batch_size
         self.device_setting = device

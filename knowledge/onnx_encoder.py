@@ -23,6 +23,7 @@ import os
 import re
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Sequence
@@ -238,15 +239,14 @@ def _export(model_path: str | Path, target: Path) -> None:
 
     wrapper = LastHiddenState(model).eval()
     example = (torch.ones(1, 8, dtype=torch.int64), torch.ones(1, 8, dtype=torch.int64))
-    names = {"input_names": ["input_ids", "attention_mask"], "output_names": ["last_hidden_state"]}
-    import warnings
-
+    outputs = ["last_hidden_state"]
+    names = {"input_names": ["input_ids", "attention_mask"], "output_names": outputs}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notices
         try:
             torch.onnx.export(
                 wrapper, example, str(target), opset_version=OPSET, dynamo=False, **names,
-                dynamic_axes={name: {0: "batch", 1: "tokens"} for name in ("input_ids", "attention_mask", "last_hidden_state")},
+                dynamic_axes={name: {0: "batch", 1: "tokens"} for name in ("input_ids", "attention_mask", *outputs)},
             )
         except Exception as legacy_error:
             logger.info("TorchScript ONNX export failed (%s); trying the torch.export-based exporter", legacy_error)
@@ -272,7 +272,7 @@ def _quantize(fp32: Path, target: Path) -> None:
 
     model = onnx.load(str(fp32))
     shapes = {init.name: list(init.dims) for init in model.graph.initializer}
-    weighted = [node for node in model.graph.node if node.op_type == "MatMul" and len(shapes.get(node.input[1], [])) == 2]
+    weighted = [n for n in model.graph.node if n.op_type == "MatMul" and len(shapes.get(n.input[1], [])) == 2]
     widest = max((shapes[node.input[1]][0] for node in weighted), default=0)  # the intermediate size, e.g. 1536
     keep_fp32 = [node.name for node in weighted if shapes[node.input[1]][0] == widest]
     del model

@@ -151,3 +151,32 @@ def test_a_cli_search_embeds_the_question_with_onnx_and_never_imports_torch(onnx
     hits = json.loads(done.stdout.split("MODULES=")[0])["results"]
     assert hits[0]["document"]["external_id"] == "it/equipment.md"
     assert json.loads(done.stdout.split("MODULES=")[-1]) == {"torch": False, "onnxruntime": True}
+
+
+async def test_ragbot_run_builds_the_encoder_in_the_background_and_answers_meanwhile(
+    onnx_database: str, tmp_path: Path
+) -> None:
+    """`ragbot run` loads torch at start anyway: a missing ONNX file is built then, without holding the start up."""
+    from bot.app import BotApp
+    from bot.settings import BotSettings
+    from conftest import test_settings
+    from db.settings import DatabaseSettings
+    from knowledge.kb import KnowledgeBase
+
+    kb = await KnowledgeBase.open(
+        test_settings(query_encoder="onnx"),
+        DatabaseSettings(_env_file=None, database_url=onnx_database, ragbot_home=tmp_path),  # type: ignore[call-arg]
+    )
+    assert kb.embedder.onnx_cache == tmp_path / "models"
+    bot = BotApp(BotSettings(_env_file=None, host="127.0.0.1", port=0), kb=kb, adapters=[])  # type: ignore[call-arg]
+    try:
+        await bot.start()
+        assert bot._encoder_build is not None  # started, not awaited: the bot is already serving
+        answer = await kb.answer("How often are laptops refreshed?", ["everyone"], "t:onnx")
+        assert answer.citations and answer.citations[0].external_id == "it/equipment.md"
+    finally:
+        await bot.stop()  # waits for the build thread
+        await kb.close()
+    assert isinstance(kb.embedder.small_batch_encoder, OnnxBertEncoder)
+    assert kb.embedder.small_batch_encoder.precision == "fp32"
+    assert not kb.query_encoder_missing()
