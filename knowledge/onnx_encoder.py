@@ -1,9 +1,10 @@
-"""The question encoder in ONNX Runtime: the configured model exported once to ONNX (and quantised to int8), cached.
+"""The question encoder in ONNX Runtime: the configured model exported once to ONNX (optionally int8), cached.
 
 A question is about a dozen tokens, and the NumPy encoder (`knowledge.numpy_encoder`) spends ~25 ms on it with one
 core: the matrix products are too small for BLAS to run at full speed. ONNX Runtime runs the same BERT graph with
-fused kernels, and its int8 kernels use the CPU's integer dot-product instructions (AVX-512 VNNI, AVX2), several
-times faster again. The README's "Speed" section has the measured figures and the retrieval quality of each.
+fused kernels about 2.5× faster with the same vectors (fp32, the default); its int8 kernels (integer dot products,
+AVX-512 VNNI here) take another ~1.3–1.6× off, at the cost of slightly different vectors. The README's "Speed"
+section has the measured figures and the retrieval and answer quality of each.
 
 The ONNX file is made from the local weights with `torch.onnx.export`, so building it needs torch. That happens
 only at a moment torch is loaded anyway (after an ingest or a sync, or when `ragbot run` starts), never because a
