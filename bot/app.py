@@ -86,6 +86,7 @@ class BotApp:
     port: int | None = None  # the bound port once started
     _runner: web.AppRunner | None = None
     _owns_kb: bool = False
+    _encoder_build: "asyncio.Task[str | None] | None" = None
     _started: list[object] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -96,8 +97,13 @@ class BotApp:
             self._owns_kb = True
         # Load the embedding model now: the first question should not wait for it, and /healthz reports it.
         await asyncio.to_thread(lambda: self.kb.embedder.model)  # type: ignore[union-attr]
-        # Questions are embedded by the encoder `Embedder.embed` picks for one text (the NumPy one for the default
-        # model), which loads on first use: warm it too, or the first question pays for it (measured by
+        if self.kb.query_encoder_missing():
+            # torch is loaded now: build the fast question encoder's file in the background (questions use the
+            # NumPy encoder until it is ready).
+            logger.info("Building the ONNX question encoder in the background (once; a few seconds)")
+            self._encoder_build = asyncio.create_task(self.kb.prepare_query_encoder())
+        # Questions are embedded by the encoder `Embedder.embed` picks for one text (ONNX Runtime, or NumPy until its
+        # file is built), which loads on first use: warm it too, or the first question pays for it (measured by
         # bench/bot.py: 0.44 s of a first mention's 0.78 s).
         await asyncio.to_thread(self.kb.embedder.embed, ["warm up"])  # type: ignore[union-attr]
         context = BotContext(self.kb, self.settings, self.metrics)
@@ -120,6 +126,9 @@ class BotApp:
             except Exception:
                 logger.exception("stopping %r failed", part)
         self._started.clear()
+        if self._encoder_build is not None:  # a build runs in a thread, which cannot be cancelled: let it finish
+            await asyncio.gather(self._encoder_build, return_exceptions=True)
+            self._encoder_build = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

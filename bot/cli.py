@@ -182,6 +182,19 @@ def with_kb(action: Callable[["KnowledgeBase"], Awaitable[T]]) -> T:
     return run_async(go)
 
 
+async def prepare_query_encoder(kb: "KnowledgeBase", quiet: bool) -> None:
+    """After an ingest or sync (torch is loaded then): build the fast question encoder's file if it is missing."""
+    if not kb.query_encoder_missing():
+        return
+    if quiet:
+        await kb.prepare_query_encoder()
+        return
+    with err_console.status("Preparing the fast question encoder (ONNX, once; a few seconds)…"):
+        built = await kb.prepare_query_encoder()
+    if built:
+        err_console.print(f"Questions now use the {escape(built)}.", highlight=False, soft_wrap=True)
+
+
 @app.callback()
 def main() -> None:
     logging.basicConfig(level=BotSettings().log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -207,6 +220,7 @@ def ingest(
             if not as_json:
                 render_sync_report(report)
             reports.append(report.to_dict())
+        await prepare_query_encoder(kb, as_json)
         return reports
 
     reports = with_kb(sync_all)

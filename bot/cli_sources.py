@@ -205,7 +205,7 @@ def sync(
     as_json: JsonOption = False,
 ) -> None:
     """Bring stored sources up to date (incremental from each one's checkpoint)."""
-    from bot.cli import fail, with_kb
+    from bot.cli import fail, prepare_query_encoder, with_kb
     from bot.terminal import RichSyncProgress, err_console, render_sync_report
     from knowledge.errors import KnowledgeError
 
@@ -224,6 +224,7 @@ def sync(
             if not as_json:
                 render_sync_report(report)
             reports.append(report)
+        await prepare_query_encoder(kb, as_json)
         return reports, errors
 
     reports, errors = with_kb(go)

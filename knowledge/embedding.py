@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import threading
 from functools import cached_property
@@ -19,6 +20,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+logger = logging.getLogger(__name__)
+
+# QUERY_ENCODER: what embeds a question (and other small batches). "onnx-int8" / "onnx" (fp32): ONNX Runtime,
+# from a file built once under RAGBOT_HOME/models (NumPy until it exists); "numpy": the NumPy encoder; "torch":
+# sentence-transformers for everything. "auto" is the one measured best (README, "Speed").
+QUERY_ENCODERS = ("auto", "onnx-int8", "onnx", "numpy", "torch")
+AUTO_QUERY_ENCODER = "onnx"
 
 _BUNDLED_MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
 
@@ -45,8 +54,10 @@ class Embedder:
 
     Nothing is loaded until it is needed. For the default model (and any plain BERT sentence-transformers folder),
     token counts come from the Rust tokenizer and small batches — a question, the sentences of an offline answer —
-    from the NumPy encoder in `knowledge.numpy_encoder`, so a command that embeds one question never imports torch.
-    Large batches (ingest) go through sentence-transformers, which is faster per text once loaded.
+    from the question encoder QUERY_ENCODER picks: ONNX Runtime (`knowledge.onnx_encoder`; fp32 by default, int8
+    on request) once its file is built, the NumPy encoder (`knowledge.numpy_encoder`) until then, so a command that
+    embeds one question never imports torch. Large batches (ingest) go through sentence-transformers, which is faster
+    per text once loaded.
     """
 
     # Before sentence-transformers is loaded, batches up to this many tokens (a question, the sentences of an
@@ -55,11 +66,21 @@ class Embedder:
     LIGHT_TOKEN_BUDGET = 4096
     LIGHT_TEXTS_WHEN_LOADED = 2
 
-    def __init__(self, model_name: str, batch_size: int = 32, device: str = "auto") -> None:
+    def __init__(
+        self, model_name: str, batch_size: int = 32, device: str = "auto", query_encoder: str = "auto",
+        onnx_cache: Path | None = None,
+    ) -> None:
+        if query_encoder not in QUERY_ENCODERS:
+            choices = ", ".join(QUERY_ENCODERS)
+            raise EmbeddingModelError(f"QUERY_ENCODER must be one of {choices}, not {query_encoder!r}")
         self.name = model_name
         self.batch_size = batch_size
         self.device_setting = device
+        self.query_encoder_setting = query_encoder
+        self.onnx_cache = onnx_cache
         self._lock = threading.Lock()
+        self._onnx = None  # the ONNX Runtime encoder once its file exists (see prepare_query_encoder)
+        self._onnx_looked = False
 
     @cached_property
     def device(self) -> str:
@@ -76,6 +97,69 @@ class Embedder:
         from knowledge import numpy_encoder
 
         return numpy_encoder.NumpyBertEncoder(self.path) if numpy_encoder.supports(self.path) else None
+
+    @property
+    def onnx_precision(self) -> str | None:
+        """"int8" or "fp32" when QUERY_ENCODER asks for ONNX Runtime (auto: the measured default), else None."""
+        setting = self.query_encoder_setting
+        if setting == "auto":
+            setting = AUTO_QUERY_ENCODER
+        return {"onnx-int8": "int8", "onnx": "fp32"}.get(setting)
+
+    def _onnx_files(self):  # type: ignore[no-untyped-def]
+        from knowledge import onnx_encoder
+
+        assert self.onnx_cache is not None
+        return onnx_encoder.files_for(self.path, self.name, self.onnx_cache)
+
+    def _onnx_wanted(self) -> bool:
+        return self.onnx_precision is not None and self.onnx_cache is not None and self.light is not None
+
+    @property
+    def onnx(self):  # type: ignore[no-untyped-def]
+        """The ONNX Runtime question encoder when QUERY_ENCODER wants it and its cached file exists, else None.
+        Looked for once per process (and again after prepare_query_encoder builds it); never built here."""
+        if not self._onnx_looked:
+            self._onnx_looked = True
+            if self._onnx_wanted() and _onnxruntime_installed():
+                from knowledge import onnx_encoder
+
+                self._onnx = onnx_encoder.open_encoder(self.path, self._onnx_files(), self.onnx_precision)
+        return self._onnx
+
+    def query_encoder_missing(self) -> bool:
+        """True when QUERY_ENCODER wants an ONNX file that is not built yet (prepare_query_encoder builds it)."""
+        return self._onnx_wanted() and _onnxruntime_installed() and self.onnx is None
+
+    def prepare_query_encoder(self) -> str | None:
+        """Build the cached ONNX file if QUERY_ENCODER wants one and it is missing (seconds; needs torch, so call it
+        where torch is loaded anyway: after an ingest or a sync, at `ragbot run` start). Returns what was built."""
+        if not self._onnx_wanted() or self.onnx is not None:
+            return None
+        if not _onnxruntime_installed():
+            logger.warning("QUERY_ENCODER=%s but onnxruntime is not installed; questions use the NumPy encoder "
+                           "(pip install onnxruntime onnx, or set QUERY_ENCODER=numpy)", self.query_encoder_setting)
+            return None
+        from knowledge import onnx_encoder
+
+        precision = self.onnx_precision
+        files = self._onnx_files()
+        try:
+            onnx_encoder.build(self.path, files, precision)
+        except Exception as exc:  # the NumPy encoder keeps answering; the next ingest tries again
+            logger.warning("Could not build the ONNX question encoder (%s); questions use the NumPy encoder", exc)
+            return None
+        encoder = onnx_encoder.open_encoder(self.path, files, precision)
+        with self._lock:
+            self._onnx, self._onnx_looked = encoder, True
+        return f"ONNX {precision} question encoder in {files.folder}" if encoder is not None else None
+
+    @property
+    def small_batch_encoder(self):  # type: ignore[no-untyped-def]
+        """What embeds a question: ONNX Runtime when its file is ready, else NumPy (None: sentence-transformers)."""
+        if self.light is None or self.query_encoder_setting == "torch":
+            return None
+        return self.onnx or self.light
 
     @cached_property
     def model(self):  # type: ignore[no-untyped-def]
@@ -120,7 +204,10 @@ class Embedder:
         if not texts:
             return []
         with self._lock:
-            if self._use_light(texts):
+            small = self.small_batch_encoder if self._use_light(texts) else None
+            if small is not None and small is not self.light:
+                vectors = small.encode(texts, batch_size=8)  # ONNX Runtime, one thread (see knowledge.onnx_encoder)
+            elif small is not None:
                 if len(texts) <= self.LIGHT_TEXTS_WHEN_LOADED:
                     # One BLAS thread for a question or two: a few dozen tokens are too little to share out, and on
                     # a busy machine multi-threaded BLAS spins waiting for its threads (measured: one question at
@@ -136,7 +223,7 @@ class Embedder:
         return [vector.tolist() for vector in vectors]
 
     def _use_light(self, texts: Sequence[str]) -> bool:
-        if self.light is None:
+        if self.light is None or self.query_encoder_setting == "torch":
             return False
         if "model" in self.__dict__:  # sentence-transformers is already loaded (an ingest ran in this process)
             return len(texts) <= self.LIGHT_TEXTS_WHEN_LOADED
@@ -159,14 +246,24 @@ def _single_blas_thread():  # type: ignore[no-untyped-def]
     return _blas_controller.limit(limits=1, user_api="blas")
 
 
+def _onnxruntime_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
+
+
 _embedders: dict[str, Embedder] = {}
 
 
-def get_embedder(model_name: str, batch_size: int = 32, device: str = "auto") -> Embedder:
-    """One Embedder per model and device per process: loading weights takes seconds, so it is done once."""
-    key = f"{model_name}|{device}"
+def get_embedder(
+    model_name: str, batch_size: int = 32, device: str = "auto", query_encoder: str = "auto",
+    onnx_cache: Path | None = None,
+) -> Embedder:
+    """One Embedder per model, device and question encoder per process: loading weights takes seconds, so it is
+    done once. Without `onnx_cache` (a folder, RAGBOT_HOME/models in the product) questions use NumPy."""
+    key = f"{model_name}|{device}|{query_encoder}|{onnx_cache}"
     if key not in _embedders:
-        _embedders[key] = Embedder(model_name, batch_size, device)
+        _embedders[key] = Embedder(model_name, batch_size, device, query_encoder, onnx_cache)
     return _embedders[key]
 
 

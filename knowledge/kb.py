@@ -5,6 +5,7 @@ Adapters and the CLI talk only to this class (and the dataclasses it returns); t
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -107,7 +108,10 @@ class KnowledgeBase(BotStateMethods):
         url = database_url(db_settings)
         engine = create_engine(url)
         await ensure_schema(engine)  # Alembic runs only when the stored revision is behind
-        embedder = get_embedder(settings.embedding_model, settings.embedding_batch_size, settings.embedding_device)
+        embedder = get_embedder(
+            settings.embedding_model, settings.embedding_batch_size, settings.embedding_device,
+            settings.query_encoder, (db_settings or DatabaseSettings()).home / "models",
+        )
         kb = cls(engine, settings, embedder, url)
         # The model is not loaded here (that takes seconds): the stored model name says whether the vectors match,
         # and re-embedding after a model change waits for the first command that embeds anything.
@@ -176,6 +180,17 @@ class KnowledgeBase(BotStateMethods):
         `SourceUnavailable` / `SourceConfigError` (the run is recorded as failed; the index is untouched)."""
         await self.ensure_embedding_space()
         return await self.syncs.sync_stored(name, trigger=trigger, full=full, progress=progress, prune=prune)
+
+    async def prepare_query_encoder(self) -> str | None:
+        """Build the fast question encoder's cached file if QUERY_ENCODER wants one and it is missing. Needs torch:
+        called after an ingest or sync (which loaded it) and when `ragbot run` starts, never for a question."""
+        if "model" not in self.embedder.__dict__ or not self.embedder.query_encoder_missing():
+            return None  # nothing to build, or torch is not loaded (nothing was embedded) and would cost seconds
+        return await asyncio.to_thread(self.embedder.prepare_query_encoder)
+
+    def query_encoder_missing(self) -> bool:
+        """True when prepare_query_encoder would build something now (torch loaded, the ONNX file missing)."""
+        return "model" in self.embedder.__dict__ and self.embedder.query_encoder_missing()
 
     async def list_sources(self) -> list[SourceInfo]:
         """Stored sources with their schedule, document count, last run and whether a run is live."""

@@ -11,6 +11,7 @@ them to a cosine of 0.99999); any other model goes through sentence-transformers
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -78,7 +79,6 @@ class NumpyBertEncoder:
     """Tokenise, run the BERT layers, mean-pool over real tokens, normalise: what sentence-transformers does."""
 
     def __init__(self, path: str | Path) -> None:
-        from safetensors.numpy import load_file
         from tokenizers import Tokenizer
 
         folder = Path(path)
@@ -90,17 +90,25 @@ class NumpyBertEncoder:
         self.heads = int(config["num_attention_heads"])
         self.layers = int(config["num_hidden_layers"])
         self.eps = float(config.get("layer_norm_eps", 1e-12))
-        self.weights = {}
-        for key, value in load_file(str(folder / "model.safetensors")).items():
-            value = value.astype(np.float32)
-            # Dense weights transposed once, contiguous, so every product is a plain BLAS call.
-            self.weights[key.removeprefix("bert.")] = np.ascontiguousarray(value.T) if key.endswith("dense.weight") or ".self." in key and key.endswith(".weight") else value
+        self._weights_file = folder / "model.safetensors"
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         self._truncating = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self._truncating.no_padding()
         self._truncating.enable_truncation(self.max_seq_length)
+
+    @cached_property
+    def weights(self) -> dict[str, np.ndarray]:
+        """Loaded on the first encode: a process whose questions go through ONNX Runtime only counts tokens here."""
+        from safetensors.numpy import load_file
+
+        weights = {}
+        for key, value in load_file(str(self._weights_file)).items():
+            value = value.astype(np.float32)
+            # Dense weights transposed once, contiguous, so every product is a plain BLAS call.
+            weights[key.removeprefix("bert.")] = np.ascontiguousarray(value.T) if key.endswith("dense.weight") or ".self." in key and key.endswith(".weight") else value
+        return weights
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens of each text without special tokens or truncation (how chunk sizes are measured)."""

@@ -16,6 +16,10 @@ class KnowledgeSettings(BaseSettings):
     embedding_batch_size: int = 32
     # Where the model runs for ingest: "auto" uses a CUDA GPU when torch sees one, else the CPU; "cpu"; "cuda".
     embedding_device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    # What embeds a question: "onnx-int8" / "onnx" (ONNX Runtime, int8 or fp32, from a file built once under
+    # RAGBOT_HOME/models after the first ingest; NumPy until then), "numpy", "torch" (sentence-transformers), or
+    # "auto" (the measured best; see the README's "Speed" section). Ingest always uses sentence-transformers.
+    query_encoder: Literal["auto", "onnx-int8", "onnx", "numpy", "torch"] = "auto"
 
     # Chunking, in tokens of the embedding model's tokenizer (title and headings included).
     chunk_tokens: int = Field(default=256, ge=32)
