@@ -307,6 +307,12 @@ async def run_size(
             corpus, sample, load = await load_corpus(kb, n_chunks)
             print(f"  {load}")
         figures: dict[str, object] = {"chunks": n_chunks, **load, **await sizes(kb)}
+        # What a question is embedded with after a first sync: the product builds its ONNX question encoder then.
+        await asyncio.to_thread(kb.embedder.prepare_query_encoder)
+        encoder = kb.embedder.small_batch_encoder
+        figures["query_encoder"] = (f"{type(encoder).__name__} {getattr(encoder, 'precision', '')}".strip()
+                                    if encoder is not None else "sentence-transformers")
+        print(f"  questions embedded by {figures['query_encoder']}")
         queries = corpus.queries(n_queries, [text for text, _ in sample])
         planted = {q: corpus.question_vector(sample[i][1]).tolist()
                    for q, i in zip(queries, corpus.query_sources)}

@@ -18,6 +18,7 @@ import csv
 import json
 import math
 import re
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -288,8 +289,12 @@ async def evaluate_answers(
     """Ask every question through the full answer pipeline (offline unless an API key is set) and score it; with a
     judge, every answered answerable question is also graded for faithfulness and relevance."""
     scores = []
-    for question in questions:
-        answer = await kb.answer(question.question, principals, "eval:answers", sources=sources)
+    run = uuid.uuid4().hex[:12]
+    for number, question in enumerate(questions):
+        # Each question is its own conversation, new in every run: with one shared id, every question was read as
+        # a follow-up of the ones before it (of earlier runs too), and answers depended on what ran before.
+        answer = await kb.answer(question.question, principals, f"eval:answers:{run}:{number}", sources=sources,
+                                 prior_messages=list(question.history) or None)
         score = score_answer(question, answer)
         if judge is not None and question.relevant and not answer.abstained:
             passages = [f"{hit.title}: {hit.text}" for hit in answer.chunks_used]

@@ -108,6 +108,10 @@ class Retriever:
             self._query_vectors[query] = vector_literal(vector)
         return self._query_vectors[query]
 
+    async def _lexical_candidates(self, params: dict[str, object]):  # type: ignore[no-untyped-def]
+        async with self.engine.connect() as conn:
+            return (await conn.execute(text(LEXICAL_SQL), params)).all()
+
     async def _index_scan_fell_short(self, conn, rows, params: dict[str, object]) -> bool:  # type: ignore[no-untyped-def]
         """Did the HNSW scan return fewer candidates than the asker may see? It can, when the rows it visits first
         are ones the filter rejects (other people's chunks) or dead rows of a large deletion not yet vacuumed:
@@ -140,16 +144,12 @@ class Retriever:
         if not query.strip():
             raise ValueError("the question is empty")
         timings: dict[str, float] = {}
-        started = time.perf_counter()
-        vector = await self.query_vector(query) if mode != "lexical" else None
-        timings["embed_ms"] = (time.perf_counter() - started) * 1000
         per_document = max_per_document or self.settings.max_chunks_per_document
         fetch = k * 2 + 5  # room for near-duplicates that get collapsed below
-        sql = build_search_sql(mode, self.settings.fusion, self.embedder.dimension if vector else 0)
-        params = {
+        params: dict[str, object] = {
             "query": query,
             "config": self.settings.text_search_config,
-            "embedding": vector,
+            "embedding": None,
             "principals": filters.principal_list(),
             "sources": list(filters.sources) if filters.sources else None,
             "updated_after": filters.updated_after,
@@ -163,6 +163,27 @@ class Retriever:
             "candidate_postings": CANDIDATE_POSTINGS,
             "scan_cap": CANDIDATE_SCAN_CAP,
         }
+        started = time.perf_counter()
+        # A hybrid search finds its BM25 candidates in Postgres (another process) while the question is embedded
+        # here, so on a 2-core machine the two run at once rather than one after the other (bench/search.py).
+        lexical = asyncio.create_task(self._lexical_candidates(params)) if mode == "hybrid" else None
+        try:
+            vector = await self.query_vector(query) if mode != "lexical" else None
+        except BaseException:
+            if lexical is not None:
+                lexical.cancel()
+                await asyncio.gather(lexical, return_exceptions=True)
+            raise
+        timings["embed_ms"] = (time.perf_counter() - started) * 1000
+        params["embedding"] = vector
+        if lexical is not None:
+            found = await lexical
+            timings["lexical_ms"] = (time.perf_counter() - started) * 1000
+            params["lexical_ids"] = [r.id for r in found]
+            params["lexical_scores"] = [float(r.score) for r in found]
+            params["lexical_full_match"] = float(found[0].full_match_score) if found else 0.0
+        sql = build_search_sql(mode, self.settings.fusion, self.embedder.dimension if vector else 0,
+                               lexical_given=lexical is not None)
         started = time.perf_counter()
         async with self.engine.connect() as conn:
             rows = (await conn.execute(text(sql), params)).all()
@@ -268,7 +289,19 @@ lexical AS MATERIALIZED (
     FROM scored s, full_match f
     ORDER BY s.score DESC, s.id
     LIMIT :n
-),
+)"""
+
+# The lexical candidates found by a separate statement (LEXICAL_SQL) while the question was being embedded, passed
+# back in. Access and existence are checked again: a sync may have changed a chunk in the milliseconds between.
+_LEXICAL_GIVEN = """
+lexical AS MATERIALIZED (
+    SELECT u.id, u.score, CAST(:lexical_full_match AS float8) AS full_match_score
+    FROM unnest(CAST(:lexical_ids AS bigint[]), CAST(:lexical_scores AS float8[])) AS u(id, score)
+    JOIN chunks c ON c.id = u.id
+    WHERE {filters}
+)"""
+
+_LEXICAL_RANKED = """
 lexical_ranked AS (
     SELECT id, score, row_number() OVER (ORDER BY score DESC) AS rank,
            CASE WHEN max(score) OVER () > min(score) OVER ()
@@ -301,14 +334,22 @@ _FUSED = {
 }
 
 
-def build_search_sql(mode: Mode, fusion: str, dimension: int) -> str:
-    """The whole search as one statement. `dimension` is an int from the model, never user input."""
+def _lexical_search_ctes() -> str:
+    return (_LEXICAL_CTES.replace("{filters}", _FILTERS).replace("{row_filters}", _FILTERS_PER_ROW)
+            .replace("{sparse_dim}", str(BM25_SPARSE_DIM)))
+
+
+# The lexical candidates alone: run by a hybrid search while the question is embedded (see Retriever.search).
+LEXICAL_SQL = "WITH " + _lexical_search_ctes() + "\nSELECT id, score, full_match_score FROM lexical"
+
+
+def build_search_sql(mode: Mode, fusion: str, dimension: int, *, lexical_given: bool = False) -> str:
+    """The whole search as one statement. `dimension` is an int from the model, never user input. With
+    `lexical_given` (hybrid), the BM25 candidates come in as parameters from LEXICAL_SQL instead."""
     ctes: list[str] = []
     if mode in ("hybrid", "lexical"):
-        ctes.append(
-            _LEXICAL_CTES.replace("{filters}", _FILTERS).replace("{row_filters}", _FILTERS_PER_ROW)
-            .replace("{sparse_dim}", str(BM25_SPARSE_DIM))
-        )
+        lexical = _LEXICAL_GIVEN.replace("{filters}", _FILTERS) if lexical_given else _lexical_search_ctes()
+        ctes.append(lexical + "," + _LEXICAL_RANKED)
     if mode in ("hybrid", "dense"):
         ctes.append(_DENSE_CTES.replace("{filters}", _FILTERS).replace("{dim}", str(int(dimension))))
     if mode == "hybrid":
