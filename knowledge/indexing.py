@@ -497,7 +497,7 @@ class Indexer:
                     outcomes = list(await store.write_documents(
                         conn, source_id, writes, self.settings.text_search_config
                     ))
-            except DBAPIError:
+            except DBAPIError:  # e.g. text Postgres cannot store: find out which document, one at a time
                 pass
         if outcomes is None:
             outcomes = [await self._write_alone(source_id, w, report) for w in writes]
