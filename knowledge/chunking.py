@@ -22,7 +22,10 @@ class ChunkDraft:
     text: str  # the chunk's own text, as shown in citations
     heading: str  # "Section > Subsection", empty for text before the first heading
     search_text: str  # title + heading + text: what is embedded and what BM25 indexes
-    token_count: int  # tokens of search_text
+    # Tokens of search_text, summed over its parts (prefix, header row, sentences), each counted once: exact for
+    # WordPiece tokenizers such as the default model's, which split on whitespace before anything else, since the
+    # parts are joined by whitespace; within about a token per part for others.
+    token_count: int
 
 
 @dataclass(frozen=True)
@@ -48,17 +51,17 @@ def chunk_document(
         header_tokens = count_tokens([header])[0] if header else 0
         budget = max(32, max_tokens - prefix_tokens - header_tokens)
         units = _units(blocks, count_tokens, budget)
-        for body in _pack(units, budget, 0 if header else min(overlap_tokens, budget // 2)):
+        for body, body_tokens in _pack(units, budget, 0 if header else min(overlap_tokens, budget // 2)):
             if header:
                 body = f"{header}\n{body}"
-            drafts.append(ChunkDraft(len(drafts), body, heading, compose_search_text(document.title, heading, body), 0))
+            search_text = compose_search_text(document.title, heading, body)
+            # The sum of the counted parts rather than a second pass of the tokenizer over the same text.
+            tokens = header_tokens + body_tokens + (prefix_tokens if search_text != body else 0)
+            drafts.append(ChunkDraft(len(drafts), body, heading, search_text, tokens))
     if not drafts and document.title:
         # A document with a title and no body is still findable by its title.
-        drafts.append(ChunkDraft(0, document.title, "", document.title, 0))
-    counts = count_tokens([d.search_text for d in drafts]) if drafts else []
-    return [
-        ChunkDraft(d.ordinal, d.text, d.heading, d.search_text, count) for d, count in zip(drafts, counts, strict=True)
-    ]
+        drafts.append(ChunkDraft(0, document.title, "", document.title, count_tokens([document.title])[0]))
+    return drafts
 
 
 # Titles and breadcrumbs are repeated in every chunk; a runaway one must not eat the chunk's token budget.
@@ -150,15 +153,16 @@ def _split_to_budget(text: str, tokens: int, count_tokens: TokenCounter, budget:
     return pieces
 
 
-def _pack(units: Sequence[_Unit], budget: int, overlap_tokens: int) -> list[str]:
-    """Greedy packing of units into chunks of at most `budget` tokens, with trailing-sentence overlap."""
-    chunks: list[str] = []
+def _pack(units: Sequence[_Unit], budget: int, overlap_tokens: int) -> list[tuple[str, int]]:
+    """Greedy packing of units into chunks of at most `budget` tokens, with trailing-sentence overlap. Returns
+    (text, tokens) per chunk."""
+    chunks: list[tuple[str, int]] = []
     current: list[_Unit] = []
     size = 0
     fresh = 0  # units in `current` that no earlier chunk already contains
     for unit in units:
         if current and size + unit.tokens > budget:
-            chunks.append(_join(current))
+            chunks.append((_join(current), size))
             carried: list[_Unit] = []
             carried_size = 0
             for previous in reversed(current):
@@ -171,7 +175,7 @@ def _pack(units: Sequence[_Unit], budget: int, overlap_tokens: int) -> list[str]
         size += unit.tokens
         fresh += 1
     if current and fresh:
-        chunks.append(_join(current))
+        chunks.append((_join(current), size))
     return chunks
 
 

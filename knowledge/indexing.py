@@ -1,14 +1,19 @@
-"""Sync a source into the index: incremental, batched, and safe to interrupt.
+"""Sync a source into the index: incremental, batched, pipelined, and safe to interrupt.
 
 - A source reports what changed since its checkpoint (see `knowledge.sources.base`). An item whose cheap version
   matches the stored one is not even fetched; one whose bytes (and title) hash the same as last time is skipped;
   if only its metadata or access list changed, those are updated in place without re-chunking.
 - A changed item is re-parsed and re-chunked; only chunks whose text is new are embedded, the rest come from the
   embedding cache keyed by (model, hash of the embedded text).
-- Each document is written in its own transaction, so an interrupted sync leaves every document either fully old
-  or fully new. A batch's checkpoint is stored only after all its documents are committed, so a run killed at any
-  moment resumes where the committed work ends. Deletions come from the source's delete feed or from a prune pass
-  over a complete inventory, so a failed listing never empties the index.
+- Three stages run at once, a batch of BATCH_DOCUMENTS documents apart (see `Indexer.sync`): reading, parsing and
+  chunking batch N+1, embedding batch N (the model runs in a worker thread, and torch releases the GIL), and
+  writing batch N-1 to Postgres (another process). On a CPU-bound machine the model is the bottleneck; the other
+  stages hide behind it instead of adding to it.
+- A batch of documents is written in one transaction (`store.write_documents`), so an interrupted sync leaves
+  every document either fully old or fully new. If Postgres refuses the batch, its documents are written one at a
+  time, so only the document it refuses fails. A batch's checkpoint is stored only after all its documents are
+  committed, so a run killed at any moment resumes where the committed work ends. Deletions come from the
+  source's delete feed or from a prune pass over a complete inventory, so a failed listing never empties the index.
 - A file that cannot be read or parsed is reported and skipped, and its previously indexed version is kept.
 """
 
@@ -20,7 +25,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol, Sequence
+from typing import Awaitable, Callable, Coroutine, Protocol, Sequence
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -36,6 +41,8 @@ from knowledge.sources.base import Source, SourceItem, as_source, principals_key
 logger = logging.getLogger(__name__)
 
 BATCH_DOCUMENTS = 16
+# Batches waiting between two stages of the pipeline: one is enough to keep the model busy, and it bounds memory.
+PIPELINE_DEPTH = 1
 # Items fetched at once within a batch (HTTP sources bound their own connections too).
 FETCH_CONCURRENCY = 4
 # VACUUM the chunks table after a sync or a source removal deleted at least this many chunks (see
@@ -133,11 +140,29 @@ def truncate_blocks(document: ParsedDocument, max_chars: int) -> bool:
 
 @dataclass(frozen=True)
 class _Prepared:
+    """A document parsed and chunked, ready to embed; `chunk_hashes[i]` is the cache key of `drafts[i]`."""
+
     item: SourceItem
     hash: str
     title: str
     drafts: list[ChunkDraft]
-    is_new: bool
+    chunk_hashes: list[str]
+
+
+@dataclass(frozen=True)
+class _Embedded:
+    """A batch of prepared documents and the embeddings of their chunks, {chunk hash: pgvector text}."""
+
+    prepared: list[_Prepared]
+    embeddings: dict[str, str]
+
+
+@dataclass(frozen=True)
+class _AfterWrites:
+    """What a source's change batch asks for once all its items are committed: deletions, then its checkpoint."""
+
+    deleted: list[str]
+    checkpoint: str | None
 
 
 @dataclass(frozen=True)
@@ -185,8 +210,9 @@ class Indexer:
         on_checkpoint: CheckpointCallback | None = None, report: SyncReport | None = None,
     ) -> SyncReport:
         """Apply the source's changes since `checkpoint`, then prune when asked (None: when the source prunes on
-        every sync). Each document commits on its own; `on_checkpoint` is awaited with a batch's checkpoint only
-        once the whole batch is committed. Source errors propagate (the run fails; committed work stays)."""
+        every sync). Each batch of documents commits on its own; `on_checkpoint` is awaited with a change batch's
+        checkpoint only once every document of it is committed. Source errors propagate (the run fails; what was
+        read before the error is still written, and committed work stays)."""
         source = as_source(source)
         progress = progress or _NoProgress()
         started = time.monotonic()
@@ -197,30 +223,66 @@ class Indexer:
         async with self.engine.connect() as conn:
             stored = await store.stored_documents(conn, source_id)
         handled: dict[str, str | None] = {}  # items seen this run, by stored version: overlapping pages repeat them
-        announced = 0
-        async for batch in source.changes(None if full else checkpoint, full=full):
-            fresh = []
-            for item in batch.items:
-                if item.external_id in handled and handled[item.external_id] == self.stored_version(item):
+        # The pipeline: read and prepare -> embed -> write, each stage a task, joined by queues that hold at most
+        # PIPELINE_DEPTH batches. Deletions and checkpoints travel down the same queues, so they are applied after
+        # the writes of every batch before them. None marks the end.
+        to_embed: asyncio.Queue[list[_Prepared] | _AfterWrites | None] = asyncio.Queue(PIPELINE_DEPTH)
+        to_write: asyncio.Queue[_Embedded | _AfterWrites | None] = asyncio.Queue(PIPELINE_DEPTH)
+        source_failed: list[Exception] = []
+
+        async def read_and_prepare() -> None:
+            announced = 0
+            try:
+                async for batch in source.changes(None if full else checkpoint, full=full):
+                    fresh = []
+                    for item in batch.items:
+                        if item.external_id in handled and handled[item.external_id] == self.stored_version(item):
+                            continue
+                        handled[item.external_id] = self.stored_version(item)
+                        fresh.append(item)
+                    if announced == 0:
+                        announced = batch.total if batch.total is not None else len(fresh)
+                        progress.start(announced if batch.total is not None else None)
+                    grow = getattr(progress, "grow", None)
+                    if batch.total is None and grow is not None:
+                        grow(len(fresh))
+                    for start in range(0, len(fresh), BATCH_DOCUMENTS):
+                        prepared = await self._prepare_items(
+                            fresh[start : start + BATCH_DOCUMENTS], stored, report, progress
+                        )
+                        if prepared:
+                            await to_embed.put(prepared)
+                    gone = [i for i in batch.deleted if i.startswith(source.listing_prefix)]
+                    if gone or batch.checkpoint is not None:
+                        await to_embed.put(_AfterWrites(gone, batch.checkpoint))
+            except Exception as exc:  # what was handed on is still written; then the run fails with this error
+                source_failed.append(exc)
+            await to_embed.put(None)
+
+        async def embed() -> None:
+            while (work := await to_embed.get()) is not None:
+                if isinstance(work, list):
+                    texts = {h: d.search_text for p in work for h, d in zip(p.chunk_hashes, p.drafts, strict=True)}
+                    work = _Embedded(work, await self.embeddings_for(texts, report))
+                await to_write.put(work)
+            await to_write.put(None)
+
+        async def write() -> None:
+            while (work := await to_write.get()) is not None:
+                if isinstance(work, _Embedded):
+                    await self._write(work, stored, source_id, report, progress)
                     continue
-                handled[item.external_id] = self.stored_version(item)
-                fresh.append(item)
-            if announced == 0:
-                announced = batch.total if batch.total is not None else len(fresh)
-                progress.start(announced if batch.total is not None else None)
-            grow = getattr(progress, "grow", None)
-            if batch.total is None and grow is not None:
-                grow(len(fresh))
-            for start in range(0, len(fresh), BATCH_DOCUMENTS):
-                await self._sync_items(fresh[start : start + BATCH_DOCUMENTS], stored, source_id, report, progress)
-            gone = [i for i in batch.deleted if i.startswith(source.listing_prefix)]
-            if gone:
-                async with self.engine.begin() as conn:
-                    report.deleted.extend(await store.delete_documents(conn, source_id, gone))
-            if batch.checkpoint is not None:
-                report.checkpoint = batch.checkpoint
-                if on_checkpoint is not None:
-                    await on_checkpoint(batch.checkpoint)
+                if work.deleted:
+                    async with self.engine.begin() as conn:
+                        report.deleted.extend(await store.delete_documents(conn, source_id, work.deleted))
+                if work.checkpoint is not None:
+                    report.checkpoint = work.checkpoint
+                    if on_checkpoint is not None:
+                        await on_checkpoint(work.checkpoint)
+
+        await run_stages(read_and_prepare(), embed(), write())
+        if source_failed:
+            raise source_failed[0]
         # Sources may report listing problems (unreadable folders, bad access files, skipped links).
         report.warnings.extend(w for w in getattr(source, "warnings", ()) if w not in report.warnings)
         if prune or (prune is None and source.prune_on_every_sync):
@@ -295,11 +357,12 @@ class Indexer:
             if changed and ref.external_id not in report.metadata_updated:
                 report.metadata_updated.append(ref.external_id)
 
-    async def _sync_items(
-        self, items: Sequence[SourceItem], stored: dict[str, store.StoredDocument], source_id: int,
-        report: SyncReport, progress: SyncProgress,
-    ) -> None:
-        """Fetch what changed (concurrently, bounded), then parse, chunk and write one document at a time."""
+    async def _prepare_items(
+        self, items: Sequence[SourceItem], stored: dict[str, store.StoredDocument], report: SyncReport,
+        progress: SyncProgress,
+    ) -> list[_Prepared]:
+        """Settle what needs no new chunks (same version or same content: at most a metadata update), fetch the
+        rest (concurrently, bounded), then parse and chunk it one document at a time. Returns what to embed."""
         need: list[SourceItem] = []
         for item in items:
             old = stored.get(item.external_id)
@@ -327,12 +390,7 @@ class Indexer:
                 prepared.append(ready)
             else:
                 progress.advance(item.external_id)
-        written = await self._write(prepared, source_id, report, progress)
-        for p, document_id in written:
-            stored[p.item.external_id] = store.StoredDocument(
-                document_id, p.hash, p.title, p.item.url, p.item.path, p.item.author, p.item.updated_at,
-                tuple(p.item.access), chunks=len(p.drafts), version=self.stored_version(p.item),
-            )
+        return prepared
 
     async def _fetch(self, item: SourceItem) -> _Fetched:
         async with self._fetch_slots:
@@ -402,7 +460,7 @@ class Indexer:
             report.warnings.append(
                 f"{item.external_id}: only its first {limit} chunks are indexed (MAX_DOCUMENT_CHUNKS)"
             )
-        return _Prepared(item, digest, parsed.title, drafts, is_new=old is None)
+        return _Prepared(item, digest, parsed.title, drafts, [content_hash(d.search_text) for d in drafts])
 
     async def _fail(self, item: SourceItem, old: store.StoredDocument | None, reason: str, report: SyncReport) -> None:
         """Report the item and keep its previous version, but with its current access list and metadata: a file
@@ -423,40 +481,67 @@ class Indexer:
             )
 
     async def _write(
-        self, prepared: Sequence[_Prepared], source_id: int, report: SyncReport, progress: SyncProgress
-    ) -> list[tuple[_Prepared, int]]:
-        written: list[tuple[_Prepared, int]] = []
-        texts = {content_hash(d.search_text): d.search_text for p in prepared for d in p.drafts}
-        embeddings = await self.embeddings_for(texts, report)
-        for p in prepared:
-            rows = [
-                store.ChunkRow(d.ordinal, d.text, d.heading, d.token_count, content_hash(d.search_text),
-                               embeddings[content_hash(d.search_text)], d.search_text)
-                for d in p.drafts
-            ]
+        self, batch: _Embedded, stored: dict[str, store.StoredDocument], source_id: int, report: SyncReport,
+        progress: SyncProgress,
+    ) -> None:
+        """Write a batch of documents in one transaction. If Postgres refuses it (e.g. text it cannot store), write
+        them one at a time, so only the refused document is reported failed and the rest of the batch is kept.
+
+        The report counts what `store.write_documents` decided under the writers' lock, not what this sync read
+        before: another sync of the same source may have written a document first."""
+        writes = [self._document_write(p, batch.embeddings) for p in batch.prepared]
+        outcomes: list[store.WriteOutcome | None] | None = None
+        if len({w.external_id for w in writes}) == len(writes):  # else one item came twice: write them in order
             try:
                 async with self.engine.begin() as conn:
-                    written_as = await store.replace_document(
-                        conn, source_id=source_id, external_id=p.item.external_id, title=p.title, url=p.item.url,
-                        path=p.item.path, author=p.item.author, updated_at=p.item.updated_at, content_hash=p.hash,
-                        access=p.item.access, chunks=rows, text_search_config=self.settings.text_search_config,
-                        version=self.stored_version(p.item),
-                    )
-            except DBAPIError as exc:  # e.g. text Postgres cannot store; the rest of the sync goes on
-                report.failed.append((p.item.external_id, f"could not store: {str(exc.orig).splitlines()[0]}"))
-                progress.advance(p.item.external_id)
-                continue
-            # What this run really did, as decided under the writers' lock (another sync may have been first).
-            if written_as.outcome == "unchanged":
-                report.unchanged += 1
-            elif written_as.outcome == "metadata_updated":
-                report.metadata_updated.append(p.item.external_id)
-            else:
-                report.chunks_written += len(rows)
-                (report.added if written_as.outcome == "added" else report.updated).append(p.item.external_id)
+                    outcomes = list(await store.write_documents(
+                        conn, source_id, writes, self.settings.text_search_config
+                    ))
+            except DBAPIError:  # e.g. text Postgres cannot store: find out which document, one at a time
+                pass
+        if outcomes is None:
+            outcomes = [await self._write_alone(source_id, w, report) for w in writes]
+        for p, outcome in zip(batch.prepared, outcomes, strict=True):
+            if outcome is not None:
+                self._count(p, outcome, report)
+                stored[p.item.external_id] = store.StoredDocument(
+                    outcome.document_id, p.hash, p.title, p.item.url, p.item.path, p.item.author,
+                    p.item.updated_at, tuple(p.item.access), chunks=len(p.drafts), version=self.stored_version(p.item),
+                )
             progress.advance(p.item.external_id)
-            written.append((p, written_as.document_id))
-        return written
+
+    def _document_write(self, p: _Prepared, embeddings: dict[str, str]) -> store.DocumentWrite:
+        rows = [
+            store.ChunkRow(d.ordinal, d.text, d.heading, d.token_count, h, embeddings[h], d.search_text)
+            for d, h in zip(p.drafts, p.chunk_hashes, strict=True)
+        ]
+        return store.DocumentWrite(
+            p.item.external_id, p.title, p.item.url, p.item.path, p.item.author, p.item.updated_at, p.hash,
+            p.item.access, rows, version=self.stored_version(p.item),
+        )
+
+    async def _write_alone(
+        self, source_id: int, write: store.DocumentWrite, report: SyncReport
+    ) -> store.WriteOutcome | None:
+        """One document in its own transaction; None, and reported failed, when Postgres refuses it."""
+        try:
+            async with self.engine.begin() as conn:
+                (outcome,) = await store.write_documents(conn, source_id, [write], self.settings.text_search_config)
+        except DBAPIError as exc:  # the rest of the sync goes on
+            report.failed.append((write.external_id, f"could not store: {str(exc.orig).splitlines()[0]}"))
+            logger.info("could not store %s: %s", write.external_id, exc.orig)
+            return None
+        return outcome
+
+    @staticmethod
+    def _count(p: _Prepared, written: store.WriteOutcome, report: SyncReport) -> None:
+        if written.outcome == "unchanged":
+            report.unchanged += 1
+        elif written.outcome == "metadata_updated":
+            report.metadata_updated.append(p.item.external_id)
+        else:
+            report.chunks_written += len(p.drafts)
+            (report.added if written.outcome == "added" else report.updated).append(p.item.external_id)
 
     async def embeddings_for(self, texts: dict[str, str], report: SyncReport | None = None) -> dict[str, str]:
         """Embeddings (pgvector text form) for {hash: text}, from the cache where possible."""
@@ -516,3 +601,19 @@ class Indexer:
             ids = list(texts)
             await store.set_chunk_embeddings(conn, ids, [found[content_hash(texts[i])] for i in ids])
             last_id = rows[-1][0]
+
+
+async def run_stages(*stages: Coroutine[object, object, None]) -> None:
+    """Run the stages of a pipeline as concurrent tasks until all have finished. The first to fail cancels the
+    others, and its exception is raised as it is (not in an ExceptionGroup, so callers still catch, say,
+    SourceUnavailable); so does cancelling the caller."""
+    tasks = [asyncio.ensure_future(stage) for stage in stages]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

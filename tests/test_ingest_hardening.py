@@ -59,6 +59,24 @@ async def test_two_syncs_of_one_folder_at_once_each_report_only_what_they_did(kb
         assert (await conn.execute(text("SELECT count(*) FROM documents"))).scalar_one() == 20
 
 
+async def test_a_document_postgres_refuses_fails_alone_and_the_rest_of_its_batch_is_written(fresh_kb):
+    """Documents are written a batch per transaction; one Postgres cannot store (a NUL in its title, which a
+    source's API can hand over) must not take the others in its batch down with it."""
+    items = [SourceItem(external_id=f"room{i}.md", filename=f"room{i}.md",
+                        title=f"Meeting room {i}" if i != 3 else "Meeting room \x00three",
+                        read=(lambda i=i: f"# Room {i}\n\nMeeting room {i} seats {i + 4} people.".encode()))
+             for i in range(6)]
+    source = StaticSource(SourceSpec("rooms", "test"), items)
+    report = await fresh_kb.sync(source)
+    assert [i for i, _ in report.failed] == ["room3.md"] and "could not store" in report.failed[0][1]
+    assert report.added == [f"room{i}.md" for i in range(6) if i != 3]
+    hits = (await fresh_kb.search("how many people does meeting room 5 seat", SearchFilters(), k=1)).hits
+    assert hits[0].external_id == "room5.md"
+
+    again = await fresh_kb.sync(source)  # the refused one is tried again and still reported, the rest unchanged
+    assert [i for i, _ in again.failed] == ["room3.md"] and again.unchanged == 5 and again.added == []
+
+
 async def _write_many_chunks(kb, source: str, access: list[str], near: list[float], count: int) -> None:  # type: ignore[no-untyped-def]
     """`count` chunks whose vectors sit right next to `near` (written directly: embedding them would be slow)."""
     rng = random.Random(7)

@@ -27,9 +27,9 @@ How a sync run uses a source (see `Indexer.sync`):
      re-embedding). Listing an unchanged item is therefore cheap and harmless (overlapping windows are fine).
    - `deleted`: external ids the source knows were removed (a delete feed, e.g. Drive `removed=true`).
    - `checkpoint`: the checkpoint that is true once every item of this batch *and all earlier batches* is
-     committed, or None to keep the previous one. The indexer commits each document in its own transaction and
-     stores the batch's checkpoint only after the whole batch is committed, so a run killed at any moment resumes
-     from the last stored checkpoint and nothing is lost or duplicated. Items must come in an order that makes
+     committed, or None to keep the previous one. The indexer commits documents a few at a time (each one fully
+     old or fully new) and stores the batch's checkpoint only after the whole batch is committed, so a run killed
+     at any moment resumes from the last stored checkpoint and nothing is lost or duplicated. Items must come in an order that makes
      that true (e.g. ascending last-modified).
 3. Pruning, for sources without a delete feed: `await source.inventory()` lists every item in scope cheaply (no
    bodies) as `ItemRef(external_id, access)`. The indexer deletes stored documents under `listing_prefix` that
