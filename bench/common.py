@@ -17,6 +17,7 @@ The synthetic corpus (see `SyntheticCorpus`):
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
@@ -37,10 +38,25 @@ REPO = Path(__file__).resolve().parent.parent
 def use_throwaway_home() -> None:
     """Without DATABASE_URL, run against a fresh embedded Postgres in a temporary RAGBOT_HOME (never the user's)."""
     if not os.environ.get("DATABASE_URL"):
-        os.environ["RAGBOT_HOME"] = tempfile.mkdtemp(prefix="ragbot-bench-")
+        home = tempfile.mkdtemp(prefix="ragbot-bench-")
+        os.environ["RAGBOT_HOME"] = home
+        atexit.register(_remove_throwaway_home, Path(home))
     os.environ["ANTHROPIC_API_KEY"] = ""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _remove_throwaway_home(home: Path) -> None:
+    """Stop the benchmark's embedded Postgres (the product leaves its server running between commands) and delete
+    its data."""
+    import shutil
+
+    from db.embedded import stop_embedded
+
+    try:
+        stop_embedded(home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def parse_size(text: str) -> int:
