@@ -22,7 +22,7 @@ busy machine absolute figures move a lot, the ratios much less. Targets are read
 
 ```
 make bench                                                       # quick set: 10k search, small ingest, bot; < 5 min
-.venv/bin/python bench/search.py --chunks 10k,100k               # 100k: about 15 min on 2 cores
+.venv/bin/python bench/search.py --chunks 10k,100k               # 100k: about 12 min on 2 cores (idle)
 .venv/bin/python bench/search.py --chunks 1M --queries 100       # 1M: hours on 2 cores (load + HNSW build)
 .venv/bin/python bench/ingest.py --documents 400 --store-chunks 20000 --base-chunks 100000
 .venv/bin/python bench/bot.py                                    # bot overhead, ack, `ragbot run` RSS: ≈ 1 min idle

@@ -38,8 +38,9 @@ class KnowledgeSettings(BaseSettings):
     fusion: Literal["adaptive", "convex", "rrf"] = "adaptive"
     fusion_dense_weight: float = Field(default=0.5, ge=0.0, le=1.0)  # BM25 gets 1 - this
     rrf_k: int = 60
-    # 50: the handbook's figures are those of 100; fewer costs less at scale (a filtered HNSW scan visits about
-    # n / share-visible chunks). Below 50 one near-miss question of the answer eval stops being declined.
+    # 50: the handbook's answer figures are those of 100 (retrieval nDCG@10 0.895 against 0.894), and fewer costs
+    # less at scale (a filtered HNSW scan visits about n / share-visible chunks). Below 50 one near-miss question of
+    # the answer eval stops being declined.
     candidates_per_retriever: int = Field(default=50, ge=1, le=1000)
     max_chunks_per_document: int = Field(default=2, ge=1)
     rerank_model: str | None = None  # a sentence-transformers CrossEncoder name or path; off by default
