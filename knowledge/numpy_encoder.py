@@ -75,40 +75,26 @@ def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float)
     return (x - mean) / np.sqrt(var + eps) * weight + bias
 
 
-class NumpyBertEncoder:
-    """Tokenise, run the BERT layers, mean-pool over real tokens, normalise: what sentence-transformers does."""
+class BertTextEncoder:
+    """What the two question encoders share (this one and `knowledge.onnx_encoder`): the model's tokenizer, token
+    counts, and texts of similar length batched and padded together. A subclass runs the transformer on a batch
+    (`_embed_batch`: token ids and attention mask → unit-length vectors)."""
 
     def __init__(self, path: str | Path) -> None:
         from tokenizers import Tokenizer
 
         folder = Path(path)
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        self.config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         st_config_path = folder / "sentence_bert_config.json"
         st_config = json.loads(st_config_path.read_text(encoding="utf-8")) if st_config_path.is_file() else {}
-        self.max_seq_length = int(st_config.get("max_seq_length") or config.get("max_position_embeddings", 512))
-        self.dimension = int(config["hidden_size"])
-        self.heads = int(config["num_attention_heads"])
-        self.layers = int(config["num_hidden_layers"])
-        self.eps = float(config.get("layer_norm_eps", 1e-12))
-        self._weights_file = folder / "model.safetensors"
+        self.max_seq_length = int(st_config.get("max_seq_length") or self.config.get("max_position_embeddings", 512))
+        self.dimension = int(self.config["hidden_size"])
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         self._truncating = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self._truncating.no_padding()
         self._truncating.enable_truncation(self.max_seq_length)
-
-    @cached_property
-    def weights(self) -> dict[str, np.ndarray]:
-        """Loaded on the first encode: a process whose questions go through ONNX Runtime only counts tokens here."""
-        from safetensors.numpy import load_file
-
-        weights = {}
-        for key, value in load_file(str(self._weights_file)).items():
-            value = value.astype(np.float32)
-            # Dense weights transposed once, contiguous, so every product is a plain BLAS call.
-            weights[key.removeprefix("bert.")] = np.ascontiguousarray(value.T) if key.endswith("dense.weight") or ".self." in key and key.endswith(".weight") else value
-        return weights
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens of each text without special tokens or truncation (how chunk sizes are measured)."""
@@ -123,13 +109,49 @@ class NumpyBertEncoder:
             batch = order[start : start + batch_size]
             length = max(len(encodings[i].ids) for i in batch)
             ids = np.zeros((len(batch), length), dtype=np.int64)
-            mask = np.zeros((len(batch), length), dtype=np.float32)
+            mask = np.zeros((len(batch), length), dtype=np.int64)
             for row, i in enumerate(batch):
                 tokens = encodings[i].ids
                 ids[row, : len(tokens)] = tokens
-                mask[row, : len(tokens)] = 1.0
-            out[batch] = self._forward(ids, mask)
+                mask[row, : len(tokens)] = 1
+            out[batch] = self._embed_batch(ids, mask)
         return out
+
+    def _embed_batch(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+def mean_pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Mean over the real tokens, normalised to unit length (sentence-transformers' Pooling + Normalize)."""
+    weights = mask[:, :, None].astype(np.float32)
+    pooled = (hidden * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
+    return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+
+
+class NumpyBertEncoder(BertTextEncoder):
+    """Tokenise, run the BERT layers, mean-pool over real tokens, normalise: what sentence-transformers does."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(path)
+        self.heads = int(self.config["num_attention_heads"])
+        self.layers = int(self.config["num_hidden_layers"])
+        self.eps = float(self.config.get("layer_norm_eps", 1e-12))
+        self._weights_file = Path(path) / "model.safetensors"
+
+    @cached_property
+    def weights(self) -> dict[str, np.ndarray]:
+        """Loaded on the first encode: a process whose questions go through ONNX Runtime only counts tokens here."""
+        from safetensors.numpy import load_file
+
+        weights = {}
+        for key, value in load_file(str(self._weights_file)).items():
+            value = value.astype(np.float32)
+            # Dense weights transposed once, contiguous, so every product is a plain BLAS call.
+            weights[key.removeprefix("bert.")] = np.ascontiguousarray(value.T) if key.endswith("dense.weight") or ".self." in key and key.endswith(".weight") else value
+        return weights
+
+    def _embed_batch(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return self._forward(ids, mask.astype(np.float32))
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         w = self.weights
@@ -172,6 +194,4 @@ class NumpyBertEncoder:
                 x + dense(hidden, "output.dense"),
                 w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"], self.eps,
             )
-        pooled = (x * mask[:, :, None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1e-9)
-        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-        return pooled / np.maximum(norms, 1e-12)
+        return mean_pooled(x, mask)

@@ -27,9 +27,11 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
+
+from knowledge.numpy_encoder import BertTextEncoder, mean_pooled
 
 logger = logging.getLogger(__name__)
 
@@ -100,28 +102,16 @@ def _write_atomically(path: Path, data: bytes) -> None:
         temporary.unlink(missing_ok=True)
 
 
-class OnnxBertEncoder:
-    """Same interface as `NumpyBertEncoder` (encode, count_tokens, dimension, max_seq_length), same tokenizer;
-    the transformer runs in ONNX Runtime and the mean pooling + normalisation in NumPy."""
+class OnnxBertEncoder(BertTextEncoder):
+    """`NumpyBertEncoder`'s tokenizer and batching (their shared base class); the transformer runs in ONNX Runtime
+    and the mean pooling + normalisation in NumPy."""
 
     def __init__(self, model_path: str | Path, onnx_file: Path, precision: Precision) -> None:
         import onnxruntime
-        from tokenizers import Tokenizer
 
-        folder = Path(model_path)
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        st_config_path = folder / "sentence_bert_config.json"
-        st_config = json.loads(st_config_path.read_text(encoding="utf-8")) if st_config_path.is_file() else {}
-        self.max_seq_length = int(st_config.get("max_seq_length") or config.get("max_position_embeddings", 512))
-        self.dimension = int(config["hidden_size"])
+        super().__init__(model_path)
         self.precision = precision
         self.file = onnx_file
-        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self.tokenizer.no_padding()
-        self.tokenizer.no_truncation()
-        self._truncating = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self._truncating.no_padding()
-        self._truncating.enable_truncation(self.max_seq_length)
         options = onnxruntime.SessionOptions()
         # One thread: a question is too little work to share out, and on a busy machine extra threads spin waiting
         # for a core (see Embedder.embed).
@@ -130,29 +120,9 @@ class OnnxBertEncoder:
         options.log_severity_level = 3
         self.session = onnxruntime.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
 
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        """Tokens of each text without special tokens or truncation (how chunk sizes are measured)."""
-        return [len(e.ids) for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
-
-    def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
-        """Unit-length embeddings, one row per text. Texts of similar length are batched together."""
-        encodings = self._truncating.encode_batch(list(texts))
-        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
-        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
-        for start in range(0, len(order), batch_size):
-            batch = order[start : start + batch_size]
-            length = max(len(encodings[i].ids) for i in batch)
-            ids = np.zeros((len(batch), length), dtype=np.int64)
-            mask = np.zeros((len(batch), length), dtype=np.int64)
-            for row, i in enumerate(batch):
-                tokens = encodings[i].ids
-                ids[row, : len(tokens)] = tokens
-                mask[row, : len(tokens)] = 1
-            (hidden,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
-            weights = mask[:, :, None].astype(np.float32)
-            pooled = (hidden * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
-            out[batch] = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-        return out
+    def _embed_batch(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        (hidden,) = self.session.run(None, {"input_ids": ids, "attention_mask": mask})
+        return mean_pooled(hidden, mask)
 
 
 def open_encoder(model_path: str | Path, files: OnnxFiles, precision: Precision) -> OnnxBertEncoder | None:
