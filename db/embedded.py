@@ -69,9 +69,11 @@ def _size_memory(server, pgdata: Path) -> None:  # type: ignore[no-untyped-def]
             current = conn.execute(
                 "SELECT setting::bigint * 8 / 1024 FROM pg_settings WHERE name = 'shared_buffers'"
             ).fetchone()
-            if current is None or int(current[0]) == want:
-                return
+            # Recorded even when it already matches (Postgres' default on a small machine), so that later starts
+            # find it in postgresql.auto.conf and never connect for this.
             conn.execute(f"ALTER SYSTEM SET shared_buffers = '{int(want)}MB'")
+            if current is not None and int(current[0]) == want:
+                return
     except psycopg.Error as exc:
         logger.warning("could not size the embedded Postgres' memory: %s", exc)
         return

@@ -312,16 +312,16 @@ async def _upsert_documents(
     return {r.external_id: r.id for r in rows}
 
 
+# Set (for the transaction) around the INSERT below, which counts document frequencies itself: the statistics
+# trigger then leaves lexemes alone. Any other insert into chunks has it off and is counted by the trigger.
+DF_COUNTED_BY_STATEMENT = "ragbot.df_counted_by_statement"
+
 # The chunks of a batch in one INSERT. Each chunk's BM25 weights are computed right here, from its lexemes and
 # the avgdl the index is weighted with, so the row is written once (before migration 0006 a trigger updated every
 # new row a second time, which also inserted it a second time into every index). The batch's lexemes are upserted
 # in the same statement with their document frequencies (migration 0008); the statement trigger then adds the
 # chunk count and lengths to the statistics. Before 0008 the statement created new lexemes with df 0, looked the
 # others up, and the trigger upserted every lexeme a second time: more than half of the store path's time.
-# Set (for the transaction) around the INSERT below, which counts document frequencies itself: the statistics
-# trigger then leaves lexemes alone. Any other insert into chunks has it off and is counted by the trigger.
-DF_COUNTED_BY_STATEMENT = "ragbot.df_counted_by_statement"
-
 _INSERT_CHUNKS = """
 WITH u AS MATERIALIZED (
     SELECT u.*, to_tsvector(CAST(:config AS regconfig), u.search_text) AS tsv
