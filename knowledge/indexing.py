@@ -280,7 +280,10 @@ class Indexer:
                     if on_checkpoint is not None:
                         await on_checkpoint(work.checkpoint)
 
-        await run_stages(read_and_prepare(), embed(), write())
+        # Into an empty index, chunks are written without the HNSW graph, which is built once at the end (see
+        # store.bulk_load): about ten times less work than inserting them into it one by one.
+        async with store.bulk_load(self.engine):
+            await run_stages(read_and_prepare(), embed(), write())
         if source_failed:
             raise source_failed[0]
         # Sources may report listing problems (unreadable folders, bad access files, skipped links).

@@ -6,8 +6,10 @@ import pytest
 from sqlalchemy import text
 
 from conftest import write
+from db import locks
 from knowledge import store
 from knowledge.embedding import EmbeddingModelError, resolve_device
+from knowledge.retrieval import SearchFilters
 from knowledge.sources.folder import FolderSource
 from test_bm25 import assert_statistics_match_chunks, lexical, reference_scores
 
@@ -97,3 +99,68 @@ def test_embedding_device_setting():
     if not torch.cuda.is_available():
         with pytest.raises(EmbeddingModelError, match="EMBEDDING_DEVICE=cuda"):
             resolve_device("cuda")
+
+
+class IndexWatcher:
+    """A sync's progress that looks, after each document is committed, at which vector indexes exist (through its
+    own connection: the sync's writes are committed by then)."""
+
+    def __init__(self, kb) -> None:  # type: ignore[no-untyped-def]
+        import psycopg
+
+        url = kb.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.seen: list[list[str]] = []
+
+    def start(self, total: int | None) -> None:
+        pass
+
+    def advance(self, label: str) -> None:
+        self.seen.append(self.vector_indexes())
+
+    def vector_indexes(self) -> list[str]:
+        rows = self.conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE indexname LIKE 'chunks_embedding_hnsw_%' ORDER BY 1").fetchall()
+        return [name for (name,) in rows]
+
+
+async def test_a_first_sync_writes_without_the_graph_and_builds_it_once_at_the_end(fresh_kb, tmp_path):
+    root = tmp_path / "notes"
+    for name, body in SHORT.items():
+        write(root, name, body)
+    watcher = IndexWatcher(fresh_kb)
+    await fresh_kb.sync(FolderSource(root), watcher)
+    assert len(watcher.seen) == len(SHORT) and all(seen == [] for seen in watcher.seen)  # no graph while loading
+    assert watcher.vector_indexes() == ["chunks_embedding_hnsw_half_384"]  # built at the end
+    hits = (await fresh_kb.search("how often do dogs bark", SearchFilters(), k=3, mode="dense")).hits
+    assert len(hits) == 3
+
+    # A later sync into the non-empty index keeps the graph and inserts into it.
+    write(root, "more.md", "# More\n\nParrots talk all day.")
+    await fresh_kb.sync(FolderSource(root), watcher)
+    assert watcher.seen[-1] == ["chunks_embedding_hnsw_half_384"]
+    hits = (await fresh_kb.search("which bird talks", SearchFilters(), k=1, mode="dense")).hits
+    assert hits[0].external_id == "more.md"
+
+
+async def test_a_graph_left_missing_by_a_killed_load_is_built_by_the_next_sync(fresh_kb, tmp_path):
+    root = tmp_path / "notes"
+    for name, body in SHORT.items():
+        write(root, name, body)
+    await fresh_kb.sync(FolderSource(root))
+    watcher = IndexWatcher(fresh_kb)
+    watcher.conn.execute("DROP INDEX chunks_embedding_hnsw_half_384")  # what a load killed midway leaves
+
+    # While another session holds the bulk-load lock, that load is alive and will build the graph itself.
+    holder = IndexWatcher(fresh_kb).conn
+    holder.execute("SELECT pg_advisory_lock(%s)", (locks.BULK_LOAD,))
+    write(root, "more.md", "# More\n\nParrots talk all day.")
+    await fresh_kb.sync(FolderSource(root))
+    assert watcher.vector_indexes() == []
+    holder.close()  # the loader's connection is gone (its process died): its lock goes with it
+
+    write(root, "again.md", "# Again\n\nHamsters run at night.")
+    await fresh_kb.sync(FolderSource(root))
+    assert watcher.vector_indexes() == ["chunks_embedding_hnsw_half_384"]
+    hits = (await fresh_kb.search("which pet runs at night", SearchFilters(), k=1, mode="dense")).hits
+    assert hits[0].external_id == "again.md"
