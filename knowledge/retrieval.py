@@ -45,6 +45,10 @@ CANDIDATE_POSTINGS = 3_000
 # At most this many candidate chunks are scored, whatever the terms: a question made only of words found in most
 # chunks cannot make a search score the whole corpus (the rows scored are then the first ones found).
 CANDIDATE_SCAN_CAP = 10_000
+# A lexical-only search that finds fewer than k results tries once more with this posting budget. The budget counts
+# postings in every chunk, also ones the asker may not see, so a reader of few documents can find fewer than k
+# candidates among the rarest terms' chunks although more of theirs contain the other terms.
+WIDENED_CANDIDATE_POSTINGS = CANDIDATE_SCAN_CAP
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,10 @@ class Retriever:
                 # Not reported in the timings: whether the index scan fell short depends on chunks the asker may
                 # not see crowding it, which is not theirs to learn.
                 rows = await self._exact_search(conn, sql, params)
+            elif mode == "lexical" and len(rows) < k and CANDIDATE_POSTINGS < WIDENED_CANDIDATE_POSTINGS:
+                widened = {**params, "candidate_postings": WIDENED_CANDIDATE_POSTINGS,
+                           "scan_cap": max(CANDIDATE_SCAN_CAP, WIDENED_CANDIDATE_POSTINGS)}
+                rows = (await conn.execute(text(sql), widened)).all()
         timings["sql_ms"] = (time.perf_counter() - started) * 1000
         best = rows[0].best_dense if rows else None
         hits = [

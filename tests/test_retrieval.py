@@ -65,6 +65,25 @@ async def test_a_filtered_search_still_returns_k_results(fresh_kb):
         assert all(h.external_id.startswith("public-") for h in hits)
 
 
+
+async def test_a_lexical_search_for_a_reader_of_few_documents_still_fills_k(fresh_kb, monkeypatch):
+    """The rarest question term brings the candidates; its postings are mostly in documents the asker may not see,
+    and the more common term that their documents do contain is over the posting budget. The search widens once."""
+    import knowledge.retrieval as retrieval
+
+    monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus: rarest terms only
+    monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 4)
+    hidden = [item(f"hidden-{i}", f"# Audit {i}\n\nThe zeppelin audit number {i} is confidential.",
+                   access=("group:exec",)) for i in range(3)]
+    mine = [item("zeppelin", "# Hangar\n\nThe zeppelin hangar inspection happens in spring.")]
+    mine += [item(f"inspection-{i}", f"# Site {i}\n\nThe inspection of site {i} happens every spring.")
+             for i in range(8)]
+    await fresh_kb.sync(StaticSource(SourceSpec("mixed", "test"), hidden + mine))
+    hits = (await fresh_kb.search("zeppelin inspection", SearchFilters(), k=5, mode="lexical")).hits
+    assert len(hits) == 5
+    assert hits[0].external_id == "zeppelin"
+    assert all(not h.external_id.startswith("hidden-") for h in hits)
+
 async def test_source_and_date_filters(fresh_kb, tmp_path):
     old = datetime(2020, 1, 1, tzinfo=timezone.utc)
     new = datetime.now(timezone.utc)
