@@ -600,40 +600,54 @@ async def bulk_load(engine: AsyncEngine) -> AsyncIterator[bool]:
     """Around a sync: when the index holds no chunks, write them without the HNSW graph and build it once at the
     end. Yields whether it did.
 
-    Why: inserting a chunk into the graph costs about 3 ms on this machine's CPU, building the graph afterwards
-    about 0.25 ms per chunk (bench/ingest.py), and a first sync is the one that writes a whole corpus. Searches in
+    Why: inserting a chunk into the graph costs about 1.5–3 ms on this machine's CPU, building the graph afterwards
+    about 0.3 ms per chunk (bench/ingest.py), and a first sync is the one that writes a whole corpus. Searches in
     the meantime are exact scans (correct, slower). A session advisory lock marks the load in progress: if the
     process dies mid-load, its lock goes with its connection, and the next sync (this function, not loading)
     finds the graph missing and builds it."""
-    async with engine.connect() as holder:
-        holder = await holder.execution_options(isolation_level="AUTOCOMMIT")
-        if not (await holder.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": locks.BULK_LOAD})).scalar():
-            yield False  # another process is bulk loading: it builds the graph when it ends
-            return
+    claimed = await _claim_bulk_load(engine)
+    if claimed is None:
+        yield False
+        return
+    holder, dimension = claimed
+    try:
+        yield True
+    finally:
         try:
             async with engine.begin() as conn:
-                await lock_index_for_writing(conn)
-                empty = (await conn.execute(text("SELECT NOT EXISTS (SELECT 1 FROM chunks)"))).scalar()
-                dimension = int(await get_meta(conn, "embedding_dimension") or 0)  # set with the model's index
-                if not dimension:
-                    empty = False  # no model recorded yet: Indexer.ensure_embedding_space builds the index
-                elif empty:
-                    await drop_vector_indexes(conn)
-                else:
-                    await ensure_vector_index(conn, dimension)  # missing after a load that was killed
-            if not empty:
-                yield False
-                return
-            try:
-                yield True
-            finally:
-                async with engine.begin() as conn:
-                    await ensure_vector_index(conn, dimension)
-                async with engine.connect() as conn:  # fresh planner statistics for the searches to come
-                    conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                    await conn.execute(text("ANALYZE chunks"))
+                await ensure_vector_index(conn, dimension)
+            async with engine.connect() as conn:  # fresh planner statistics for the searches to come
+                conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                await conn.execute(text("ANALYZE chunks"))
         finally:
             await holder.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": locks.BULK_LOAD})
+            await holder.close()
+
+
+async def _claim_bulk_load(engine: AsyncEngine) -> tuple[AsyncConnection, int] | None:
+    """The connection holding the bulk-load lock and the vector dimension when the index is empty (its graph then
+    dropped); None otherwise, after building a graph that a killed load left missing."""
+    holder = await engine.connect()
+    try:
+        holder = await holder.execution_options(isolation_level="AUTOCOMMIT")
+        if not (await holder.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": locks.BULK_LOAD})).scalar():
+            await holder.close()
+            return None  # another process is bulk loading: it builds the graph when it ends
+        async with engine.begin() as conn:
+            await lock_index_for_writing(conn)
+            dimension = int(await get_meta(conn, "embedding_dimension") or 0)  # set with the model's vector index
+            empty = (await conn.execute(text("SELECT NOT EXISTS (SELECT 1 FROM chunks)"))).scalar()
+            if dimension and empty:
+                await drop_vector_indexes(conn)
+                return holder, dimension
+            if dimension:
+                await ensure_vector_index(conn, dimension)  # missing after a load that was killed
+    except BaseException:
+        await holder.invalidate()  # closed for good, not returned to the pool: a lock it took goes with it
+        raise
+    await holder.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": locks.BULK_LOAD})
+    await holder.close()
+    return None
 
 
 async def chunks_for_reembedding(conn: AsyncConnection, after_id: int, limit: int) -> list[tuple[int, str, str, str]]:
