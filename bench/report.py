@@ -51,7 +51,8 @@ def _machine(result: dict) -> str:  # type: ignore[type-arg]
 def search_section(result: dict) -> str:  # type: ignore[type-arg]
     sizes = result.get("sizes", {})
     order = sorted(sizes, key=int)
-    lines = ["## Search (`bench/search.py`)", "", _machine(result), "",
+    lines = ["## Search (`bench/search.py`)", "", _machine(result) + " Sizes measured in other runs keep the date and "
+             "load average of their own run (rows below).", "",
              "p50 / p95 / p99 in ms of `KnowledgeBase.search` (k = 10). *filtered*: the asker may see 10% of the "
              "documents. *cached query*: the query vector comes from the product's query cache; otherwise the "
              "question is embedded in the call. Floor: a bare HNSW top-10 over the same pool and query vectors.", ""]
@@ -66,12 +67,14 @@ def search_section(result: dict) -> str:  # type: ignore[type-arg]
             cells.append(f"{row['p50']} / {row['p95']} / {row['p99']}" if row else "–")
         lines.append(f"| {key.replace('_', ' ')} | " + " | ".join(cells) + " |")
     facts = [
+        ("measured at (UTC)", "measured_at"),
+        ("load average at start", "load_average_at_start"),
         ("hybrid filtered p95 ÷ floor p95", "hybrid_filtered_vs_floor_p95"),
         ("HNSW recall@10 vs exact", "hnsw_recall@10"),
         ("HNSW recall@10 vs exact, filtered", "hnsw_filtered_recall@10"),
         ("lexical recall@10 vs exact BM25", "lexical_recall@10"),
         ("searches returning < 10 results (of the timed ones)", "searches_with_fewer_than_10_results"),
-        ("store path while loading (chunks/s, no HNSW)", "store_chunks_per_s"),
+        ("store path while loading (chunks/s, first-sync bulk load: no HNSW until the end)", "store_chunks_per_s"),
         ("HNSW build (s)", "hnsw_build_s"),
         ("chunks table incl. indexes and TOAST (MB)", "chunks_table_mb"),
         ("of which indexes (MB)", "indexes_mb"),
@@ -114,7 +117,10 @@ def ingest_section(result: dict) -> str:  # type: ignore[type-arg]
              f"| store path, precomputed embeddings, HNSW maintained ({r.get('store_chunks')} chunks into "
              f"{r.get('store_base_chunks')}) | {r.get('store_chunks_per_s')} chunks/s | bare COPY of the same rows into "
              f"an unindexed table: {r.get('copy_chunks_per_s')} chunks/s | {r.get('store_vs_copy_ratio')} |",
-             f"| store path without the HNSW graph (bulk load) | {r.get('store_without_hnsw_chunks_per_s')} chunks/s | | |",
+             f"| store path of a first sync ({r.get('store_base_chunks')} chunks into the empty index, written without "
+             f"the HNSW graph, then the graph built: {r.get('store_first_sync_graph_build_s')} s, included) | "
+             f"{r.get('store_first_sync_chunks_per_s')} chunks/s | the writes alone: "
+             f"{r.get('store_without_hnsw_chunks_per_s')} chunks/s | |",
              f"| re-sync, nothing changed | {r.get('unchanged_resync_s')} s | first sync {r.get('first_sync_s')} s | "
              f"{r.get('unchanged_resync_speedup')}× faster |",
              f"| re-sync, 1% of documents edited ({r.get('one_percent_changed_documents')}) | "

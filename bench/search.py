@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -309,7 +311,9 @@ async def run_size(
             print(f"{n_chunks:,} chunks: loading through the product's store path")
             corpus, sample, load = await load_corpus(kb, n_chunks)
             print(f"  {load}")
-        figures: dict[str, object] = {"chunks": n_chunks, **load, **await sizes(kb)}
+        figures: dict[str, object] = {"chunks": n_chunks, **load, **await sizes(kb),
+                                      "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                      "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
         # What a question is embedded with after a first sync: the product builds its ONNX question encoder then.
         await asyncio.to_thread(kb.embedder.prepare_query_encoder)
         encoder = kb.embedder.small_batch_encoder
