@@ -49,6 +49,10 @@ CANDIDATE_SCAN_CAP = 10_000
 # postings in every chunk, also ones the asker may not see, so a reader of few documents can find fewer than k
 # candidates among the rarest terms' chunks although more of theirs contain the other terms.
 WIDENED_CANDIDATE_POSTINGS = CANDIDATE_SCAN_CAP
+# Common terms are looked for among the first COMMON_PROBE_ROWS chunks of the table before the GIN index; when
+# every question term is in more than CANDIDATE_SCAN_CAP chunks, candidates come from the first COMMON_SCAN_ROWS.
+COMMON_PROBE_ROWS = 2_000
+COMMON_SCAN_ROWS = 20_000
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,8 @@ class Retriever:
             "rare_corpus": RARE_TERM_CORPUS_SIZE,
             "candidate_postings": CANDIDATE_POSTINGS,
             "scan_cap": CANDIDATE_SCAN_CAP,
+            "common_probe_rows": COMMON_PROBE_ROWS,
+            "common_scan_rows": COMMON_SCAN_ROWS,
         }
         started = time.perf_counter()
         # A hybrid search finds its BM25 candidates in Postgres (another process) while the question is embedded
@@ -250,18 +256,18 @@ rare_terms AS MATERIALIZED (
       AND EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {row_filters})
 ),
 candidate_terms AS (
-    -- The rarest of those while their posting lists add up to CANDIDATE_POSTINGS (the rarest one always) ...
+    -- The rarest of those while their posting lists add up to CANDIDATE_POSTINGS (the rarest one always).
     SELECT r.literal FROM (
         SELECT r.*, row_number() OVER (ORDER BY r.df, r.id) AS nth, sum(r.df) OVER (ORDER BY r.df, r.id) AS postings
         FROM rare_terms r
     ) r
     WHERE r.n < :rare_corpus OR r.nth = 1 OR r.postings <= :candidate_postings
-    UNION ALL
-    -- ... or, when every term is common, the rarest one the asker can find (CANDIDATE_SCAN_CAP bounds the work).
-    (SELECT t.literal FROM question_terms t
-     WHERE NOT EXISTS (SELECT 1 FROM rare_terms)
-       AND EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {filters})
-     ORDER BY t.df, t.id LIMIT 1)
+),
+common_term AS MATERIALIZED (
+    -- When every term is common: the rarest one the asker can find, tried in order of document frequency.
+    SELECT t.id, t.df, t.literal FROM (SELECT * FROM question_terms ORDER BY df, id OFFSET 0) t
+    WHERE NOT EXISTS (SELECT 1 FROM rare_terms) AND {common_term_visible}
+    LIMIT 1
 ),
 bm25_query AS (
     SELECT
@@ -269,27 +275,38 @@ bm25_query AS (
         -- (a term that no permitted chunk contains adds nothing to any score the asker sees)
         ('{' || coalesce((SELECT string_agg(t.id || ':' || t.idf, ',' ORDER BY t.id) FROM question_terms t), '')
              || '}/{sparse_dim}')::sparsevec AS weights,
-        (SELECT string_agg(literal, ' | ') FROM candidate_terms)::tsquery AS candidates
+        -- what brings candidates through the GIN index: rare terms, or a common term whose postings fit the cap
+        coalesce((SELECT string_agg(literal, ' | ') FROM candidate_terms),
+                 (SELECT literal FROM common_term WHERE df <= :scan_cap))::tsquery AS candidates,
+        -- a term in more chunks than that: candidates come from reading chunks in table order instead (below)
+        (SELECT ('{' || id || ':' || '1}/{sparse_dim}')::sparsevec FROM common_term WHERE df > :scan_cap) AS common
 ),
 scored AS MATERIALIZED (
     SELECT c.id, -(c.bm25 <#> q.weights) AS score, c.bm25
     FROM (
-        SELECT c.id, c.bm25 FROM chunks c, bm25_query q
-        WHERE c.tsv @@ q.candidates AND {row_filters}
-        LIMIT :scan_cap
+        (SELECT c.id, c.bm25 FROM chunks c, bm25_query q
+         WHERE c.tsv @@ q.candidates AND {row_filters}
+         LIMIT :scan_cap)
+        UNION ALL
+        -- A term in most chunks: its GIN posting list alone takes longer to read than the first COMMON_SCAN_ROWS
+        -- chunks of the table, among which it is found many times (a BM25 weight is > 0 for every term a chunk
+        -- holds, so the one-hot product says whether the chunk contains it; the weights are stored in the row).
+        (SELECT c.id, c.bm25
+         FROM (SELECT id, bm25, access, source_id, doc_updated_at FROM chunks LIMIT :common_scan_rows) c, bm25_query q
+         WHERE q.common IS NOT NULL AND (c.bm25 <#> q.common) < 0 AND {row_filters})
     ) c, bm25_query q
 ),
 full_match AS (
     -- The score of an average-length chunk containing once every question term the asker can find (the sum of
     -- their idfs): rare terms were checked above; a common one is proven findable by a scored candidate that
-    -- contains it, and only otherwise looked up in the index (a long posting list: the costly case).
+    -- contains it, and only otherwise looked for (see common_term_visible).
     SELECT coalesce(sum(t.idf), 0) AS score
     FROM question_terms t
     WHERE t.id IN (SELECT id FROM rare_terms)
        OR CASE WHEN EXISTS (SELECT 1 FROM scored c
                             WHERE (c.bm25 <#> ('{' || t.id || ':' || '1}/{sparse_dim}')::sparsevec) < 0)
                THEN true
-               ELSE EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {filters})
+               ELSE {common_term_visible}
           END
 ),
 lexical AS MATERIALIZED (
@@ -342,8 +359,19 @@ _FUSED = {
 }
 
 
+# Whether the asker can find common term `t` (more postings than CANDIDATE_POSTINGS): first among the first
+# COMMON_PROBE_ROWS chunks of the table (the weights in the row tell, no index: a term in a fair share of chunks is
+# met within a few dozen rows), else in the GIN index. The index alone builds a bitmap of the whole posting list
+# before it can answer: 80 ms for a term in 40% of a million chunks.
+_COMMON_TERM_VISIBLE = """(
+    EXISTS (SELECT 1 FROM (SELECT bm25, access, source_id, doc_updated_at FROM chunks LIMIT :common_probe_rows) c
+            WHERE (c.bm25 <#> ('{' || t.id || ':' || '1}/{sparse_dim}')::sparsevec) < 0 AND {row_filters})
+    OR EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {filters}))"""
+
+
 def _lexical_search_ctes() -> str:
-    return (_LEXICAL_CTES.replace("{filters}", _FILTERS).replace("{row_filters}", _FILTERS_PER_ROW)
+    return (_LEXICAL_CTES.replace("{common_term_visible}", _COMMON_TERM_VISIBLE)
+            .replace("{filters}", _FILTERS).replace("{row_filters}", _FILTERS_PER_ROW)
             .replace("{sparse_dim}", str(BM25_SPARSE_DIM)))
 
 

@@ -63,14 +63,19 @@ def _seen(results) -> list[tuple[str, float, float | None, float | None]]:  # ty
              None if h.lexical_score is None else round(h.lexical_score, 9)) for h in results.hits]
 
 
-@pytest.mark.parametrize("rare_terms_only", [False, True], ids=["small-corpus", "large-corpus-candidates"])
+@pytest.mark.parametrize("regime", ["small", "rare", "common"],
+                         ids=["small-corpus", "large-corpus-candidates", "every-term-common"])
 @pytest.mark.parametrize("mode", MODES)
-async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(
-    twin_kbs, mode, rare_terms_only, monkeypatch
-):
-    if rare_terms_only:
-        # Behave as a large corpus does: candidates come only from terms in <= 10% of chunks.
+async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(twin_kbs, mode, regime, monkeypatch):
+    if regime != "small":
+        # Behave as a large corpus does: candidates come only from the rarest terms.
         monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)
+    if regime == "common":
+        # ... and every term is common: candidates from the rarest term the asker can find, read in table order
+        # (more postings than the scan cap); visibility looked for in the first few rows, then in the index.
+        monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)
+        monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)
+        monkeypatch.setattr(retrieval, "COMMON_PROBE_ROWS", 3)
     with_word, without_word = twin_kbs
     for k in (1, 5):
         a = await with_word.search("salary band hunter3", SearchFilters(("user:bob@example.com",)), k=k, mode=mode)
