@@ -291,9 +291,11 @@ scored AS MATERIALIZED (
         -- A term in most chunks: its GIN posting list alone takes longer to read than the first COMMON_SCAN_ROWS
         -- chunks of the table, among which it is found many times (a BM25 weight is > 0 for every term a chunk
         -- holds, so the one-hot product says whether the chunk contains it; the weights are stored in the row).
+        -- (The first condition does not depend on the row: evaluated once, it skips the scan for other questions.)
         (SELECT c.id, c.bm25
-         FROM (SELECT id, bm25, access, source_id, doc_updated_at FROM chunks LIMIT :common_scan_rows) c, bm25_query q
-         WHERE q.common IS NOT NULL AND (c.bm25 <#> q.common) < 0 AND {row_filters})
+         FROM (SELECT id, bm25, access, source_id, doc_updated_at FROM chunks LIMIT :common_scan_rows) c
+         WHERE (SELECT common FROM bm25_query) IS NOT NULL
+           AND (c.bm25 <#> (SELECT common FROM bm25_query)) < 0 AND {row_filters})
     ) c, bm25_query q
 ),
 full_match AS (
