@@ -49,10 +49,12 @@ CANDIDATE_SCAN_CAP = 10_000
 # postings in every chunk, also ones the asker may not see, so a reader of few documents can find fewer than k
 # candidates among the rarest terms' chunks although more of theirs contain the other terms.
 WIDENED_CANDIDATE_POSTINGS = CANDIDATE_SCAN_CAP
-# Common terms are looked for among the first COMMON_PROBE_ROWS chunks of the table before the GIN index; when
-# every question term is in more than CANDIDATE_SCAN_CAP chunks, candidates come from the first COMMON_SCAN_ROWS.
+# Common terms are looked for among the first COMMON_PROBE_ROWS chunks (in id order, so every search reads the
+# same ones) before the GIN index; when every question term is in more than CANDIDATE_SCAN_CAP chunks, candidates
+# are the first CANDIDATE_SCAN_CAP chunks holding the rarest one, read in id order, at most COMMON_SCAN_ROWS read:
+# the chunks its posting list would have given first, without reading the whole list.
 COMMON_PROBE_ROWS = 2_000
-COMMON_SCAN_ROWS = 20_000
+COMMON_SCAN_ROWS = 50_000
 
 
 @dataclass(frozen=True)
@@ -288,14 +290,15 @@ scored AS MATERIALIZED (
          WHERE c.tsv @@ q.candidates AND {row_filters}
          LIMIT :scan_cap)
         UNION ALL
-        -- A term in most chunks: its GIN posting list alone takes longer to read than the first COMMON_SCAN_ROWS
-        -- chunks of the table, among which it is found many times (a BM25 weight is > 0 for every term a chunk
+        -- A term in many chunks: its GIN posting list alone takes longer to read than the chunks of the table in
+        -- id order until CANDIDATE_SCAN_CAP of them hold it (a BM25 weight is > 0 for every term a chunk
         -- holds, so the one-hot product says whether the chunk contains it; the weights are stored in the row).
         -- (The first condition does not depend on the row: evaluated once, it skips the scan for other questions.)
         (SELECT c.id, c.bm25
-         FROM (SELECT id, bm25, access, source_id, doc_updated_at FROM chunks LIMIT :common_scan_rows) c
+         FROM (SELECT id, bm25, access, source_id, doc_updated_at FROM chunks ORDER BY id LIMIT :common_scan_rows) c
          WHERE (SELECT common FROM bm25_query) IS NOT NULL
-           AND (c.bm25 <#> (SELECT common FROM bm25_query)) < 0 AND {row_filters})
+           AND (c.bm25 <#> (SELECT common FROM bm25_query)) < 0 AND {row_filters}
+         LIMIT :scan_cap)
     ) c, bm25_query q
 ),
 full_match AS (
@@ -366,7 +369,8 @@ _FUSED = {
 # met within a few dozen rows), else in the GIN index. The index alone builds a bitmap of the whole posting list
 # before it can answer: 80 ms for a term in 40% of a million chunks.
 _COMMON_TERM_VISIBLE = """(
-    EXISTS (SELECT 1 FROM (SELECT bm25, access, source_id, doc_updated_at FROM chunks LIMIT :common_probe_rows) c
+    EXISTS (SELECT 1 FROM (SELECT bm25, access, source_id, doc_updated_at FROM chunks ORDER BY id
+                           LIMIT :common_probe_rows) c
             WHERE (c.bm25 <#> ('{' || t.id || ':' || '1}/{sparse_dim}')::sparsevec) < 0 AND {row_filters})
     OR EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {filters}))"""
 
