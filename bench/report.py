@@ -23,7 +23,7 @@ busy machine absolute figures move a lot, the ratios much less. Targets are read
 ```
 make bench                                                       # quick set: 10k search, small ingest, bot; < 5 min
 .venv/bin/python bench/search.py --chunks 10k,100k               # 100k: about 12 min on 2 cores (idle)
-.venv/bin/python bench/search.py --chunks 1M --queries 100       # 1M: hours on 2 cores (load + HNSW build)
+.venv/bin/python bench/search.py --chunks 1M --queries 100 --recall-queries 10 --keep   # 1M: ~1 h (30 min load, 8 min graph, ~1 min per recall question)
 .venv/bin/python bench/ingest.py --documents 400 --store-chunks 20000 --base-chunks 100000
 .venv/bin/python bench/bot.py                                    # bot overhead, ack, `ragbot run` RSS: ≈ 1 min idle
 .venv/bin/python bench/bot.py --mentions 300 --skip-rss          # more samples, overhead and ack only
@@ -101,6 +101,8 @@ def levers_section(result: dict) -> str:  # type: ignore[type-arg]
              "recall@10 against exact search and p50 / p95 in ms, same run, same queries.", "",
              "| size | lever | recall@10 | p50 | p95 | build s | index MB |", "|---|---|---|---|---|---|---|"]
     for size, figures in sorted(result.get("sizes", {}).items(), key=lambda item: int(item[0])):
+        if figures.get("levers_measured_at"):
+            lines.insert(4, f"{int(size):,} chunks: levers measured {figures['levers_measured_at']}.\n")
         for lever, row in figures.get("levers", {}).items():
             lines.append(f"| {int(size):,} | {lever.replace('_', ' ')} | {row.get('recall@10')} | {row.get('p50')} | "
                          f"{row.get('p95')} | {row.get('build_s', '')} | {row.get('index_mb', '')} |")
