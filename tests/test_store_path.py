@@ -5,7 +5,7 @@ import math
 import pytest
 from sqlalchemy import text
 
-from conftest import write
+from conftest import _admin, write
 from db import locks
 from knowledge import store
 from knowledge.embedding import EmbeddingModelError, resolve_device
@@ -106,10 +106,7 @@ class IndexWatcher:
     own connection: the sync's writes are committed by then)."""
 
     def __init__(self, kb) -> None:  # type: ignore[no-untyped-def]
-        import psycopg
-
-        url = kb.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn = _admin(kb.engine.url.render_as_string(hide_password=False))  # an autocommit psycopg connection
         self.seen: list[list[str]] = []
 
     def start(self, total: int | None) -> None:
