@@ -77,7 +77,7 @@ STAGES = {  # stages_ms keys → what they cover (bench/report.py prints the sam
     "after_retrieval": "prompt building + the SDK's request, until the server has it",
     "overhead_without_retrieval": "overhead minus retrieval: the bot's own part",
     "floor_embed": "floor: query embedding",
-    "floor_sql": "floor: SQL",
+    "floor_sql": "floor: after the question is embedded (SQL, fusion)",
 }
 
 
@@ -202,7 +202,7 @@ async def measure_overhead(mentions: int, warmup: int, profile: str | None = Non
                         (llm_at - handled_at) * 1000 - timings.get("retrieval_ms", 0.0))
                     samples["floor"].append(floor_ms)
                     samples["floor_embed"].append(results.timings.get("embed_ms", 0.0))
-                    samples["floor_sql"].append(results.timings.get("sql_ms", 0.0))
+                    samples["floor_sql"].append(floor_ms - results.timings.get("embed_ms", 0.0))
         finally:
             if profiler is not None:
                 profiler.disable()

@@ -32,7 +32,7 @@ from sqlalchemy import text  # noqa: E402
 from knowledge import store  # noqa: E402
 from knowledge.evaluation import load_jsonl_questions  # noqa: E402
 from knowledge.kb import KnowledgeBase  # noqa: E402
-from knowledge.retrieval import SearchFilters, build_search_sql  # noqa: E402
+from knowledge.retrieval import SearchFilters, dense_sql  # noqa: E402
 from knowledge.sources.folder import FolderSource  # noqa: E402
 
 HANDBOOK = Path(__file__).resolve().parent.parent / "examples" / "handbook"
@@ -40,10 +40,9 @@ HANDBOOK = Path(__file__).resolve().parent.parent / "examples" / "handbook"
 
 async def bare_index_scan(kb: KnowledgeBase, query: str) -> int:
     """Rows the dense SQL returns on its own (no exact fallback)."""
-    sql = build_search_sql("dense", kb.settings.fusion, kb.embedder.dimension)
-    params = {"query": query, "config": "english", "embedding": await kb.retriever.query_vector(query),
-              "principals": ["everyone"], "sources": None, "updated_after": None, "n": 100, "per_document": 2,
-              "limit": 25, "dense_weight": 0.5, "lexical_weight": 0.5, "rrf_k": 60, "rare_corpus": 10_000}
+    sql = dense_sql(kb.embedder.dimension)
+    params = {"embedding": await kb.retriever.query_vector(query), "principals": ["everyone"], "sources": None,
+              "updated_after": None, "n": 100}
     async with kb.engine.connect() as conn:
         return len((await conn.execute(text(sql), params)).all())
 

@@ -141,7 +141,7 @@ BOT_STAGES = {  # bench/bot.py's stages_ms, in path order
     "after_retrieval": "· prompt building + the SDK's request, until the server has read it",
     "overhead_without_retrieval": "overhead minus retrieval: the bot's own part",
     "floor_embed": "· floor: query embedding",
-    "floor_sql": "· floor: SQL",
+    "floor_sql": "· floor: after the question is embedded (SQL, fusion)",
 }
 
 

@@ -1,4 +1,4 @@
-"""Hybrid retrieval in one SQL round trip: pgvector HNSW (dense) + Okapi BM25 (lexical), fused, filtered by access.
+"""Hybrid retrieval: pgvector HNSW (dense) + Okapi BM25 (lexical), each filtered by access, fused (knowledge.fusion).
 
 BM25 is computed inside Postgres with nothing beyond pgvector: the question is tokenised and stemmed by the same
 text search configuration as the chunks; its terms' idf (from the `lexemes` table and the corpus size) form a sparse
@@ -6,12 +6,10 @@ query vector; each chunk stores its document-side BM25 weights as a sparse vecto
 BM25 score. Candidates come from the GIN index with OR semantics over the question's terms, because long
 questions rarely contain every term.
 
-Fusion (FUSION): "adaptive" (default) is a convex combination of min-max normalised scores in which the BM25 side
-is scaled by its confidence: the best lexical score as a fraction of the score an average-length chunk containing
-every question term once would get (capped at 1). A question that shares its key terms with a document keeps BM25's full say; a paraphrase whose only lexical
-matches are incidental words does not let those matches outrank the dense side. "convex" (no scaling) and "rrf"
-(reciprocal rank fusion) are there to compare; the README has the measurements. Both lists are filtered by the asker's principals inside their index scans
-(pgvector's iterative scan keeps a filtered HNSW search returning enough rows).
+A search is three statements: BM25's candidates (sent before the question is embedded, so Postgres works on them
+while the model does), the HNSW search (sent the moment the vector is ready), and the chosen chunks' text. Both
+candidate lists are filtered by the asker's principals inside their index scans (pgvector's iterative scan keeps a
+filtered HNSW search returning enough rows).
 """
 
 from __future__ import annotations
@@ -23,11 +21,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal, Sequence
 
-from sqlalchemy import text
+from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.models import BM25_SPARSE_DIM
 from knowledge.embedding import Embedder
+from knowledge.fusion import Candidate, Fused, Fusion, LexicalCandidates
 from knowledge.settings import KnowledgeSettings
 from knowledge.sources.base import EVERYONE
 from knowledge.store import vector_literal
@@ -118,15 +117,32 @@ class Retriever:
             self._query_vectors[query] = vector_literal(vector)
         return self._query_vectors[query]
 
-    async def _lexical_candidates(self, params: dict[str, object]):  # type: ignore[no-untyped-def]
+    async def _lexical_candidates(
+        self, params: dict[str, object], shown: dict[int, Row]  # type: ignore[type-arg]
+    ) -> LexicalCandidates:
         async with self.engine.connect() as conn:
-            return (await conn.execute(text(LEXICAL_SQL), params)).all()
+            rows = (await conn.execute(text(LEXICAL_SQL), params)).all()
+        shown.update((r.id, r) for r in rows)
+        return LexicalCandidates([Candidate(r.id, r.document_id, float(r.score)) for r in rows],
+                                 float(rows[0].full_match_score) if rows else 0.0)
 
-    async def _index_scan_fell_short(self, conn, rows, params: dict[str, object]) -> bool:  # type: ignore[no-untyped-def]
+    async def _dense_candidates(
+        self, params: dict[str, object], shown: dict[int, Row]  # type: ignore[type-arg]
+    ) -> list[Candidate]:
+        sql = dense_sql(self.embedder.dimension)
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(text(sql), params)).all()
+            if await self._index_scan_fell_short(conn, len(rows), params):
+                # Not reported in the timings: whether the index scan fell short depends on chunks the asker may
+                # not see crowding it, which is not theirs to learn.
+                rows = await self._exact_search(conn, sql, params)
+        shown.update((r.id, r) for r in rows)
+        return [Candidate(r.id, r.document_id, float(r.score)) for r in rows]
+
+    async def _index_scan_fell_short(self, conn, found: int, params: dict[str, object]) -> bool:  # type: ignore[no-untyped-def]
         """Did the HNSW scan return fewer candidates than the asker may see? It can, when the rows it visits first
         are ones the filter rejects (other people's chunks) or dead rows of a large deletion not yet vacuumed:
         pgvector stops after hnsw.max_scan_tuples. Only then is the permitted set counted (at most n rows)."""
-        found = rows[0].dense_found if rows else 0
         if found >= params["n"]:  # type: ignore[operator]
             return False
         permitted = (await conn.execute(text(_PERMITTED_COUNT_SQL), params)).scalar_one()
@@ -141,6 +157,15 @@ class Retriever:
         await conn.rollback()
         return rows
 
+    @staticmethod
+    def _hits(chosen: Sequence[Fused], shown: dict[int, Row]) -> list[SearchHit]:  # type: ignore[type-arg]
+        hits = []
+        for f in chosen:
+            r = shown[f.id]
+            hits.append(SearchHit(0, f.score, f.id, r.text, r.heading, r.ordinal, r.document_id, r.external_id,
+                                  r.title, r.url, r.path, r.source, f.dense_score, f.lexical_score))
+        return hits
+
     async def search(
         self,
         query: str,
@@ -154,8 +179,9 @@ class Retriever:
         if not query.strip():
             raise ValueError("the question is empty")
         timings: dict[str, float] = {}
-        per_document = max_per_document or self.settings.max_chunks_per_document
-        fetch = k * 2 + 5  # room for near-duplicates that get collapsed below
+        fusion = Fusion(self.settings.fusion, self.settings.fusion_dense_weight, self.settings.rrf_k,
+                        per_document=max_per_document or self.settings.max_chunks_per_document,
+                        limit=k * 2 + 5)  # room for near-duplicates that get collapsed below
         params: dict[str, object] = {
             "query": query,
             "config": self.settings.text_search_config,
@@ -164,11 +190,6 @@ class Retriever:
             "sources": list(filters.sources) if filters.sources else None,
             "updated_after": filters.updated_after,
             "n": max(candidates or self.settings.candidates_per_retriever, k),
-            "per_document": per_document,
-            "limit": fetch,
-            "dense_weight": self.settings.fusion_dense_weight,
-            "lexical_weight": 1.0 - self.settings.fusion_dense_weight,
-            "rrf_k": self.settings.rrf_k,
             "rare_corpus": RARE_TERM_CORPUS_SIZE,
             "candidate_postings": CANDIDATE_POSTINGS,
             "scan_cap": CANDIDATE_SCAN_CAP,
@@ -176,49 +197,43 @@ class Retriever:
             "common_scan_rows": COMMON_SCAN_ROWS,
         }
         started = time.perf_counter()
-        # A hybrid search finds its BM25 candidates in Postgres (another process) while the question is embedded
-        # here, so on a 2-core machine the two run at once rather than one after the other (bench/search.py).
-        lexical = asyncio.create_task(self._lexical_candidates(params)) if mode == "hybrid" else None
-        try:
-            vector = await self.query_vector(query) if mode != "lexical" else None
-        except BaseException:
-            if lexical is not None:
-                lexical.cancel()
-                await asyncio.gather(lexical, return_exceptions=True)
-            raise
-        timings["embed_ms"] = (time.perf_counter() - started) * 1000
-        params["embedding"] = vector
-        if lexical is not None:
-            found = await lexical
+        # BM25 runs in Postgres (another process) while the question is embedded here, and the HNSW search starts as
+        # soon as the vector is ready, whether BM25 has finished or not: on a 2-core machine the work overlaps
+        # instead of queueing (bench/search.py measures it).
+        # Each candidate comes with what its hit shows (text, document), read by the statement that checked access.
+        shown: dict[int, Row] = {}  # type: ignore[type-arg]
+
+        async def lexical_side() -> LexicalCandidates:
+            found = await self._lexical_candidates(params, shown)
             timings["lexical_ms"] = (time.perf_counter() - started) * 1000
-            params["lexical_ids"] = [r.id for r in found]
-            params["lexical_scores"] = [float(r.score) for r in found]
-            params["lexical_full_match"] = float(found[0].full_match_score) if found else 0.0
-        sql = build_search_sql(mode, self.settings.fusion, self.embedder.dimension if vector else 0,
-                               lexical_given=lexical is not None)
-        started = time.perf_counter()
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(text(sql), params)).all()
-            if vector is not None and await self._index_scan_fell_short(conn, rows, params):
-                # Not reported in the timings: whether the index scan fell short depends on chunks the asker may
-                # not see crowding it, which is not theirs to learn.
-                rows = await self._exact_search(conn, sql, params)
-            elif mode == "lexical" and len(rows) < k and CANDIDATE_POSTINGS < WIDENED_CANDIDATE_POSTINGS:
-                widened = {**params, "candidate_postings": WIDENED_CANDIDATE_POSTINGS,
-                           "scan_cap": max(CANDIDATE_SCAN_CAP, WIDENED_CANDIDATE_POSTINGS)}
-                rows = (await conn.execute(text(sql), widened)).all()
-        timings["sql_ms"] = (time.perf_counter() - started) * 1000
-        best = rows[0].best_dense if rows else None
-        hits = [
-            SearchHit(0, float(r.score), r.chunk_id, r.text, r.heading, r.ordinal, r.document_id, r.external_id,
-                      r.title, r.url, r.path, r.source, r.dense_score, r.lexical_score)
-            for r in rows
-        ]
+            return found
+
+        lexical_task = asyncio.create_task(lexical_side()) if mode != "dense" else None
+        dense: list[Candidate] | None = None
+        try:
+            if mode != "lexical":
+                params["embedding"] = await self.query_vector(query)
+                timings["embed_ms"] = (time.perf_counter() - started) * 1000
+                dense = await self._dense_candidates(params, shown)
+                timings["dense_ms"] = (time.perf_counter() - started) * 1000
+            lexical = await lexical_task if lexical_task is not None else None
+        except BaseException:
+            if lexical_task is not None:
+                lexical_task.cancel()
+                await asyncio.gather(lexical_task, return_exceptions=True)
+            raise
+        chosen = fusion.fuse(dense, lexical)
+        if mode == "lexical" and len(chosen) < k and CANDIDATE_POSTINGS < WIDENED_CANDIDATE_POSTINGS:
+            widened = {**params, "candidate_postings": WIDENED_CANDIDATE_POSTINGS,
+                       "scan_cap": max(CANDIDATE_SCAN_CAP, WIDENED_CANDIDATE_POSTINGS)}
+            chosen = fusion.fuse(None, await self._lexical_candidates(widened, shown))
+        hits = self._hits(chosen, shown)
+        best = max((c.score for c in dense), default=None) if dense is not None else None
         if self.settings.rerank_model and mode == "hybrid":
             started = time.perf_counter()
             hits = await rerank(self.settings.rerank_model, query, hits[: self.settings.rerank_candidates])
             timings["rerank_ms"] = (time.perf_counter() - started) * 1000
-        hits = [replace(hit, rank=i + 1) for i, hit in enumerate(collapse_near_duplicates(hits)[:k])]
+        hits = [replace(hit, rank=i + 1) for i, hit in enumerate(collapse_near_duplicates(hits, limit=k))]
         return SearchResults(hits, best, timings)
 
 
@@ -321,49 +336,6 @@ lexical AS MATERIALIZED (
     LIMIT :n
 )"""
 
-# The lexical candidates found by a separate statement (LEXICAL_SQL) while the question was being embedded, passed
-# back in. Access and existence are checked again: a sync may have changed a chunk in the milliseconds between.
-_LEXICAL_GIVEN = """
-lexical AS MATERIALIZED (
-    SELECT u.id, u.score, CAST(:lexical_full_match AS float8) AS full_match_score
-    FROM unnest(CAST(:lexical_ids AS bigint[]), CAST(:lexical_scores AS float8[])) AS u(id, score)
-    JOIN chunks c ON c.id = u.id
-    WHERE {filters}
-)"""
-
-_LEXICAL_RANKED = """
-lexical_ranked AS (
-    SELECT id, score, row_number() OVER (ORDER BY score DESC) AS rank,
-           CASE WHEN max(score) OVER () > min(score) OVER ()
-                THEN (score - min(score) OVER ()) / (max(score) OVER () - min(score) OVER ()) ELSE 1 END AS norm,
-           -- how fully the best lexical match covers the question's terms (0..1)
-           least(1.0, max(score) OVER () / nullif(full_match_score, 0)) AS confidence
-    FROM lexical
-)"""
-
-_DENSE_CTES = """
-dense AS MATERIALIZED (
-    SELECT c.id, 1 - (c.embedding::vector({dim}) <=> CAST(:embedding AS vector({dim}))) AS score
-    FROM chunks c
-    WHERE {filters}
-    -- the order from the half-precision HNSW index (store.vector_index_sql), the score at full precision
-    ORDER BY c.embedding::halfvec({dim}) <=> CAST(:embedding AS halfvec({dim}))
-    LIMIT :n
-),
-dense_ranked AS (
-    SELECT id, score, row_number() OVER (ORDER BY score DESC) AS rank,
-           CASE WHEN max(score) OVER () > min(score) OVER ()
-                THEN (score - min(score) OVER ()) / (max(score) OVER () - min(score) OVER ()) ELSE 1 END AS norm
-    FROM dense
-)"""
-
-_FUSED = {
-    "adaptive": "coalesce(:dense_weight * d.norm, 0) + coalesce(:lexical_weight * l.norm * l.confidence, 0)",
-    "convex": "coalesce(:dense_weight * d.norm, 0) + coalesce(:lexical_weight * l.norm, 0)",
-    "rrf": "coalesce(:dense_weight / (:rrf_k + d.rank), 0) + coalesce(:lexical_weight / (:rrf_k + l.rank), 0)",
-}
-
-
 # Whether the asker can find common term `t` (more postings than CANDIDATE_POSTINGS): first among the first
 # COMMON_PROBE_ROWS chunks of the table (the weights in the row tell, no index: a term in a fair share of chunks is
 # met within a few dozen rows), else in the GIN index. The index alone builds a bitmap of the whole posting list
@@ -381,80 +353,67 @@ def _lexical_search_ctes() -> str:
             .replace("{sparse_dim}", str(BM25_SPARSE_DIM)))
 
 
-# The lexical candidates alone: run by a hybrid search while the question is embedded (see Retriever.search).
-LEXICAL_SQL = "WITH " + _lexical_search_ctes() + "\nSELECT id, score, full_match_score FROM lexical"
+# What a hit shows, read with each candidate: its text and its document (`c` is the chunk).
+_SHOWN_COLUMNS = """c.document_id, c.text, c.heading, c.ordinal, d.external_id, d.title, d.url, d.path,
+       s.name AS source"""
+_SHOWN_JOINS = """JOIN documents d ON d.id = c.document_id
+JOIN sources s ON s.id = d.source_id"""
+
+# BM25's candidates, best first, with the full-match score (see full_match).
+LEXICAL_SQL = ("WITH " + _lexical_search_ctes() + f"""
+SELECT l.id, l.score, l.full_match_score, {_SHOWN_COLUMNS}
+FROM lexical l
+JOIN chunks c ON c.id = l.id
+{_SHOWN_JOINS}""")
 
 
-def build_search_sql(mode: Mode, fusion: str, dimension: int, *, lexical_given: bool = False) -> str:
-    """The whole search as one statement. `dimension` is an int from the model, never user input. With
-    `lexical_given` (hybrid), the BM25 candidates come in as parameters from LEXICAL_SQL instead."""
-    ctes: list[str] = []
-    if mode in ("hybrid", "lexical"):
-        lexical = _LEXICAL_GIVEN.replace("{filters}", _FILTERS) if lexical_given else _lexical_search_ctes()
-        ctes.append(lexical + "," + _LEXICAL_RANKED)
-    if mode in ("hybrid", "dense"):
-        ctes.append(_DENSE_CTES.replace("{filters}", _FILTERS).replace("{dim}", str(int(dimension))))
-    if mode == "hybrid":
-        fused = f"""
-fused AS (
-    SELECT coalesce(d.id, l.id) AS id, d.score AS dense_score, l.score AS lexical_score, {_FUSED[fusion]} AS score
-    FROM dense_ranked d FULL OUTER JOIN lexical_ranked l ON d.id = l.id
-)"""
-        best = "(SELECT max(score) FROM dense)"
-        found = "(SELECT count(*) FROM dense)"
-    elif mode == "dense":
-        fused = "fused AS (SELECT id, score AS dense_score, NULL::float8 AS lexical_score, score FROM dense_ranked)"
-        best = "(SELECT max(score) FROM dense)"
-        found = "(SELECT count(*) FROM dense)"
-    else:
-        fused = "fused AS (SELECT id, NULL::float8 AS dense_score, score AS lexical_score, score FROM lexical_ranked)"
-        best = "NULL::float8"
-        found = "NULL::bigint"
-    ctes.append(fused)
-    ctes.append(
-        """
-per_document AS (
-    SELECT f.*, c.document_id, row_number() OVER (PARTITION BY c.document_id ORDER BY f.score DESC, f.id) AS nth
-    FROM fused f JOIN chunks c ON c.id = f.id
-)"""
-    )
-    return (
-        "WITH "
-        + ",".join(ctes)
-        + f"""
-SELECT p.id AS chunk_id, p.score, p.dense_score, p.lexical_score, c.text, c.heading, c.ordinal,
-       d.id AS document_id, d.external_id, d.title, d.url, d.path, s.name AS source, {best} AS best_dense,
-       {found} AS dense_found
-FROM per_document p
-JOIN chunks c ON c.id = p.id
-JOIN documents d ON d.id = c.document_id
-JOIN sources s ON s.id = d.source_id
-WHERE p.nth <= :per_document
-ORDER BY p.score DESC, p.id
-LIMIT :limit
-"""
-    )
+def dense_sql(dimension: int) -> str:
+    """The HNSW search for the n chunks nearest the question that the asker may see. `dimension` is an int from the
+    model, never user input."""
+    dim = str(int(dimension))
+    return f"""
+WITH dense AS MATERIALIZED (
+    SELECT c.id, 1 - (c.embedding::vector({dim}) <=> CAST(:embedding AS vector({dim}))) AS score
+    FROM chunks c
+    WHERE {_FILTERS}
+    -- the order from the half-precision HNSW index (store.vector_index_sql), the score at full precision
+    ORDER BY c.embedding::halfvec({dim}) <=> CAST(:embedding AS halfvec({dim}))
+    LIMIT :n
+)
+SELECT n.id, n.score, {_SHOWN_COLUMNS}
+FROM dense n
+JOIN chunks c ON c.id = n.id
+{_SHOWN_JOINS}"""
 
 
 _WORD = re.compile(r"\w+")
 
 
-def collapse_near_duplicates(hits: Sequence[SearchHit], threshold: float = 0.9) -> list[SearchHit]:
+def collapse_near_duplicates(
+    hits: Sequence[SearchHit], threshold: float = 0.9, limit: int | None = None
+) -> list[SearchHit]:
     """Drop a hit whose set of words overlaps a better hit's by `threshold` (Jaccard): the same paragraph pasted into two
-    pages, or two overlapping chunks, should not take two of the k places."""
-    kept: list[tuple[SearchHit, set[str]]] = []
+    pages, or two overlapping chunks, should not take two of the k places. Stops once `limit` hits are kept."""
+    kept: list[tuple[SearchHit, frozenset[str]]] = []
     for hit in hits:
-        words = set(_WORD.findall(hit.text.lower()))
-        if any(_jaccard(words, other) >= threshold for _, other in kept):
+        words = frozenset(_WORD.findall(hit.text.lower()))
+        if any(_jaccard_at_least(words, other, threshold) for _, other in kept):
             continue
         kept.append((hit, words))
+        if limit is not None and len(kept) == limit:
+            break
     return [hit for hit, _ in kept]
 
 
-def _jaccard(a: set[str], b: set[str]) -> float:
+def _jaccard_at_least(a: frozenset[str], b: frozenset[str], threshold: float) -> bool:
     if not a or not b:
-        return 0.0
-    return len(a & b) / len(a | b)
+        return False
+    # |a ∩ b| / |a ∪ b| is at most the smaller set's size over the larger's: most pairs are ruled out by that alone
+    # (a search collapses up to 25 hits, each against every hit kept before it).
+    if min(len(a), len(b)) < threshold * max(len(a), len(b)):
+        return False
+    shared = len(a & b)
+    return shared >= threshold * (len(a) + len(b) - shared)
 
 
 _cross_encoders: dict[str, object] = {}
