@@ -105,6 +105,9 @@ class SearchResults:
 class Retriever:
     def __init__(self, engine: AsyncEngine, embedder: Embedder, settings: KnowledgeSettings) -> None:
         self.engine = engine
+        # Searches only read: in autocommit a statement is one round trip, without a BEGIN before it and a ROLLBACK
+        # when the connection goes back to the pool.
+        self._reads = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.embedder = embedder
         self.settings = settings
         self._query_vectors: dict[str, str] = {}
@@ -120,7 +123,7 @@ class Retriever:
     async def _lexical_candidates(
         self, params: dict[str, object], shown: dict[int, Row]  # type: ignore[type-arg]
     ) -> LexicalCandidates:
-        async with self.engine.connect() as conn:
+        async with self._reads.connect() as conn:
             rows = (await conn.execute(text(LEXICAL_SQL), params)).all()
         shown.update((r.id, r) for r in rows)
         return LexicalCandidates([Candidate(r.id, r.document_id, float(r.score)) for r in rows],
@@ -129,13 +132,12 @@ class Retriever:
     async def _dense_candidates(
         self, params: dict[str, object], shown: dict[int, Row]  # type: ignore[type-arg]
     ) -> list[Candidate]:
-        sql = dense_sql(self.embedder.dimension)
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(text(sql), params)).all()
+        async with self._reads.connect() as conn:
+            rows = (await conn.execute(text(dense_sql(self.embedder.dimension)), params)).all()
             if await self._index_scan_fell_short(conn, len(rows), params):
                 # Not reported in the timings: whether the index scan fell short depends on chunks the asker may
                 # not see crowding it, which is not theirs to learn.
-                rows = await self._exact_search(conn, sql, params)
+                rows = (await conn.execute(text(dense_sql(self.embedder.dimension, exact=True)), params)).all()
         shown.update((r.id, r) for r in rows)
         return [Candidate(r.id, r.document_id, float(r.score)) for r in rows]
 
@@ -147,15 +149,6 @@ class Retriever:
             return False
         permitted = (await conn.execute(text(_PERMITTED_COUNT_SQL), params)).scalar_one()
         return permitted > found
-
-    async def _exact_search(self, conn, sql: str, params: dict[str, object]):  # type: ignore[no-untyped-def]
-        """The same statement without the vector index: an exact scan of the permitted chunks (fast for the
-        small permitted sets where the index falls short)."""
-        # SET LOCAL lasts until the end of the connection's current transaction, which the rollback ends.
-        await conn.execute(text("SET LOCAL enable_indexscan = off"))
-        rows = (await conn.execute(text(sql), params)).all()
-        await conn.rollback()
-        return rows
 
     @staticmethod
     def _hits(chosen: Sequence[Fused], shown: dict[int, Row]) -> list[SearchHit]:  # type: ignore[type-arg]
@@ -367,17 +360,21 @@ JOIN chunks c ON c.id = l.id
 {_SHOWN_JOINS}""")
 
 
-def dense_sql(dimension: int) -> str:
+def dense_sql(dimension: int, *, exact: bool = False) -> str:
     """The HNSW search for the n chunks nearest the question that the asker may see. `dimension` is an int from the
-    model, never user input."""
+    model, never user input. `exact` orders by the full-precision distance, which no index serves: an exact scan
+    of the permitted chunks, for when the index scan falls short (fast for the small permitted sets where it does)."""
     dim = str(int(dimension))
+    # the order from the half-precision HNSW index (store.vector_index_sql), the score at full precision
+    order = f"c.embedding::halfvec({dim}) <=> CAST(:embedding AS halfvec({dim}))"
+    if exact:
+        order = f"c.embedding::vector({dim}) <=> CAST(:embedding AS vector({dim}))"
     return f"""
 WITH dense AS MATERIALIZED (
     SELECT c.id, 1 - (c.embedding::vector({dim}) <=> CAST(:embedding AS vector({dim}))) AS score
     FROM chunks c
     WHERE {_FILTERS}
-    -- the order from the half-precision HNSW index (store.vector_index_sql), the score at full precision
-    ORDER BY c.embedding::halfvec({dim}) <=> CAST(:embedding AS halfvec({dim}))
+    ORDER BY {order}
     LIMIT :n
 )
 SELECT n.id, n.score, {_SHOWN_COLUMNS}

@@ -105,7 +105,8 @@ async def test_dense_search_is_not_blinded_by_a_large_deletion(kb_factory, monke
     @event.listens_for(kb.engine.sync_engine, "checkout")
     def _plan_like_a_big_table(dbapi_connection, _record, _proxy):  # type: ignore[no-untyped-def]
         # With a few hundred rows the planner would sort them all instead of using the index; at the sizes where
-        # this matters it uses the index, so make it do so here. (The exact fallback switches index scans off.)
+        # this matters it uses the index, so make it do so here. (The exact fallback orders by a distance no index
+        # serves.)
         cursor = dbapi_connection.cursor()
         cursor.execute("SET enable_seqscan = off")
         cursor.execute("SET enable_bitmapscan = off")
