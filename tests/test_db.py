@@ -73,9 +73,10 @@ async def test_upgrading_an_indexed_database_rebuilds_its_vector_index_in_half_p
         await engine.dispose()
 
 
-async def test_the_embedded_server_gets_a_buffer_cache_sized_for_search(template_db, server_url):
+async def test_the_embedded_server_is_configured_for_search(template_db, server_url):
     """The embedded Postgres is restarted once with shared_buffers = a quarter of RAM (at most 1 GB) instead of
-    Postgres' 128 MB, in which a 100k-chunk index does not fit."""
+    Postgres' 128 MB, in which a 100k-chunk index does not fit, and with reads done by the backend itself rather
+    than handed to IO workers."""
     from db.embedded import shared_buffers_mb
 
     engine = create_engine(server_url)
@@ -83,6 +84,8 @@ async def test_the_embedded_server_gets_a_buffer_cache_sized_for_search(template
         async with engine.connect() as conn:
             mb = (await conn.execute(text(
                 "SELECT setting::bigint * 8 / 1024 FROM pg_settings WHERE name = 'shared_buffers'"))).scalar_one()
+            io_method = (await conn.execute(text("SELECT current_setting('io_method')"))).scalar_one()
         assert mb == shared_buffers_mb() >= 128
+        assert io_method == "sync"
     finally:
         await engine.dispose()
