@@ -6,10 +6,11 @@ query vector; each chunk stores its document-side BM25 weights as a sparse vecto
 BM25 score. Candidates come from the GIN index with OR semantics over the question's terms, because long
 questions rarely contain every term.
 
-A search is three statements: BM25's candidates (sent before the question is embedded, so Postgres works on them
-while the model does), the HNSW search (sent the moment the vector is ready), and the chosen chunks' text. Both
-candidate lists are filtered by the asker's principals inside their index scans (pgvector's iterative scan keeps a
-filtered HNSW search returning enough rows).
+A search is two statements: BM25's candidates (sent before the question is embedded, so Postgres works on them
+while the model does) and the HNSW search (sent the moment the vector is ready). Each returns with its candidates
+what their hits show (text, document), so the fused list needs no further round trip. Both candidate lists are
+filtered by the asker's principals inside their index scans (pgvector's iterative scan keeps a filtered HNSW
+search returning enough rows).
 """
 
 from __future__ import annotations
