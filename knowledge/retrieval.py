@@ -290,7 +290,7 @@ bm25_query AS (
         coalesce((SELECT string_agg(literal, ' | ') FROM candidate_terms),
                  (SELECT literal FROM common_term WHERE df <= :scan_cap))::tsquery AS candidates,
         -- a term in more chunks than that: candidates come from reading chunks in table order instead (below)
-        (SELECT ('{' || id || ':' || '1}/{sparse_dim}')::sparsevec FROM common_term WHERE df > :scan_cap) AS common
+        (SELECT {holds_t} FROM common_term t WHERE t.df > :scan_cap) AS common
 ),
 scored AS MATERIALIZED (
     SELECT c.id, -(c.bm25 <#> q.weights) AS score, c.bm25
@@ -318,7 +318,7 @@ full_match AS (
     FROM question_terms t
     WHERE t.id IN (SELECT id FROM rare_terms)
        OR CASE WHEN EXISTS (SELECT 1 FROM scored c
-                            WHERE (c.bm25 <#> ('{' || t.id || ':' || '1}/{sparse_dim}')::sparsevec) < 0)
+                            WHERE (c.bm25 <#> {holds_t}) < 0)
                THEN true
                ELSE {common_term_visible}
           END
@@ -337,14 +337,19 @@ lexical AS MATERIALIZED (
 _COMMON_TERM_VISIBLE = """(
     EXISTS (SELECT 1 FROM (SELECT bm25, access, source_id, doc_updated_at FROM chunks ORDER BY id
                            LIMIT :common_probe_rows) c
-            WHERE (c.bm25 <#> ('{' || t.id || ':' || '1}/{sparse_dim}')::sparsevec) < 0 AND {row_filters})
+            WHERE (c.bm25 <#> {holds_t}) < 0 AND {row_filters})
     OR EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {filters}))"""
+
+
+# Term `t` alone as a sparse vector (weight 1): its inner product `<#>` with a chunk's BM25 weights is < 0 exactly
+# when the chunk holds t, since a weight is > 0 for every term a chunk holds.
+_HOLDS_T = "('{' || t.id || ':' || '1}/{sparse_dim}')::sparsevec"
 
 
 def _lexical_search_ctes() -> str:
     return (_LEXICAL_CTES.replace("{common_term_visible}", _COMMON_TERM_VISIBLE)
             .replace("{filters}", _FILTERS).replace("{row_filters}", _FILTERS_PER_ROW)
-            .replace("{sparse_dim}", str(BM25_SPARSE_DIM)))
+            .replace("{holds_t}", _HOLDS_T).replace("{sparse_dim}", str(BM25_SPARSE_DIM)))
 
 
 # What a hit shows, read with each candidate: its text and its document (`c` is the chunk).
