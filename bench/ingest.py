@@ -13,8 +13,10 @@ re-syncs as ratios to the first sync.
    the floors on either side of it, with every ratio in `ingest_vs_encode_ratios`. `ingest_vs_encode_cpu_ratio`
    compares CPU seconds of this process instead (floor over syncs; Postgres' own CPU not included): far less
    sensitive to other processes' load than wall time.
-2. The store path alone: `store.write_documents` with precomputed embeddings, batched the way the indexer batches
-   (16 documents per transaction). First as a first sync runs it (`store_first_sync_chunks_per_s`): into the empty
+2. The store path alone: `store.write_documents` with precomputed embeddings, batched the way the indexer's writer
+   batches when the model is ahead of Postgres (as a GPU is): batches of 16 documents joined up to 2,000 chunks a
+   transaction (`--unmerged`: each batch of 16 on its own, as a CPU-bound sync writes them). Generating the rows
+   is outside every clock. First as a first sync runs it (`store_first_sync_chunks_per_s`): into the empty
    index without the HNSW graph, which `store.bulk_load` builds at the end (the build is in the time); then into
    that index with its graph maintained row by row, as every later sync writes (`store_chunks_per_s`); beside them
    a bare `COPY` of the same rows into a table with no index, no trigger and no derived columns: the floor of
@@ -49,7 +51,7 @@ from sqlalchemy import text  # noqa: E402
 
 from knowledge import store  # noqa: E402
 from knowledge.chunking import compose_search_text  # noqa: E402
-from knowledge.indexing import BATCH_DOCUMENTS  # noqa: E402
+from knowledge.indexing import BATCH_DOCUMENTS, WRITE_BATCH_CHUNKS, join_waiting_batches  # noqa: E402
 from knowledge.sources.folder import FolderSource  # noqa: E402
 
 
@@ -159,8 +161,13 @@ async def end_to_end(documents: int, repeats: int = 1) -> dict[str, float]:
         drop_database("ragbot_bench_ingest")
 
 
-def synthetic_writes(corpus: SyntheticCorpus, n_chunks: int, prefix: str) -> list[list[store.DocumentWrite]]:
-    """The corpus as the indexer would hand it to the store: batches of BATCH_DOCUMENTS documents."""
+def synthetic_writes(
+    corpus: SyntheticCorpus, n_chunks: int, prefix: str, *, merged: bool = True
+) -> list[list[store.DocumentWrite]]:
+    """The corpus as the indexer's writer hands it to the store: batches of BATCH_DOCUMENTS documents, joined as
+    the writer joins the batches waiting for it (`indexing.join_waiting_batches`) when the embedder is ahead of Postgres,
+    as a GPU is (the embeddings here are precomputed, so every batch is waiting). `merged=False`: each batch of
+    BATCH_DOCUMENTS on its own, as a sync whose model is slower than the writer (a CPU) writes them."""
     writes = []
     for document in corpus.documents(n_chunks):
         rows = [store.ChunkRow(i, body, "", len(body.split()), f"{prefix}{document.number}-{i}",
@@ -168,10 +175,14 @@ def synthetic_writes(corpus: SyntheticCorpus, n_chunks: int, prefix: str) -> lis
                 for i, (body, vector) in enumerate(zip(document.chunks, document.vectors))]
         writes.append(store.DocumentWrite(f"{prefix}{document.number}", f"Document {document.number}", None, None,
                                           None, None, f"{prefix}h{document.number}", document.access, rows))
-    return [writes[i : i + BATCH_DOCUMENTS] for i in range(0, len(writes), BATCH_DOCUMENTS)]
+    batches = [writes[i : i + BATCH_DOCUMENTS] for i in range(0, len(writes), BATCH_DOCUMENTS)]
+    if not merged:
+        return batches
+    return join_waiting_batches(batches, external_id=lambda w: w.external_id, chunks=lambda w: len(w.chunks),
+                                max_chunks=WRITE_BATCH_CHUNKS)
 
 
-async def store_path(n_chunks: int, base_chunks: int) -> dict[str, float]:
+async def store_path(n_chunks: int, base_chunks: int, merged: bool = True) -> dict[str, float]:
     kb = await open_fresh_kb("ragbot_bench_store")
     try:
         corpus = SyntheticCorpus(kb.embedder.dimension, seed=3)
@@ -188,15 +199,16 @@ async def store_path(n_chunks: int, base_chunks: int) -> dict[str, float]:
         # A first sync's store path: base_chunks chunks into the empty index, written without the HNSW graph, which
         # is built at the end (store.bulk_load, as Indexer.sync does), the build included in the time.
         await kb.ensure_embedding_space()
+        base = synthetic_writes(corpus, base_chunks, "base-", merged=merged)  # generated before the clock starts
         started = timer()
         async with store.bulk_load(kb.engine) as bulk:
             assert bulk, "the index was not empty: no bulk load"
-            written_s = await write(synthetic_writes(corpus, base_chunks, "base-"))
+            written_s = await write(base)
             graph_started = timer()
         bulk_s = timer() - started
         build_s = timer() - graph_started
         # Every later sync: writes into that index, its graph maintained row by row.
-        measured = synthetic_writes(corpus, n_chunks, "new-")
+        measured = synthetic_writes(corpus, n_chunks, "new-", merged=merged)
         rows = [(c, d) for batch in measured for d in batch for c in d.chunks]
         with_hnsw_s = await write(measured)
 
@@ -251,14 +263,19 @@ async def main() -> None:
                         help="first syncs, each beside the encode floors before and after it (median ratio)")
     parser.add_argument("--name", default="ingest")
     parser.add_argument("--end-to-end-only", action="store_true", help="skip the store path and re-weighting")
+    parser.add_argument("--store-only", action="store_true", help="skip the end-to-end syncs")
+    parser.add_argument("--unmerged", action="store_true",
+                        help="store path: each batch of 16 documents in its own transaction (a CPU-bound sync)")
     args = parser.parse_args()
     figures: dict[str, object] = {}
-    print("1. end to end")
-    figures.update(await end_to_end(args.documents, args.repeats))
-    print(f"   {figures}")
+    if not args.store_only:
+        print("1. end to end")
+        figures.update(await end_to_end(args.documents, args.repeats))
+        print(f"   {figures}")
     if not args.end_to_end_only:
         print("2. store path")
-        stored = await store_path(args.store_chunks, args.base_chunks)
+        stored = await store_path(args.store_chunks, args.base_chunks, merged=not args.unmerged)
+        stored["store_batches"] = "16 documents each" if args.unmerged else "joined as the writer joins waiting ones"
         print(f"   {stored}")
         figures.update(stored)
     from db.engine import create_engine, database_url

@@ -1,5 +1,6 @@
 """The batched store path and BM25 statistics maintenance outside the writing transaction (migration 0006)."""
 
+import asyncio
 import math
 
 import pytest
@@ -9,7 +10,9 @@ from conftest import _admin, write
 from db import locks
 from knowledge import store
 from knowledge.embedding import EmbeddingModelError, resolve_device
+from knowledge.indexing import join_waiting_batches
 from knowledge.retrieval import SearchFilters
+from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 from knowledge.sources.folder import FolderSource
 from test_bm25 import assert_statistics_match_chunks, lexical, reference_scores
 
@@ -161,3 +164,60 @@ async def test_a_graph_left_missing_by_a_killed_load_is_built_by_the_next_sync(f
     assert watcher.vector_indexes() == ["chunks_embedding_hnsw_half_384"]
     hits = (await fresh_kb.search("which pet runs at night", SearchFilters(), k=1, mode="dense")).hits
     assert hits[0].external_id == "again.md"
+
+
+def test_batches_waiting_for_the_writer_are_joined_up_to_the_limit_in_order():
+    batches = [[("a", 3), ("b", 2)], [("c", 4)], [("d", 6)], [("e", 1)], [("e", 1)], [("f", 30)], [("g", 1)]]
+    joined = join_waiting_batches(batches, external_id=lambda d: d[0], chunks=lambda d: d[1], max_chunks=10)
+    assert [[name for name, _ in batch] for batch in joined] == [
+        ["a", "b", "c"],  # 9 chunks: d would make 15
+        ["d", "e"],
+        ["e"],  # a second version of e: never twice in one write, and after the first
+        ["f"],  # larger than the limit: written alone, not split or dropped
+        ["g"],
+    ]
+    assert join_waiting_batches([], external_id=lambda d: d, chunks=lambda d: 1, max_chunks=10) == []
+
+
+async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused_document_still_fails_alone(
+    fresh_kb, monkeypatch
+):
+    """When the model is ahead of Postgres (a GPU), the writer commits every batch waiting for it in one
+    transaction. Here Postgres is held busy by another session while the model embeds everything."""
+    monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
+    items = [SourceItem(external_id=f"room{i}.md", filename=f"room{i}.md",
+                        title=f"Meeting room {i}" if i != 1 else "Meeting room \x00one",  # Postgres refuses it
+                        read=(lambda i=i: f"# Room {i}\n\nMeeting room {i} seats {i + 4} people.".encode()))
+             for i in range(8)]
+    admin = _admin(fresh_kb.engine.url.render_as_string(hide_password=False))
+    blocker = _admin(fresh_kb.engine.url.render_as_string(hide_password=False))
+    committed: list[int] = []
+
+    class CommittedCounter:
+        def start(self, total: int | None) -> None:
+            pass
+
+        def advance(self, label: str) -> None:
+            committed.append(admin.execute("SELECT count(*) FROM documents").fetchone()[0])
+
+    blocker.execute("BEGIN")
+    blocker.execute("SELECT * FROM corpus_stats WHERE id = 1 FOR UPDATE")  # the first chunk insert waits for it
+    sync = asyncio.create_task(fresh_kb.sync(StaticSource(SourceSpec("rooms", "test"), items), CommittedCounter()))
+    for _ in range(600):
+        if admin.execute("SELECT count(*) FROM embedding_cache").fetchone()[0] == 8:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)  # the last embedded batch is handed to the writer
+    assert not sync.done() and committed == []
+    blocker.execute("ROLLBACK")
+    report = await sync
+
+    assert [i for i, _ in report.failed] == ["room1.md"]
+    assert sorted(report.added) == [f"room{i}.md" for i in range(8) if i != 1]
+    # The first batch was being written when the others arrived: it is written on its own (a document at a time,
+    # since Postgres refused one of its two); the three batches that waited for it are committed together.
+    assert committed == [1, 1, 7, 7, 7, 7, 7, 7]
+    hits = (await fresh_kb.search("how many people does meeting room 6 seat", SearchFilters(), k=1)).hits
+    assert hits[0].external_id == "room6.md"
+    admin.close()
+    blocker.close()
