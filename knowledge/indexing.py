@@ -46,9 +46,8 @@ D = TypeVar("D")
 BATCH_DOCUMENTS = 16
 # Batches waiting between two stages of the pipeline: one is enough to keep the model busy, and it bounds memory.
 PIPELINE_DEPTH = 1
-# Embedded batches may wait for the writer up to this many; when the model is faster than Postgres (a GPU), the
-# writer takes every batch waiting, up to WRITE_BATCH_CHUNKS chunks, into one transaction (join_waiting_batches).
-WRITE_QUEUE_BATCHES = 24
+# When the model is faster than Postgres (a GPU), embedded batches wait for the writer up to this many chunks in
+# all, and the writer commits all that wait in one transaction (join_waiting_batches).
 WRITE_BATCH_CHUNKS = 2000
 # Items fetched at once within a batch (HTTP sources bound their own connections too).
 FETCH_CONCURRENCY = 4
@@ -191,6 +190,34 @@ def join_waiting_batches(
     return joined
 
 
+class _WriteQueue:
+    """Between the embedder and the writer: what waits to be written, bounded by its chunks (not its batches,
+    whose size varies with the documents'), so memory stays bounded however far ahead the model runs. A batch is
+    let in while the queue is empty, so one larger than the bound still passes."""
+
+    def __init__(self, max_chunks: int) -> None:
+        self.max_chunks = max_chunks
+        self._waiting: list[_Embedded | _AfterWrites | None] = []
+        self._chunks = 0
+        self._changed = asyncio.Condition()
+
+    async def put(self, work: _Embedded | _AfterWrites | None) -> None:
+        chunks = sum(len(p.drafts) for p in work.prepared) if isinstance(work, _Embedded) else 0
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._waiting or self._chunks + chunks <= self.max_chunks)
+            self._waiting.append(work)
+            self._chunks += chunks
+            self._changed.notify_all()
+
+    async def take_all(self) -> list[_Embedded | _AfterWrites | None]:
+        """Everything waiting, in order, once there is something."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: bool(self._waiting))
+            taken, self._waiting, self._chunks = self._waiting, [], 0
+            self._changed.notify_all()
+            return taken
+
+
 @dataclass(frozen=True)
 class _AfterWrites:
     """What a source's change batch asks for once all its items are committed: deletions, then its checkpoint."""
@@ -261,7 +288,7 @@ class Indexer:
         # PIPELINE_DEPTH batches. Deletions and checkpoints travel down the same queues, so they are applied after
         # the writes of every batch before them. None marks the end.
         to_embed: asyncio.Queue[list[_Prepared] | _AfterWrites | None] = asyncio.Queue(PIPELINE_DEPTH)
-        to_write: asyncio.Queue[_Embedded | _AfterWrites | None] = asyncio.Queue(WRITE_QUEUE_BATCHES)
+        to_write: _WriteQueue = _WriteQueue(WRITE_BATCH_CHUNKS)
         source_failed: list[Exception] = []
 
         async def read_and_prepare() -> None:
@@ -301,7 +328,7 @@ class Indexer:
                 await to_write.put(work)
             await to_write.put(None)
 
-        async def write_merged(batches: list[_Embedded]) -> None:
+        async def write_joined(batches: list[_Embedded]) -> None:
             embeddings = {h: e for b in batches for h, e in b.embeddings.items()}
             joined = join_waiting_batches([b.prepared for b in batches], external_id=lambda p: p.item.external_id,
                                           chunks=lambda p: len(p.drafts), max_chunks=WRITE_BATCH_CHUNKS)
@@ -310,15 +337,12 @@ class Indexer:
 
         async def write() -> None:
             while True:
-                items = [await to_write.get()]
-                while not to_write.empty():  # what queued up while the last write ran
-                    items.append(to_write.get_nowait())
                 embedded: list[_Embedded] = []
-                for work in items:
+                for work in await to_write.take_all():  # what queued up while the last write ran
                     if isinstance(work, _Embedded):
                         embedded.append(work)
                         continue
-                    await write_merged(embedded)  # deletions, a checkpoint or the end come after these writes
+                    await write_joined(embedded)  # deletions, a checkpoint or the end come after these writes
                     embedded = []
                     if work is None:
                         return
@@ -329,7 +353,7 @@ class Indexer:
                         report.checkpoint = work.checkpoint
                         if on_checkpoint is not None:
                             await on_checkpoint(work.checkpoint)
-                await write_merged(embedded)
+                await write_joined(embedded)
 
         # Into an empty index, chunks are written without the HNSW graph, which is built once at the end (see
         # store.bulk_load): about ten times less work than inserting them into it one by one.

@@ -221,3 +221,32 @@ async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused
     assert hits[0].external_id == "room6.md"
     admin.close()
     blocker.close()
+
+
+async def test_the_model_stops_when_a_writers_worth_of_chunks_waits_for_a_busy_writer(fresh_kb, monkeypatch):
+    """However far ahead the model could run, at most WRITE_BATCH_CHUNKS chunks wait in memory for the writer."""
+    monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
+    monkeypatch.setattr("knowledge.indexing.WRITE_BATCH_CHUNKS", 4)
+    items = [SourceItem(external_id=f"desk{i}.md", filename=f"desk{i}.md", title=f"Desk {i}",
+                        read=(lambda i=i: f"# Desk {i}\n\nDesk {i} is by window {i + 2}.".encode()))
+             for i in range(12)]
+    admin = _admin(fresh_kb.engine.url.render_as_string(hide_password=False))
+    blocker = _admin(fresh_kb.engine.url.render_as_string(hide_password=False))
+    blocker.execute("BEGIN")
+    blocker.execute("SELECT * FROM corpus_stats WHERE id = 1 FOR UPDATE")  # the first chunk insert waits for it
+    sync = asyncio.create_task(fresh_kb.sync(StaticSource(SourceSpec("desks", "test"), items)))
+    embedded = []
+    for _ in range(60):
+        await asyncio.sleep(0.1)
+        embedded.append(admin.execute("SELECT count(*) FROM embedding_cache").fetchone()[0])
+        if len(embedded) > 10 and embedded[-1] == embedded[-10]:
+            break
+    # Being written: the first batch (2 chunks); waiting: two batches (4 chunks); held by the model until there is
+    # room: one more. The other four desks are not embedded yet.
+    assert embedded[-1] == 8 and not sync.done()
+    blocker.execute("ROLLBACK")
+    report = await sync
+    assert sorted(report.added) == sorted(f"desk{i}.md" for i in range(12))
+    assert admin.execute("SELECT count(*) FROM embedding_cache").fetchone()[0] == 12
+    admin.close()
+    blocker.close()
