@@ -45,10 +45,11 @@ CANDIDATE_POSTINGS = 3_000
 # At most this many candidate chunks are scored, whatever the terms: a question made only of words found in most
 # chunks cannot make a search score the whole corpus (the rows scored are then the first ones found).
 CANDIDATE_SCAN_CAP = 10_000
-# A lexical-only search that finds fewer than k results tries once more with this posting budget. The budget counts
-# postings in every chunk, also ones the asker may not see, so a reader of few documents can find fewer than k
-# candidates among the rarest terms' chunks although more of theirs contain the other terms.
-WIDENED_CANDIDATE_POSTINGS = CANDIDATE_SCAN_CAP
+# The posting budget counts postings in every chunk, also ones the asker may not see, so a reader of few documents
+# can find fewer than k candidates among the rarest terms' chunks although more of theirs hold the other terms. A
+# lexical-only search that comes back short then looks once more with every question term, among the chunks the
+# asker may see (LEXICAL_SQL_AMONG_PERMITTED; hybrid searches fill k from the dense side).
+EVERY_TERM = 2**62  # as RARE_TERM_CORPUS_SIZE: every term brings candidates
 # Common terms are looked for among the first COMMON_PROBE_ROWS chunks (in id order, so every search reads the
 # same ones) before the GIN index; when every question term is in more than CANDIDATE_SCAN_CAP chunks, candidates
 # are the first CANDIDATE_SCAN_CAP chunks holding the rarest one, read in id order, at most COMMON_SCAN_ROWS read:
@@ -122,10 +123,10 @@ class Retriever:
         return self._query_vectors[query]
 
     async def _lexical_candidates(
-        self, params: dict[str, object], shown: dict[int, Row]  # type: ignore[type-arg]
+        self, params: dict[str, object], shown: dict[int, Row], sql: str | None = None  # type: ignore[type-arg]
     ) -> LexicalCandidates:
         async with self._reads.connect() as conn:
-            rows = (await conn.execute(text(LEXICAL_SQL), params)).all()
+            rows = (await conn.execute(text(sql or LEXICAL_SQL), params)).all()
         shown.update((r.id, r) for r in rows)
         return LexicalCandidates([Candidate(r.id, r.document_id, float(r.score)) for r in rows],
                                  float(rows[0].full_match_score) if rows else 0.0)
@@ -217,10 +218,9 @@ class Retriever:
                 await asyncio.gather(lexical_task, return_exceptions=True)
             raise
         chosen = fusion.fuse(dense, lexical)
-        if mode == "lexical" and len(chosen) < k and CANDIDATE_POSTINGS < WIDENED_CANDIDATE_POSTINGS:
-            widened = {**params, "candidate_postings": WIDENED_CANDIDATE_POSTINGS,
-                       "scan_cap": max(CANDIDATE_SCAN_CAP, WIDENED_CANDIDATE_POSTINGS)}
-            chosen = fusion.fuse(None, await self._lexical_candidates(widened, shown))
+        if mode == "lexical" and len(chosen) < k:
+            every_term = {**params, "rare_corpus": EVERY_TERM}
+            chosen = fusion.fuse(None, await self._lexical_candidates(every_term, shown, LEXICAL_SQL_AMONG_PERMITTED))
         hits = self._hits(chosen, shown)
         best = max((c.score for c in dense), default=None) if dense is not None else None
         if self.settings.rerank_model and mode == "hybrid":
@@ -262,9 +262,13 @@ rare_terms AS MATERIALIZED (
     -- kept only when they occur in at least one chunk the asker may search. A term found only in chunks they may
     -- not see must change nothing they receive (scores, order, abstention, candidates), or the results would tell
     -- them the word exists in a document hidden from them. One GIN probe per term, cheap for short lists.
+    -- (A term with a long posting list, which only a search with every term brings, is looked for as a common
+    -- one is: see _COMMON_TERM_VISIBLE.)
     SELECT t.* FROM question_terms t
     WHERE (t.n < :rare_corpus OR t.df <= :candidate_postings)
-      AND EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {row_filters})
+      AND CASE WHEN t.df <= :candidate_postings
+               THEN EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {row_filters})
+               ELSE {common_term_visible} END
 ),
 candidate_terms AS (
     -- The rarest of those while their posting lists add up to CANDIDATE_POSTINGS (the rarest one always).
@@ -296,7 +300,7 @@ scored AS MATERIALIZED (
     SELECT c.id, -(c.bm25 <#> q.weights) AS score, c.bm25
     FROM (
         (SELECT c.id, c.bm25 FROM chunks c, bm25_query q
-         WHERE c.tsv @@ q.candidates AND {row_filters}
+         WHERE c.tsv @@ q.candidates AND {candidate_filters}
          LIMIT :scan_cap)
         UNION ALL
         -- A term in many chunks: its GIN posting list alone takes longer to read than the chunks of the table in
@@ -346,8 +350,9 @@ _COMMON_TERM_VISIBLE = """(
 _HOLDS_T = "('{' || t.id || ':' || '1}/{sparse_dim}')::sparsevec"
 
 
-def _lexical_search_ctes() -> str:
+def _lexical_search_ctes(candidate_filters: str = _FILTERS_PER_ROW) -> str:
     return (_LEXICAL_CTES.replace("{common_term_visible}", _COMMON_TERM_VISIBLE)
+            .replace("{candidate_filters}", candidate_filters)
             .replace("{filters}", _FILTERS).replace("{row_filters}", _FILTERS_PER_ROW)
             .replace("{holds_t}", _HOLDS_T).replace("{sparse_dim}", str(BM25_SPARSE_DIM)))
 
@@ -359,11 +364,16 @@ _SHOWN_JOINS = """JOIN documents d ON d.id = c.document_id
 JOIN sources s ON s.id = d.source_id"""
 
 # BM25's candidates, best first, with the full-match score (see full_match).
-LEXICAL_SQL = ("WITH " + _lexical_search_ctes() + f"""
+_LEXICAL_SELECT = f"""
 SELECT l.id, l.score, l.full_match_score, {_SHOWN_COLUMNS}
 FROM lexical l
 JOIN chunks c ON c.id = l.id
-{_SHOWN_JOINS}""")
+{_SHOWN_JOINS}"""
+LEXICAL_SQL = "WITH " + _lexical_search_ctes() + _LEXICAL_SELECT
+# The same with the asker's filters open to the indexes (the access index's bitmap ANDed with the terms'), for a
+# search with every term (rare_corpus = EVERY_TERM): candidates are then only chunks the asker may see, however few
+# of a term's postings those are.
+LEXICAL_SQL_AMONG_PERMITTED = "WITH " + _lexical_search_ctes(_FILTERS) + _LEXICAL_SELECT
 
 
 def dense_sql(dimension: int, *, exact: bool = False) -> str:

@@ -68,13 +68,16 @@ async def test_a_filtered_search_still_returns_k_results(fresh_kb):
 
 async def test_a_lexical_search_for_a_reader_of_few_documents_still_fills_k(fresh_kb, monkeypatch):
     """The rarest question term brings the candidates; its postings are mostly in documents the asker may not see,
-    and the more common term that their documents do contain is over the posting budget. The search widens once."""
+    and the more common term that their documents do contain is over the posting budget (its postings mostly hidden
+    too). The search looks once more, with every term, among the chunks the asker may see."""
     import knowledge.retrieval as retrieval
 
     monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus: rarest terms only
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 4)
     hidden = [item(f"hidden-{i}", f"# Audit {i}\n\nThe zeppelin audit number {i} is confidential.",
                    access=("group:exec",)) for i in range(3)]
+    hidden += [item(f"hidden-inspection-{i}", f"# Board {i}\n\nThe board inspection {i} is confidential.",
+                    access=("group:exec",)) for i in range(12)]
     mine = [item("zeppelin", "# Hangar\n\nThe zeppelin hangar inspection happens in spring.")]
     mine += [item(f"inspection-{i}", f"# Site {i}\n\nThe inspection of site {i} happens every spring.")
              for i in range(8)]
