@@ -148,7 +148,9 @@ async def database_versions(engine) -> dict[str, str]:  # type: ignore[no-untype
 
 
 def write_results(name: str, figures: dict[str, object], machine: dict[str, object]) -> Path:
-    """Merge into bench/results/<name>.json: sizes measured in earlier runs are kept unless measured again."""
+    """Merge into bench/results/<name>.json: sizes measured in earlier runs are kept unless measured again, and
+    within a size measured again the figures this run did not take (a --reuse run's load and index-build times, the
+    --levers figures) stay from the run that took them."""
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
     previous: dict[str, object] = {}
@@ -159,7 +161,11 @@ def write_results(name: str, figures: dict[str, object], machine: dict[str, obje
             previous = {}
     merged = {**previous, **figures}
     if isinstance(previous.get("sizes"), dict) and isinstance(figures.get("sizes"), dict):
-        merged["sizes"] = {**previous["sizes"], **figures["sizes"]}  # type: ignore[dict-item]
+        merged["sizes"] = {**previous["sizes"]}  # type: ignore[dict-item]
+        for size, measured in figures["sizes"].items():  # type: ignore[union-attr]
+            earlier = previous["sizes"].get(size)  # type: ignore[union-attr]
+            both = isinstance(earlier, dict) and isinstance(measured, dict)
+            merged["sizes"][size] = {**earlier, **measured} if both else measured  # type: ignore[index, dict-item]
     merged["machine"] = machine
     merged["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
