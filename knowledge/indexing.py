@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 D = TypeVar("D")
 
 BATCH_DOCUMENTS = 16
-# Batches waiting between two stages of the pipeline: one is enough to keep the model busy, and it bounds memory.
+# Batches waiting to be embedded: one is enough to keep the model busy, and it bounds memory.
 PIPELINE_DEPTH = 1
 # When the model is faster than Postgres (a GPU), embedded batches wait for the writer up to this many chunks in
 # all, and the writer commits all that wait in one transaction (join_waiting_batches).
@@ -161,7 +161,6 @@ class _Embedded:
 
     prepared: list[_Prepared]
     embeddings: dict[str, str]
-
 
 
 def join_waiting_batches(
@@ -284,9 +283,9 @@ class Indexer:
         async with self.engine.connect() as conn:
             stored = await store.stored_documents(conn, source_id)
         handled: dict[str, str | None] = {}  # items seen this run, by stored version: overlapping pages repeat them
-        # The pipeline: read and prepare -> embed -> write, each stage a task, joined by queues that hold at most
-        # PIPELINE_DEPTH batches. Deletions and checkpoints travel down the same queues, so they are applied after
-        # the writes of every batch before them. None marks the end.
+        # The pipeline: read and prepare -> embed -> write, each stage a task, joined by queues: PIPELINE_DEPTH
+        # batches before the model, WRITE_BATCH_CHUNKS chunks before the writer. Deletions and checkpoints travel
+        # down the same queues, so they are applied after the writes of every batch before them. None marks the end.
         to_embed: asyncio.Queue[list[_Prepared] | _AfterWrites | None] = asyncio.Queue(PIPELINE_DEPTH)
         to_write: _WriteQueue = _WriteQueue(WRITE_BATCH_CHUNKS)
         source_failed: list[Exception] = []
