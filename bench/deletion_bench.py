@@ -81,7 +81,7 @@ async def main(n_chunks: int, identical: bool) -> None:
                 norm = sum(v * v for v in vector) ** 0.5
                 body = f"bulk chunk {doc}-{i}"
                 rows.append(store.ChunkRow(i, body, "", 5, f"bulk-{doc}-{i}",
-                                           store.vector_literal([v / norm for v in vector]), body))
+                                           store.as_vector([v / norm for v in vector]), body))
             async with kb.engine.begin() as conn:
                 await store.replace_document(conn, source_id=source_id, external_id=f"bulk-{doc}", title="Bulk",
                                              url=None, path=None, author=None, updated_at=None,

@@ -171,7 +171,7 @@ def synthetic_writes(
     writes = []
     for document in corpus.documents(n_chunks):
         rows = [store.ChunkRow(i, body, "", len(body.split()), f"{prefix}{document.number}-{i}",
-                               store.vector_literal(vector), body)
+                               store.as_vector(vector), body)
                 for i, (body, vector) in enumerate(zip(document.chunks, document.vectors))]
         writes.append(store.DocumentWrite(f"{prefix}{document.number}", f"Document {document.number}", None, None,
                                           None, None, f"{prefix}h{document.number}", document.access, rows))
@@ -224,8 +224,10 @@ async def store_path(n_chunks: int, base_chunks: int, merged: bool = True) -> di
             async with raw.transaction():
                 async with raw.cursor().copy(
                     "COPY copy_floor (document_id, ordinal, text, heading, token_count, content_hash, embedding, "
-                    "access, source_id) FROM STDIN"
+                    "access, source_id) FROM STDIN (FORMAT BINARY)"
                 ) as copy:
+                    copy.set_types(["bigint", "integer", "text", "text", "integer", "text", "vector", "text[]",
+                                    "integer"])
                     for number, (chunk, document) in enumerate(rows):
                         await copy.write_row((number, chunk.ordinal, chunk.text, chunk.heading, chunk.token_count,
                                               chunk.content_hash, chunk.embedding, list(document.access), source_id))

@@ -65,7 +65,7 @@ async def synthetic_corpus(kb: KnowledgeBase, n_chunks: int, seed: int = 7) -> l
             norm = sum(v * v for v in vector) ** 0.5
             body = " ".join(words)
             rows.append(store.ChunkRow(ordinal, body, "", 150, f"{doc}-{ordinal}",
-                                       store.vector_literal([v / norm for v in vector]), body))
+                                       store.as_vector([v / norm for v in vector]), body))
         access = ["everyone"] if doc % 10 == 0 else [f"group:team{doc % 10}"]  # 90% restricted
         async with kb.engine.begin() as conn:
             await store.replace_document(

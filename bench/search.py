@@ -85,7 +85,7 @@ async def load_corpus(kb, n_chunks: int) -> tuple[SyntheticCorpus, list[tuple[st
         for document in corpus.documents(n_chunks):
             rows = [
                 store.ChunkRow(i, body, "", len(body.split()), f"{document.number}-{i}",
-                               store.vector_literal(vector), body)
+                               store.as_vector(vector), body)
                 for i, (body, vector) in enumerate(zip(document.chunks, document.vectors))
             ]
             if len(sample) < 2000 and document.number % 7 == 0:
@@ -155,7 +155,7 @@ async def timed_search(kb, queries: list[str], mode: str, principals: tuple[str,
     return samples, short
 
 
-async def raw_floor(kb, vectors: list[str], principals: tuple[str, ...] | None) -> list[float]:  # type: ignore[no-untyped-def]
+async def raw_floor(kb, vectors: list[np.ndarray], principals: tuple[str, ...] | None) -> list[float]:  # type: ignore[no-untyped-def]
     dim = kb.embedder.dimension
     where = "WHERE access && CAST(:p AS text[])" if principals else ""
     sql = text(f"SELECT id FROM chunks {where} ORDER BY embedding::halfvec({dim}) <=> CAST(:q AS halfvec({dim})) "
@@ -169,7 +169,7 @@ async def raw_floor(kb, vectors: list[str], principals: tuple[str, ...] | None) 
     return samples
 
 
-async def exact_dense(kb, vector: str, principals: tuple[str, ...]) -> set[int]:  # type: ignore[no-untyped-def]
+async def exact_dense(kb, vector: np.ndarray, principals: tuple[str, ...]) -> set[int]:  # type: ignore[no-untyped-def]
     async with kb.engine.begin() as conn:
         await conn.execute(text("SET LOCAL enable_indexscan = off"))
         await conn.execute(text("SET LOCAL enable_bitmapscan = off"))

@@ -121,6 +121,8 @@ async def upgrade_to_head(engine: "AsyncEngine") -> None:
     try:
         async with engine.begin() as connection:
             await connection.run_sync(_upgrade)
+        # Connections opened before the pgvector extension existed lack its adapters (db.engine): open new ones.
+        await engine.dispose()
     except OperationalError as exc:
         raise _unavailable(engine, exc) from exc
     except DBAPIError as exc:

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Coroutine, Protocol, Sequence, TypeVar
 
+import numpy as np
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -157,10 +158,10 @@ class _Prepared:
 
 @dataclass(frozen=True)
 class _Embedded:
-    """A batch of prepared documents and the embeddings of their chunks, {chunk hash: pgvector text}."""
+    """A batch of prepared documents and the embeddings of their chunks, {chunk hash: float32 vector}."""
 
     prepared: list[_Prepared]
-    embeddings: dict[str, str]
+    embeddings: dict[str, np.ndarray]
 
 
 def join_waiting_batches(
@@ -587,7 +588,7 @@ class Indexer:
                 )
             progress.advance(p.item.external_id)
 
-    def _document_write(self, p: _Prepared, embeddings: dict[str, str]) -> store.DocumentWrite:
+    def _document_write(self, p: _Prepared, embeddings: dict[str, np.ndarray]) -> store.DocumentWrite:
         rows = [
             store.ChunkRow(d.ordinal, d.text, d.heading, d.token_count, h, embeddings[h], d.search_text)
             for d, h in zip(p.drafts, p.chunk_hashes, strict=True)
@@ -620,8 +621,10 @@ class Indexer:
             report.chunks_written += len(p.drafts)
             (report.added if written.outcome == "added" else report.updated).append(p.item.external_id)
 
-    async def embeddings_for(self, texts: dict[str, str], report: SyncReport | None = None) -> dict[str, str]:
-        """Embeddings (pgvector text form) for {hash: text}, from the cache where possible."""
+    async def embeddings_for(
+        self, texts: dict[str, str], report: SyncReport | None = None
+    ) -> dict[str, np.ndarray]:
+        """Embeddings (float32 vectors) for {hash: text}, from the cache where possible."""
         async with self.engine.begin() as conn:
             found, embedded = await self._embed_with_cache(conn, texts)
         if report is not None:
@@ -629,13 +632,13 @@ class Indexer:
             report.chunks_from_cache += len(texts) - embedded
         return found
 
-    async def _embed_with_cache(self, conn, texts: dict[str, str]) -> tuple[dict[str, str], int]:  # type: ignore[no-untyped-def]
+    async def _embed_with_cache(self, conn, texts: dict[str, str]) -> tuple[dict[str, np.ndarray], int]:  # type: ignore[no-untyped-def]
         """Look {hash: text} up in the cache, embed what is missing and cache it. Returns (embeddings, embedded)."""
         found = await store.cached_embeddings(conn, self.embedder.name, list(texts))
         missing = [h for h in texts if h not in found]
         if missing:
             vectors = await self.embedder.embed_async([texts[h] for h in missing])
-            computed = {h: store.vector_literal(v) for h, v in zip(missing, vectors, strict=True)}
+            computed = {h: store.as_vector(v) for h, v in zip(missing, vectors, strict=True)}
             await store.cache_embeddings(conn, self.embedder.name, computed)
             found.update(computed)
         return found, len(missing)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal, Sequence
 
+import numpy as np
 from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,7 +31,7 @@ from knowledge.embedding import Embedder
 from knowledge.fusion import Candidate, Fused, Fusion, LexicalCandidates
 from knowledge.settings import KnowledgeSettings
 from knowledge.sources.base import EVERYONE
-from knowledge.store import vector_literal
+from knowledge.store import as_vector
 
 Mode = Literal["hybrid", "dense", "lexical"]
 MODES: tuple[Mode, ...] = ("hybrid", "dense", "lexical")
@@ -112,14 +113,14 @@ class Retriever:
         self._reads = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.embedder = embedder
         self.settings = settings
-        self._query_vectors: dict[str, str] = {}
+        self._query_vectors: dict[str, np.ndarray] = {}
 
-    async def query_vector(self, query: str) -> str:
+    async def query_vector(self, query: str) -> np.ndarray:
         if query not in self._query_vectors:
             if len(self._query_vectors) > 512:
                 self._query_vectors.clear()
             (vector,) = await self.embedder.embed_async([query])
-            self._query_vectors[query] = vector_literal(vector)
+            self._query_vectors[query] = as_vector(vector)
         return self._query_vectors[query]
 
     async def _lexical_candidates(

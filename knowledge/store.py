@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import AsyncIterator, Literal, Sequence
 
+import numpy as np
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from db.engine import VectorArray
 from db.models import BM25_SPARSE_DIM
 
 from db import locks
@@ -50,12 +52,13 @@ class ChunkRow:
     heading: str
     token_count: int
     content_hash: str
-    embedding: str  # pgvector text form "[0.1,0.2,...]"
+    embedding: np.ndarray  # float32, sent to Postgres as a binary vector (see db.engine)
     search_text: str
 
 
-def vector_literal(values: Sequence[float]) -> str:
-    return "[" + ",".join(f"{v:.7g}" for v in values) + "]"
+def as_vector(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """An embedding as the store takes it: a float32 NumPy array, which psycopg sends as a binary `vector`."""
+    return np.asarray(values, dtype=np.float32)
 
 
 async def ensure_source(conn: AsyncConnection, name: str, kind: str, location: str | None) -> int:
@@ -328,7 +331,7 @@ WITH u AS MATERIALIZED (
     SELECT u.*, to_tsvector(CAST(:config AS regconfig), u.search_text) AS tsv
     FROM unnest(CAST(:document_ids AS bigint[]), CAST(:ordinals AS integer[]), CAST(:texts AS text[]),
                 CAST(:headings AS text[]), CAST(:token_counts AS integer[]), CAST(:hashes AS text[]),
-                CAST(:embeddings AS text[]), CAST(:search_texts AS text[])) WITH ORDINALITY
+                CAST(:embeddings AS vector[]), CAST(:search_texts AS text[])) WITH ORDINALITY
          AS u(document_id, ordinal, text, heading, token_count, content_hash, embedding, search_text, i)
 ),
 terms AS MATERIALIZED (
@@ -366,7 +369,7 @@ weights AS (
 )
 INSERT INTO chunks (document_id, ordinal, text, heading, token_count, content_hash, embedding, tsv, lexical_len,
                     bm25, bm25_avgdl, access, source_id, doc_updated_at)
-SELECT u.document_id, u.ordinal, u.text, u.heading, u.token_count, u.content_hash, u.embedding::vector, u.tsv,
+SELECT u.document_id, u.ordinal, u.text, u.heading, u.token_count, u.content_hash, u.embedding, u.tsv,
        coalesce(n.len, 0), coalesce(w.bm25, '{}/{sparse_dim}'::sparsevec), (SELECT avgdl FROM s), d.access,
        :source_id, d.updated_at
 FROM u
@@ -392,7 +395,7 @@ async def _insert_chunks(
             "document_ids": [i for i, _ in rows], "ordinals": [c.ordinal for _, c in rows],
             "texts": [c.text for _, c in rows], "headings": [c.heading for _, c in rows],
             "token_counts": [c.token_count for _, c in rows], "hashes": [c.content_hash for _, c in rows],
-            "embeddings": [c.embedding for _, c in rows], "search_texts": [c.search_text for _, c in rows],
+            "embeddings": VectorArray(c.embedding for _, c in rows), "search_texts": [c.search_text for _, c in rows],
         },
     )
     await conn.execute(text(f"SELECT set_config('{DF_COUNTED_BY_STATEMENT}', 'off', true)"))
@@ -497,31 +500,28 @@ async def delete_documents(conn: AsyncConnection, source_id: int, external_ids: 
     return sorted(r.external_id for r in rows)
 
 
-async def cached_embeddings(conn: AsyncConnection, model: str, hashes: Sequence[str]) -> dict[str, str]:
+async def cached_embeddings(conn: AsyncConnection, model: str, hashes: Sequence[str]) -> dict[str, np.ndarray]:
     if not hashes:
         return {}
     rows = await conn.execute(
-        text(
-            "SELECT content_hash, embedding::text AS embedding FROM embedding_cache "
-            "WHERE model = :model AND content_hash = ANY(:hashes)"
-        ),
+        text("SELECT content_hash, embedding FROM embedding_cache WHERE model = :model AND content_hash = ANY(:hashes)"),
         {"model": model, "hashes": list(set(hashes))},
     )
-    return {r.content_hash: r.embedding for r in rows}
+    return {r.content_hash: r.embedding.to_numpy() for r in rows}  # a pgvector.Vector (see db.engine)
 
 
-async def cache_embeddings(conn: AsyncConnection, model: str, entries: dict[str, str]) -> None:
+async def cache_embeddings(conn: AsyncConnection, model: str, entries: dict[str, np.ndarray]) -> None:
     if not entries:
         return
     await conn.execute(
         text(
             """
             INSERT INTO embedding_cache (model, content_hash, embedding)
-            SELECT :model, h, e::vector FROM unnest(CAST(:hashes AS text[]), CAST(:embeddings AS text[])) AS u(h, e)
+            SELECT :model, h, e FROM unnest(CAST(:hashes AS text[]), CAST(:embeddings AS vector[])) AS u(h, e)
             ON CONFLICT DO NOTHING
             """
         ),
-        {"model": model, "hashes": list(entries), "embeddings": list(entries.values())},
+        {"model": model, "hashes": list(entries), "embeddings": VectorArray(entries.values())},
     )
 
 
@@ -662,13 +662,13 @@ async def chunks_for_reembedding(conn: AsyncConnection, after_id: int, limit: in
     return [(r.id, r.title, r.heading, r.text) for r in rows]
 
 
-async def set_chunk_embeddings(conn: AsyncConnection, ids: Sequence[int], embeddings: Sequence[str]) -> None:
+async def set_chunk_embeddings(conn: AsyncConnection, ids: Sequence[int], embeddings: Sequence[np.ndarray]) -> None:
     await conn.execute(
         text(
-            "UPDATE chunks c SET embedding = u.e::vector "
-            "FROM unnest(CAST(:ids AS bigint[]), CAST(:es AS text[])) AS u(id, e) WHERE c.id = u.id"
+            "UPDATE chunks c SET embedding = u.e "
+            "FROM unnest(CAST(:ids AS bigint[]), CAST(:es AS vector[])) AS u(id, e) WHERE c.id = u.id"
         ),
-        {"ids": list(ids), "es": list(embeddings)},
+        {"ids": list(ids), "es": VectorArray(embeddings)},
     )
 
 

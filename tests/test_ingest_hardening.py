@@ -85,7 +85,7 @@ async def _write_many_chunks(kb, source: str, access: list[str], near: list[floa
         vector = [v + rng.gauss(0, 0.01) for v in near]
         norm = sum(v * v for v in vector) ** 0.5
         body = f"restricted note {i} about the office coffee machine schedule"
-        rows.append(store.ChunkRow(i, body, "", 12, f"hash-{source}-{i}", store.vector_literal([v / norm for v in vector]),
+        rows.append(store.ChunkRow(i, body, "", 12, f"hash-{source}-{i}", store.as_vector([v / norm for v in vector]),
                                    body))
     async with kb.engine.begin() as conn:
         source_id = await store.ensure_source(conn, source, "test", None)

@@ -54,7 +54,7 @@ async def test_avgdl_drift_is_reweighted_after_the_writes_in_small_batches(fresh
     # Long documents move avgdl far past the 10% bound. The write itself must not rewrite the old chunks ...
     async with fresh_kb.engine.connect() as conn:
         source_id = (await conn.execute(text("SELECT id FROM sources WHERE name = 'notes'"))).scalar_one()
-    vector = store.vector_literal([1.0] + [0.0] * (fresh_kb.embedder.dimension - 1))
+    vector = store.as_vector([1.0] + [0.0] * (fresh_kb.embedder.dimension - 1))
     writes = [
         store.DocumentWrite(f"long{i}.md", f"Aquarium {i}", None, None, None, None, f"h{i}", ["everyone"],
                             [store.ChunkRow(0, long_body(i), "", 200, f"c{i}", vector, long_body(i))])
