@@ -93,26 +93,27 @@ def create_engine(url: str) -> AsyncEngine:
     return engine
 
 
-class VectorArray(list):  # type: ignore[type-arg]
-    """Embeddings (NumPy arrays) to send as one `vector[]` parameter, in binary. A plain list parameter is sent
-    as a text array, and pgvector-python then formats every float of every vector in Python: 1.3 s for 2,000
-    embeddings, against about 40 ms in binary."""
+class BinaryArray(list):  # type: ignore[type-arg]
+    """A list parameter sent as a binary array: each element length-prefixed, nothing to quote on our side or to
+    parse on Postgres'. psycopg sends a plain list as a text array, and for embeddings (NumPy arrays)
+    pgvector-python then formats every float of every vector in Python. For a batch of 2,000 chunks: the
+    embeddings in about 40 ms instead of 1.3 s, their texts in about 12 ms instead of 100."""
 
 
 async def _register_vector_type(connection) -> None:  # type: ignore[no-untyped-def]
     """pgvector-python's adapters for `vector` on this connection: a NumPy array is sent as a binary vector, a
-    VectorArray as a binary vector[] (2,000 chunk embeddings in about 40 ms, against about 400 ms as text literals),
-    and a vector column is read as a `pgvector.Vector`. A database without the extension yet (before its first
-    migration) has no type to register; `db.migrate.upgrade_to_head` drops the connections it made once it has
-    created it."""
+    BinaryArray of them as a binary vector[] (2,000 chunk embeddings in about 40 ms, against about 400 ms as text
+    literals), and a vector column is read as a `pgvector.Vector`. A database without the extension yet (before
+    its first migration) has no type to register; `db.migrate.upgrade_to_head` drops the connections it made once
+    it has created it."""
     from pgvector.psycopg.vector import register_vector_info
     from psycopg.types import TypeInfo
     from psycopg.types.array import ListBinaryDumper
 
+    connection.adapters.register_dumper(BinaryArray, ListBinaryDumper)
     info = await TypeInfo.fetch(connection, "vector")
     if info is not None:
         register_vector_info(connection, info)
-        connection.adapters.register_dumper(VectorArray, ListBinaryDumper)
 
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -16,7 +16,7 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from db.engine import VectorArray
+from db.engine import BinaryArray
 from db.models import BM25_SPARSE_DIM
 
 from db import locks
@@ -393,9 +393,10 @@ async def _insert_chunks(
         {
             "source_id": source_id, "config": text_search_config,
             "document_ids": [i for i, _ in rows], "ordinals": [c.ordinal for _, c in rows],
-            "texts": [c.text for _, c in rows], "headings": [c.heading for _, c in rows],
-            "token_counts": [c.token_count for _, c in rows], "hashes": [c.content_hash for _, c in rows],
-            "embeddings": VectorArray(c.embedding for _, c in rows), "search_texts": [c.search_text for _, c in rows],
+            "texts": BinaryArray(c.text for _, c in rows), "headings": BinaryArray(c.heading for _, c in rows),
+            "token_counts": [c.token_count for _, c in rows], "hashes": BinaryArray(c.content_hash for _, c in rows),
+            "embeddings": BinaryArray(c.embedding for _, c in rows),
+            "search_texts": BinaryArray(c.search_text for _, c in rows),
         },
     )
     await conn.execute(text(f"SELECT set_config('{DF_COUNTED_BY_STATEMENT}', 'off', true)"))
@@ -521,7 +522,7 @@ async def cache_embeddings(conn: AsyncConnection, model: str, entries: dict[str,
             ON CONFLICT DO NOTHING
             """
         ),
-        {"model": model, "hashes": list(entries), "embeddings": VectorArray(entries.values())},
+        {"model": model, "hashes": BinaryArray(entries), "embeddings": BinaryArray(entries.values())},
     )
 
 
@@ -668,7 +669,7 @@ async def set_chunk_embeddings(conn: AsyncConnection, ids: Sequence[int], embedd
             "UPDATE chunks c SET embedding = u.e "
             "FROM unnest(CAST(:ids AS bigint[]), CAST(:es AS vector[])) AS u(id, e) WHERE c.id = u.id"
         ),
-        {"ids": list(ids), "es": VectorArray(embeddings)},
+        {"ids": list(ids), "es": BinaryArray(embeddings)},
     )
 
 
