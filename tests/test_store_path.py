@@ -179,6 +179,27 @@ def test_batches_waiting_for_the_writer_are_joined_up_to_the_limit_in_order():
     assert join_waiting_batches([], external_id=lambda d: d, chunks=lambda d: 1, max_chunks=10) == []
 
 
+class HeldWriter:
+    """Another session holds the statistics row that a sync's first chunk insert updates: the sync's writer waits
+    on it while the rest of the pipeline (reading, the model) runs on. `count` reads committed rows."""
+
+    def __init__(self, kb) -> None:  # type: ignore[no-untyped-def]
+        url = kb.engine.url.render_as_string(hide_password=False)
+        self.reader, self.holder = _admin(url), _admin(url)
+        self.holder.execute("BEGIN")
+        self.holder.execute("SELECT * FROM corpus_stats WHERE id = 1 FOR UPDATE")
+
+    def count(self, table: str) -> int:
+        return self.reader.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
+
+    def release(self) -> None:
+        self.holder.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self.reader.close()
+        self.holder.close()
+
+
 async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused_document_still_fails_alone(
     fresh_kb, monkeypatch
 ):
@@ -189,8 +210,7 @@ async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused
                         title=f"Meeting room {i}" if i != 1 else "Meeting room \x00one",  # Postgres refuses it
                         read=(lambda i=i: f"# Room {i}\n\nMeeting room {i} seats {i + 4} people.".encode()))
              for i in range(8)]
-    admin = _admin(fresh_kb.engine.url.render_as_string(hide_password=False))
-    blocker = _admin(fresh_kb.engine.url.render_as_string(hide_password=False))
+    held = HeldWriter(fresh_kb)
     committed: list[int] = []
 
     class CommittedCounter:
@@ -198,19 +218,20 @@ async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused
             pass
 
         def advance(self, label: str) -> None:
-            committed.append(admin.execute("SELECT count(*) FROM documents").fetchone()[0])
+            committed.append(held.count("documents"))
 
-    blocker.execute("BEGIN")
-    blocker.execute("SELECT * FROM corpus_stats WHERE id = 1 FOR UPDATE")  # the first chunk insert waits for it
-    sync = asyncio.create_task(fresh_kb.sync(StaticSource(SourceSpec("rooms", "test"), items), CommittedCounter()))
-    for _ in range(600):
-        if admin.execute("SELECT count(*) FROM embedding_cache").fetchone()[0] == 8:
-            break
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(0.3)  # the last embedded batch is handed to the writer
-    assert not sync.done() and committed == []
-    blocker.execute("ROLLBACK")
-    report = await sync
+    try:
+        sync = asyncio.create_task(fresh_kb.sync(StaticSource(SourceSpec("rooms", "test"), items), CommittedCounter()))
+        for _ in range(600):
+            if held.count("embedding_cache") == 8:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # the last embedded batch is handed to the writer
+        assert not sync.done() and committed == []
+        held.release()
+        report = await sync
+    finally:
+        held.close()
 
     assert [i for i, _ in report.failed] == ["room1.md"]
     assert sorted(report.added) == [f"room{i}.md" for i in range(8) if i != 1]
@@ -219,8 +240,6 @@ async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused
     assert committed == [1, 1, 7, 7, 7, 7, 7, 7]
     hits = (await fresh_kb.search("how many people does meeting room 6 seat", SearchFilters(), k=1)).hits
     assert hits[0].external_id == "room6.md"
-    admin.close()
-    blocker.close()
 
 
 async def test_the_model_stops_when_a_writers_worth_of_chunks_waits_for_a_busy_writer(fresh_kb, monkeypatch):
@@ -230,23 +249,21 @@ async def test_the_model_stops_when_a_writers_worth_of_chunks_waits_for_a_busy_w
     items = [SourceItem(external_id=f"desk{i}.md", filename=f"desk{i}.md", title=f"Desk {i}",
                         read=(lambda i=i: f"# Desk {i}\n\nDesk {i} is by window {i + 2}.".encode()))
              for i in range(12)]
-    admin = _admin(fresh_kb.engine.url.render_as_string(hide_password=False))
-    blocker = _admin(fresh_kb.engine.url.render_as_string(hide_password=False))
-    blocker.execute("BEGIN")
-    blocker.execute("SELECT * FROM corpus_stats WHERE id = 1 FOR UPDATE")  # the first chunk insert waits for it
-    sync = asyncio.create_task(fresh_kb.sync(StaticSource(SourceSpec("desks", "test"), items)))
-    embedded = []
-    for _ in range(60):
-        await asyncio.sleep(0.1)
-        embedded.append(admin.execute("SELECT count(*) FROM embedding_cache").fetchone()[0])
-        if len(embedded) > 10 and embedded[-1] == embedded[-10]:
-            break
-    # Being written: the first batch (2 chunks); waiting: two batches (4 chunks); held by the model until there is
-    # room: one more. The other four desks are not embedded yet.
-    assert embedded[-1] == 8 and not sync.done()
-    blocker.execute("ROLLBACK")
-    report = await sync
-    assert sorted(report.added) == sorted(f"desk{i}.md" for i in range(12))
-    assert admin.execute("SELECT count(*) FROM embedding_cache").fetchone()[0] == 12
-    admin.close()
-    blocker.close()
+    held = HeldWriter(fresh_kb)
+    try:
+        sync = asyncio.create_task(fresh_kb.sync(StaticSource(SourceSpec("desks", "test"), items)))
+        embedded = []
+        for _ in range(60):
+            await asyncio.sleep(0.1)
+            embedded.append(held.count("embedding_cache"))
+            if len(embedded) > 10 and embedded[-1] == embedded[-10]:
+                break
+        # Being written: the first batch (2 chunks); waiting: two batches (4 chunks); held by the model until there
+        # is room: one more. The other four desks are not embedded yet.
+        assert embedded[-1] == 8 and not sync.done()
+        held.release()
+        report = await sync
+        assert sorted(report.added) == sorted(f"desk{i}.md" for i in range(12))
+        assert held.count("embedding_cache") == 12
+    finally:
+        held.close()
