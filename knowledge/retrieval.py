@@ -4,8 +4,7 @@ BM25 is computed inside Postgres with nothing beyond pgvector: the question is t
 text search configuration as the chunks; its terms' idf (from the `lexemes` table and the corpus size) form a sparse
 query vector; each chunk stores its document-side BM25 weights as a sparse vector; their inner product is the
 BM25 score. Candidates come from the GIN index with OR semantics over the question's terms, because long
-questions rarely contain every term; in a large corpus, from the rarest terms' postings plus the chunks holding
-several of the next terms together (see CANDIDATE_POSTINGS and TOGETHER_POSTINGS).
+questions rarely contain every term.
 
 A search is two statements: BM25's candidates (sent before the question is embedded, so Postgres works on them
 while the model does) and the HNSW search (sent the moment the vector is ready). Each returns with its candidates
@@ -52,13 +51,6 @@ CANDIDATE_SCAN_CAP = 10_000
 # lexical-only search that comes back short then looks once more with every question term, among the chunks the
 # asker may see (LEXICAL_SQL_AMONG_PERMITTED; hybrid searches fill k from the dense side).
 EVERY_TERM = 2**62  # as RARE_TERM_CORPUS_SIZE: every term brings candidates
-# Chunks holding several of the question's other terms together: the best BM25 matches often lack the rarest term
-# but hold two or three of the next ones (at a million chunks, 27% of the exact top-10 were missed without them).
-# Candidates also come from the chunks holding all of the rarest terms that brought none above (a GIN AND), as few
-# of them as make their expected chunks in common (were the terms independent) at most TOGETHER_POSTINGS, looked
-# for among the TOGETHER_TERMS rarest the asker can find. Measured by `bench/search.py` (lexical recall@10).
-TOGETHER_TERMS = 4
-TOGETHER_POSTINGS = 3_000
 # Common terms are looked for among the first COMMON_PROBE_ROWS chunks (in id order, so every search reads the
 # same ones) before the GIN index; when every question term is in more than CANDIDATE_SCAN_CAP chunks, candidates
 # are the first CANDIDATE_SCAN_CAP chunks holding the rarest one, read in id order, at most COMMON_SCAN_ROWS read:
@@ -196,8 +188,6 @@ class Retriever:
             "n": max(candidates or self.settings.candidates_per_retriever, k),
             "rare_corpus": RARE_TERM_CORPUS_SIZE,
             "candidate_postings": CANDIDATE_POSTINGS,
-            "together_terms": TOGETHER_TERMS,
-            "together_postings": TOGETHER_POSTINGS,
             "scan_cap": CANDIDATE_SCAN_CAP,
             "common_probe_rows": COMMON_PROBE_ROWS,
             "common_scan_rows": COMMON_SCAN_ROWS,
@@ -289,25 +279,6 @@ candidate_terms AS (
     ) r
     WHERE r.n < :rare_corpus OR r.nth = 1 OR r.postings <= :candidate_postings
 ),
-together_pool AS MATERIALIZED (
-    -- The rarest question terms that bring no candidates above and that the asker can find: looked for in order of
-    -- document frequency until TOGETHER_TERMS are found (the ones they cannot find must not change which are used).
-    SELECT t.*, row_number() OVER (ORDER BY t.df, t.id) AS nth,
-           sum(ln(t.df / t.n)) OVER (ORDER BY t.df, t.id) + ln(t.n) AS expected_log
-    FROM (
-        SELECT t.* FROM (SELECT * FROM question_terms ORDER BY df, id OFFSET 0) t
-        WHERE t.n >= :rare_corpus AND t.literal NOT IN (SELECT literal FROM candidate_terms)
-          AND CASE WHEN t.df <= :candidate_postings THEN t.id IN (SELECT id FROM rare_terms)
-                   ELSE {common_term_visible} END
-        LIMIT :together_terms
-    ) t
-),
-together_terms AS (
-    -- The fewest of those (at least two) whose expected chunks in common (`expected_log`: the log of corpus size
-    -- times the product of their shares) fit TOGETHER_POSTINGS.
-    SELECT p.* FROM together_pool p
-    WHERE p.nth <= 2 OR (SELECT q.expected_log FROM together_pool q WHERE q.nth = p.nth - 1) > ln(:together_postings)
-),
 common_term AS MATERIALIZED (
     -- When every term is common: the rarest one the asker can find, tried in order of document frequency.
     SELECT t.id, t.df, t.literal FROM (SELECT * FROM question_terms ORDER BY df, id OFFSET 0) t
@@ -324,21 +295,13 @@ bm25_query AS (
         coalesce((SELECT string_agg(literal, ' | ') FROM candidate_terms),
                  (SELECT literal FROM common_term WHERE df <= :scan_cap))::tsquery AS candidates,
         -- a term in more chunks than that: candidates come from reading chunks in table order instead (below)
-        (SELECT {holds_t} FROM common_term t WHERE t.df > :scan_cap) AS common,
-        -- chunks holding all of the together terms (none when even all of the pool would bring too many)
-        (SELECT string_agg(literal, ' & ')::tsquery FROM together_terms
-         HAVING count(*) >= 2 AND min(expected_log) <= ln(:together_postings)) AS together
+        (SELECT {holds_t} FROM common_term t WHERE t.df > :scan_cap) AS common
 ),
 scored AS MATERIALIZED (
     SELECT c.id, -(c.bm25 <#> q.weights) AS score, c.bm25
     FROM (
         (SELECT c.id, c.bm25 FROM chunks c, bm25_query q
          WHERE c.tsv @@ q.candidates AND {candidate_filters}
-         LIMIT :scan_cap)
-        UNION ALL
-        -- (a chunk this brings may also come from the scan above or below: `lexical` scores it once)
-        (SELECT c.id, c.bm25 FROM chunks c, bm25_query q
-         WHERE q.together IS NOT NULL AND c.tsv @@ q.together AND {candidate_filters}
          LIMIT :scan_cap)
         UNION ALL
         -- A term in many chunks: its GIN posting list alone takes longer to read than the chunks of the table in
@@ -366,10 +329,9 @@ full_match AS (
           END
 ),
 lexical AS MATERIALIZED (
-    SELECT s.id, max(s.score) AS score, max(f.score) AS full_match_score
+    SELECT s.id, s.score, f.score AS full_match_score
     FROM scored s, full_match f
-    GROUP BY s.id
-    ORDER BY max(s.score) DESC, s.id
+    ORDER BY s.score DESC, s.id
     LIMIT :n
 )"""
 
