@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    PlantedQueryEmbedder, SyntheticCorpus, database_versions, drop_database, machine_info, open_existing_kb, open_fresh_kb, parse_size, summary, timer,
+    PlantedQueryEmbedder, SyntheticCorpus, database_versions, drop_database, machine_info, open_existing_kb, open_fresh_kb, parse_size, real_questions, summary, timer,
     use_throwaway_home, write_results,
 )
 
@@ -294,6 +294,11 @@ async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object
     return out
 
 
+def token_summary(counts: list[int]) -> dict[str, float]:
+    ordered = sorted(counts)
+    return {"p50": ordered[len(ordered) // 2], "p95": ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]}
+
+
 async def run_size(
     n_chunks: int, n_queries: int, recall_queries: int, keep: bool, with_levers: bool = False, reuse: bool = False
 ) -> dict[str, object]:
@@ -323,7 +328,13 @@ async def run_size(
         queries = corpus.queries(n_queries, [text for text, _ in sample])
         planted = {q: corpus.question_vector(sample[i][1]).tolist()
                    for q, i in zip(queries, corpus.query_sources)}
-        kb.retriever.embedder = PlantedQueryEmbedder(kb.embedder, planted)
+        embedder = PlantedQueryEmbedder(kb.embedder, planted, real_questions())
+        kb.retriever.embedder = embedder
+        figures["question_tokens"] = {  # what the model embeds, beside the synthetic questions (PlantedQueryEmbedder)
+            "embedded": token_summary(kb.embedder.count_tokens_many(embedder.embedded_texts(queries))),
+            "synthetic": token_summary(kb.embedder.count_tokens_many(queries)),
+        }
+        print(f"  question tokens: {figures['question_tokens']}")
         for query in queries[:20]:  # warm the connection pool, the model and Postgres' caches
             await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="hybrid")
         vectors = [await kb.retriever.query_vector(q) for q in queries]  # also fills the query cache
