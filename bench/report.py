@@ -55,7 +55,9 @@ def search_section(result: dict) -> str:  # type: ignore[type-arg]
              "load average of their own run (rows below).", "",
              "p50 / p95 / p99 in ms of `KnowledgeBase.search` (k = 10). *filtered*: the asker may see 10% of the "
              "documents. *cached query*: the query vector comes from the product's query cache; otherwise the "
-             "question is embedded in the call. Floor: a bare HNSW top-10 over the same pool and query vectors.", ""]
+             "question is embedded in the call (a question of the handbook's eval set in place of the synthetic "
+             "one, whose pseudo-words split into twice the tokens; the searched vector is planted either way: "
+             "`bench/common.py`). Floor: a bare HNSW top-10 over the same pool and query vectors.", ""]
     header = "| | " + " | ".join(f"{int(s):,} chunks" for s in order) + " |"
     lines += [header, "|---" * (len(order) + 1) + "|"]
     keys = ["hybrid", "hybrid_filtered", "dense", "dense_filtered", "lexical", "lexical_filtered",
@@ -74,6 +76,7 @@ def search_section(result: dict) -> str:  # type: ignore[type-arg]
         ("HNSW recall@10 vs exact, filtered", "hnsw_filtered_recall@10"),
         ("lexical recall@10 vs exact BM25", "lexical_recall@10"),
         ("searches returning < 10 results (of the timed ones)", "searches_with_fewer_than_10_results"),
+        ("question tokens embedded, p50 / p95", "question_tokens"),
         ("store path while loading (chunks/s, first-sync bulk load: no HNSW until the end)", "store_chunks_per_s"),
         ("HNSW build (s)", "hnsw_build_s"),
         ("chunks table incl. indexes and TOAST (MB)", "chunks_table_mb"),
@@ -85,7 +88,11 @@ def search_section(result: dict) -> str:  # type: ignore[type-arg]
         cells = []
         for s in order:
             value = sizes[s].get(key, "–")
-            if isinstance(value, dict):
+            if key == "question_tokens":
+                value = (f"{value['embedded']['p50']} / {value['embedded']['p95']} (synthetic question: "
+                         f"{value['synthetic']['p50']} / {value['synthetic']['p95']})"
+                         if isinstance(value, dict) else "the synthetic question's (before 2026-11-23, 2nd round)")
+            elif isinstance(value, dict):
                 value = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in value.items() if v) or "none"
             cells.append(str(value))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
