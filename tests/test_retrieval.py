@@ -87,6 +87,51 @@ async def test_a_lexical_search_for_a_reader_of_few_documents_still_fills_k(fres
     assert hits[0].external_id == "zeppelin"
     assert all(not h.external_id.startswith("hidden-") for h in hits)
 
+async def test_a_chunk_holding_two_other_terms_together_is_found_without_the_rarest_one(fresh_kb, monkeypatch):
+    """In a large corpus BM25's candidates come from the rarest question terms. The best match here lacks the rarest
+    term ("zeppelin") but holds the next two ("hangar", "inspection") together: it is found, and ranked first."""
+    import knowledge.retrieval as retrieval
+
+    monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus: rarest terms only
+    monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 2)  # "zeppelin" (2 chunks) fills the budget alone
+    items = [item(f"airship-{i}", f"# Airship {i}\n\nA zeppelin model number {i} sits on the reception desk "
+                                  "next to the plants, the post trays and the visitor book.") for i in range(2)]
+    items += [item(f"hangar-{i}", f"# Hangar {i}\n\nHangar {i} stores the spare chairs.") for i in range(3)]
+    items += [item(f"inspection-{i}", f"# Inspection {i}\n\nThe fire inspection of floor {i} is yearly.")
+              for i in range(4)]
+    items += [item(f"other-{i}", f"# Note {i}\n\nThe kitchen rota for week {i} is on the fridge.") for i in range(8)]
+    items.append(item("answer", "# Hangar inspection\n\nThe hangar inspection is done by the facilities team."))
+    await fresh_kb.sync(StaticSource(SourceSpec("mixed", "test"), items))
+    hits = (await fresh_kb.search("zeppelin hangar inspection", SearchFilters(), k=2, mode="lexical")).hits
+    assert [h.external_id for h in hits][0] == "answer"
+    assert hits[1].external_id.startswith("airship-")
+
+    monkeypatch.setattr(retrieval, "TOGETHER_POSTINGS", 0)  # no pair qualifies: the rarest term's chunks only
+    hits = (await fresh_kb.search("zeppelin hangar inspection", SearchFilters(), k=2, mode="lexical")).hits
+    assert all(h.external_id.startswith("airship-") for h in hits)
+
+
+async def test_a_question_of_common_words_finds_the_chunk_holding_two_of_them(fresh_kb, monkeypatch):
+    """When every question term is in many chunks, BM25's candidates were the first chunks holding the rarest one;
+    the chunk holding both terms came later in the table and was not among them. It is now found through the pair."""
+    import knowledge.retrieval as retrieval
+
+    monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus
+    monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)  # every term counts as common
+    monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)  # ... and in more chunks than the scan cap
+    items = [item(f"hangar-{i}", f"# Hangar {i}\n\nHangar {i} stores the spare chairs.") for i in range(3)]
+    items += [item(f"inspection-{i}", f"# Inspection {i}\n\nThe fire inspection of floor {i} is yearly.")
+              for i in range(4)]
+    items.append(item("answer", "# Hangar inspection\n\nThe hangar inspection is done by the facilities team."))
+    await fresh_kb.sync(StaticSource(SourceSpec("common", "test"), items))
+    hits = (await fresh_kb.search("hangar inspection", SearchFilters(), k=1, mode="lexical")).hits
+    assert [h.external_id for h in hits] == ["answer"]
+
+    monkeypatch.setattr(retrieval, "TOGETHER_POSTINGS", 0)  # no pairs: the first chunk holding "hangar" only
+    hits = (await fresh_kb.search("hangar inspection", SearchFilters(), k=1, mode="lexical")).hits
+    assert [h.external_id for h in hits] == ["hangar-0"]
+
+
 async def test_source_and_date_filters(fresh_kb, tmp_path):
     old = datetime(2020, 1, 1, tzinfo=timezone.utc)
     new = datetime.now(timezone.utc)

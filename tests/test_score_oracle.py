@@ -63,13 +63,19 @@ def _seen(results) -> list[tuple[str, float, float | None, float | None]]:  # ty
              None if h.lexical_score is None else round(h.lexical_score, 9)) for h in results.hits]
 
 
-@pytest.mark.parametrize("regime", ["small", "rare", "common"],
-                         ids=["small-corpus", "large-corpus-candidates", "every-term-common"])
+@pytest.mark.parametrize("regime", ["small", "rare", "together", "common"],
+                         ids=["small-corpus", "large-corpus-candidates", "terms-together", "every-term-common"])
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(twin_kbs, mode, regime, monkeypatch):
     if regime != "small":
         # Behave as a large corpus does: candidates come only from the rarest terms.
         monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)
+    question = "salary band hunter3"
+    if regime == "together":
+        # ... and candidates also come from the chunks holding two of the other terms together ("salary" and
+        # "band", after the rare "rehearses"); the hidden word pairs with each of them and must bring nothing.
+        monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 1)
+        question = "salary band rehearses hunter3"
     if regime == "common":
         # ... and every term is common: candidates from the rarest term the asker can find, read in table order
         # (more postings than the scan cap); visibility looked for in the first few rows, then in the index.
@@ -78,8 +84,8 @@ async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(tw
         monkeypatch.setattr(retrieval, "COMMON_PROBE_ROWS", 3)
     with_word, without_word = twin_kbs
     for k in (1, 5):
-        a = await with_word.search("salary band hunter3", SearchFilters(("user:bob@example.com",)), k=k, mode=mode)
-        b = await without_word.search("salary band hunter3", SearchFilters(("user:bob@example.com",)), k=k, mode=mode)
+        a = await with_word.search(question, SearchFilters(("user:bob@example.com",)), k=k, mode=mode)
+        b = await without_word.search(question, SearchFilters(("user:bob@example.com",)), k=k, mode=mode)
         assert _seen(a) == _seen(b)
         assert a.hits, "the public documents match the question"
         assert "vault" not in {h.external_id for h in a.hits}
