@@ -294,11 +294,6 @@ async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object
     return out
 
 
-def token_summary(counts: list[int]) -> dict[str, float]:
-    ordered = sorted(counts)
-    return {"p50": ordered[len(ordered) // 2], "p95": ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]}
-
-
 async def run_size(
     n_chunks: int, n_queries: int, recall_queries: int, keep: bool, with_levers: bool = False, reuse: bool = False
 ) -> dict[str, object]:
@@ -331,8 +326,8 @@ async def run_size(
         embedder = PlantedQueryEmbedder(kb.embedder, planted, real_questions())
         kb.retriever.embedder = embedder
         figures["question_tokens"] = {  # what the model embeds, beside the synthetic questions (PlantedQueryEmbedder)
-            "embedded": token_summary(kb.embedder.count_tokens_many(embedder.embedded_texts(queries))),
-            "synthetic": token_summary(kb.embedder.count_tokens_many(queries)),
+            "embedded": summary(kb.embedder.count_tokens_many(embedder.embedded_texts(queries))),
+            "synthetic": summary(kb.embedder.count_tokens_many(queries)),
         }
         print(f"  question tokens: {figures['question_tokens']}")
         for query in queries[:20]:  # warm the connection pool, the model and Postgres' caches
