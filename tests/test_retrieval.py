@@ -87,6 +87,16 @@ async def test_a_lexical_search_for_a_reader_of_few_documents_still_fills_k(fres
     assert hits[0].external_id == "zeppelin"
     assert all(not h.external_id.startswith("hidden-") for h in hits)
 
+
+def hangar_and_inspection_items() -> list[SourceItem]:
+    """Chunks holding "hangar" or "inspection", and one ("answer") holding both."""
+    items = [item(f"hangar-{i}", f"# Hangar {i}\n\nHangar {i} stores the spare chairs.") for i in range(3)]
+    items += [item(f"inspection-{i}", f"# Inspection {i}\n\nThe fire inspection of floor {i} is yearly.")
+              for i in range(4)]
+    items.append(item("answer", "# Hangar inspection\n\nThe hangar inspection is done by the facilities team."))
+    return items
+
+
 async def test_a_chunk_holding_two_other_terms_together_is_found_without_the_rarest_one(fresh_kb, monkeypatch):
     """In a large corpus BM25's candidates come from the rarest question terms. The best match here lacks the rarest
     term ("zeppelin") but holds the next two ("hangar", "inspection") together: it is found, and ranked first."""
@@ -96,11 +106,8 @@ async def test_a_chunk_holding_two_other_terms_together_is_found_without_the_rar
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 2)  # "zeppelin" (2 chunks) fills the budget alone
     items = [item(f"airship-{i}", f"# Airship {i}\n\nA zeppelin model number {i} sits on the reception desk "
                                   "next to the plants, the post trays and the visitor book.") for i in range(2)]
-    items += [item(f"hangar-{i}", f"# Hangar {i}\n\nHangar {i} stores the spare chairs.") for i in range(3)]
-    items += [item(f"inspection-{i}", f"# Inspection {i}\n\nThe fire inspection of floor {i} is yearly.")
-              for i in range(4)]
+    items += hangar_and_inspection_items()
     items += [item(f"other-{i}", f"# Note {i}\n\nThe kitchen rota for week {i} is on the fridge.") for i in range(8)]
-    items.append(item("answer", "# Hangar inspection\n\nThe hangar inspection is done by the facilities team."))
     await fresh_kb.sync(StaticSource(SourceSpec("mixed", "test"), items))
     hits = (await fresh_kb.search("zeppelin hangar inspection", SearchFilters(), k=2, mode="lexical")).hits
     assert [h.external_id for h in hits][0] == "answer"
@@ -119,10 +126,7 @@ async def test_a_question_of_common_words_finds_the_chunk_holding_two_of_them(fr
     monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)  # every term counts as common
     monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)  # ... and in more chunks than the scan cap
-    items = [item(f"hangar-{i}", f"# Hangar {i}\n\nHangar {i} stores the spare chairs.") for i in range(3)]
-    items += [item(f"inspection-{i}", f"# Inspection {i}\n\nThe fire inspection of floor {i} is yearly.")
-              for i in range(4)]
-    items.append(item("answer", "# Hangar inspection\n\nThe hangar inspection is done by the facilities team."))
+    items = hangar_and_inspection_items()
     await fresh_kb.sync(StaticSource(SourceSpec("common", "test"), items))
     hits = (await fresh_kb.search("hangar inspection", SearchFilters(), k=1, mode="lexical")).hits
     assert [h.external_id for h in hits] == ["answer"]
