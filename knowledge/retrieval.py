@@ -5,7 +5,7 @@ text search configuration as the chunks; its terms' idf (from the `lexemes` tabl
 query vector; each chunk stores its document-side BM25 weights as a sparse vector; their inner product is the
 BM25 score. Candidates come from the GIN index with OR semantics over the question's terms, because long
 questions rarely contain every term; in a large corpus, from the rarest terms' postings plus the chunks holding two
-of the other terms together (see CANDIDATE_POSTINGS and TOGETHER_POSTINGS).
+or three of the other terms together (see CANDIDATE_POSTINGS and TOGETHER_POSTINGS).
 
 A search is two statements: BM25's candidates (sent before the question is embedded, so Postgres works on them
 while the model does) and the HNSW search (sent the moment the vector is ready). Each returns with its candidates
@@ -60,15 +60,25 @@ EVERY_TERM = 2**62  # as RARE_TERM_CORPUS_SIZE: every term brings candidates
 # Each pair is decided by its own two terms alone, and the chunks it brings are checked for access row by row before
 # the cap: a term found only in chunks the asker may not see brings nothing and displaces nothing, without a
 # visibility check per term. Measured by `bench/search.py` (lexical recall@10 against exact BM25).
+# A short question of fairly common words has no such pair (at a million chunks, terms in 25,000, 130,000 and
+# 135,000 chunks: any two share about 3,000 chunks, all three about 450), and its best matches hold all its terms.
+# So triples of terms count too, when none of their pairs qualifies, their expected chunks in common are at most
+# TOGETHER_POSTINGS, and each term is in at most TOGETHER_TRIPLE_MAX_DF chunks (GIN intersects the three lists
+# skipping through the longer ones: about 8–10 ms for those at a million chunks). Groups are read the most selective
+# first, and decided, like pairs, by their own terms alone.
 TOGETHER_POSTINGS = 1_000
 TOGETHER_MAX_DF = 50_000
+TOGETHER_TRIPLE_MAX_DF = 200_000
 TOGETHER_CAP = 1_000
 # Common terms are looked for among the first COMMON_PROBE_ROWS chunks (in id order, so every search reads the
-# same ones) before the GIN index; when every question term is in more than CANDIDATE_SCAN_CAP chunks, candidates
-# are the first CANDIDATE_SCAN_CAP chunks holding the rarest one, read in id order, at most COMMON_SCAN_ROWS read:
-# the chunks its posting list would have given first, without reading the whole list.
+# same ones) before the GIN index. When no question term is rare, candidates are the first CANDIDATE_SCAN_CAP chunks
+# holding the rarest term: through the GIN index while it is in at most COMMON_INDEX_DF chunks (reading a posting
+# list costs about 0.2 µs a posting, 4 ms at that bound); above it, read in id order, at most COMMON_SCAN_ROWS read,
+# the chunks its posting list would have given first without reading the whole list. (With the bound at
+# CANDIDATE_SCAN_CAP, a term in 11,700 of a million chunks was met in 580 of them, none among the best ten.)
 COMMON_PROBE_ROWS = 2_000
 COMMON_SCAN_ROWS = 50_000
+COMMON_INDEX_DF = 20_000
 
 
 @dataclass(frozen=True)
@@ -202,8 +212,10 @@ class Retriever:
             "candidate_postings": CANDIDATE_POSTINGS,
             "together_postings": TOGETHER_POSTINGS,
             "together_max_df": TOGETHER_MAX_DF,
+            "together_triple_max_df": TOGETHER_TRIPLE_MAX_DF,
             "together_cap": TOGETHER_CAP,
             "scan_cap": CANDIDATE_SCAN_CAP,
+            "common_index_df": COMMON_INDEX_DF,
             "common_probe_rows": COMMON_PROBE_ROWS,
             "common_scan_rows": COMMON_SCAN_ROWS,
         }
@@ -300,33 +312,52 @@ candidate_terms AS (
     ) r
     WHERE r.n < :rare_corpus OR r.nth = 1 OR r.postings <= :candidate_postings
 ),
-together_pairs AS (
-    -- In a large corpus, pairs of the question terms that bring no candidates above: each pair by its own two terms
-    -- (expected chunks in common, posting list lengths), never by the other terms, so a term the asker cannot find
-    -- changes no other pair (its own pairs bring only chunks the asker may not see).
-    SELECT CAST(a.literal || ' & ' || b.literal AS tsquery) AS pair, a.id AS a, b.id AS b
+pairable AS (
+    -- Whether two question terms make a pair by their own statistics (posting list lengths, expected chunks in
+    -- common), whatever the other terms are.
+    SELECT a.id AS a, b.id AS b, a.literal AS a_literal, b.literal AS b_literal,
+           a.literal || ' & ' || b.literal AS pair,
+           a.df::float8 * b.df / a.n AS expected,
+           a.df <= :together_max_df AND b.df <= :together_max_df
+           AND a.df::float8 * b.df / a.n <= :together_postings AS qualifies
     FROM question_terms a JOIN question_terms b ON a.id < b.id
     WHERE a.n >= :rare_corpus
-      AND a.df <= :together_max_df AND b.df <= :together_max_df
-      AND a.df::float8 * b.df / a.n <= :together_postings
-      AND a.literal NOT IN (SELECT literal FROM candidate_terms)
-      AND b.literal NOT IN (SELECT literal FROM candidate_terms)
+),
+together_groups AS (
+    -- In a large corpus, pairs of the question terms that bring no candidates above, and triples none of whose pairs
+    -- qualifies: each group by its own terms, never by the other terms, so a term the asker cannot find changes no
+    -- other group (its own groups bring only chunks the asker may not see).
+    SELECT CAST(p.pair AS tsquery) AS terms, p.expected, p.a, p.b, 0 AS c
+    FROM pairable p
+    WHERE p.qualifies
+      AND p.a_literal NOT IN (SELECT literal FROM candidate_terms)
+      AND p.b_literal NOT IN (SELECT literal FROM candidate_terms)
+    UNION ALL
+    SELECT CAST(ab.pair || ' & ' || c.literal AS tsquery), ab.expected * c.df / c.n, ab.a, ab.b, c.id
+    FROM pairable ab
+    JOIN question_terms a ON a.id = ab.a JOIN question_terms b ON b.id = ab.b
+    JOIN question_terms c ON c.id > ab.b
+    JOIN pairable ac ON ac.a = ab.a AND ac.b = c.id
+    JOIN pairable bc ON bc.a = ab.b AND bc.b = c.id
+    WHERE NOT (ab.qualifies OR ac.qualifies OR bc.qualifies)
+      AND greatest(a.df, b.df, c.df) <= :together_triple_max_df
+      AND ab.expected * c.df / c.n <= :together_postings
 ),
 together AS MATERIALIZED (
-    -- The chunks holding both terms of a pair, pair by pair (GIN walks the shorter posting list of an AND and skips
-    -- through the other; one OR of all the pairs would read every list whole), the asker's access checked row by row
-    -- before the cap (chunks they may not see take no place). A chunk this brings may come twice, or also from
-    -- `scored`'s scans: `lexical` scores it once.
+    -- The chunks holding every term of a group, group by group, the most selective first (GIN walks the shortest
+    -- posting list of an AND and skips through the others; one OR of all the groups would read every list whole),
+    -- the asker's access checked row by row before the cap (chunks they may not see take no place). A chunk this
+    -- brings may come twice, or also from `scored`'s scans: `lexical` scores it once.
     SELECT c.id, c.bm25
-    FROM (SELECT * FROM together_pairs ORDER BY a, b) p
+    FROM (SELECT * FROM together_groups ORDER BY expected, a, b, c) g
     CROSS JOIN LATERAL (
-        SELECT c.id, c.bm25 FROM chunks c WHERE c.tsv @@ p.pair AND {row_filters} LIMIT :together_cap
+        SELECT c.id, c.bm25 FROM chunks c WHERE c.tsv @@ g.terms AND {row_filters} LIMIT :together_cap
     ) c
     LIMIT :together_cap
 ),
 common_term AS MATERIALIZED (
     -- When every term is common: the rarest one the asker can find, tried in order of document frequency; not
-    -- needed when the pairs above bring n candidates (its chunks are only the first ones found that hold one term).
+    -- needed when the groups above bring n candidates (its chunks are only the first ones found that hold one term).
     SELECT t.id, t.df, t.literal FROM (SELECT * FROM question_terms ORDER BY df, id OFFSET 0) t
     WHERE NOT EXISTS (SELECT 1 FROM rare_terms) AND (SELECT count(*) FROM together) < :n AND {common_term_visible}
     LIMIT 1
@@ -339,9 +370,9 @@ bm25_query AS (
              || '}/{sparse_dim}')::sparsevec AS weights,
         -- what brings candidates through the GIN index: rare terms, or a common term whose postings fit the cap
         coalesce((SELECT string_agg(literal, ' | ') FROM candidate_terms),
-                 (SELECT literal FROM common_term WHERE df <= :scan_cap))::tsquery AS candidates,
+                 (SELECT literal FROM common_term WHERE df <= :common_index_df))::tsquery AS candidates,
         -- a term in more chunks than that: candidates come from reading chunks in table order instead (below)
-        (SELECT {holds_t} FROM common_term t WHERE t.df > :scan_cap) AS common
+        (SELECT {holds_t} FROM common_term t WHERE t.df > :common_index_df) AS common
 ),
 scored AS MATERIALIZED (
     SELECT c.id, -(c.bm25 <#> q.weights) AS score, c.bm25

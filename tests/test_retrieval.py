@@ -118,6 +118,29 @@ async def test_a_chunk_holding_two_other_terms_together_is_found_without_the_rar
     assert all(h.external_id.startswith("airship-") for h in hits)
 
 
+async def test_a_chunk_holding_three_other_terms_is_found_when_no_pair_of_them_qualifies(fresh_kb, monkeypatch):
+    """A short question of fairly common words: no two of its terms are rare enough together to bring candidates,
+    but all three together are, and the best match holds all three."""
+    import knowledge.retrieval as retrieval
+
+    monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus: rarest terms only
+    monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 2)  # "zeppelin" (2 chunks) fills the budget alone
+    monkeypatch.setattr(retrieval, "TOGETHER_MAX_DF", 0)  # no pair qualifies
+    items = [item(f"airship-{i}", f"# Airship {i}\n\nA zeppelin model number {i} sits on the reception desk "
+                                  "next to the plants, the post trays and the visitor book.") for i in range(2)]
+    items += hangar_and_inspection_items()
+    items += [item(f"facilities-{i}", f"# Facilities {i}\n\nThe facilities team orders paper for floor {i}.")
+              for i in range(3)]
+    await fresh_kb.sync(StaticSource(SourceSpec("mixed", "test"), items))
+    question = "zeppelin hangar inspection facilities"
+    hits = (await fresh_kb.search(question, SearchFilters(), k=2, mode="lexical")).hits
+    assert hits[0].external_id == "answer"
+
+    monkeypatch.setattr(retrieval, "TOGETHER_TRIPLE_MAX_DF", 0)  # no triple either: the rarest term's chunks only
+    hits = (await fresh_kb.search(question, SearchFilters(), k=2, mode="lexical")).hits
+    assert all(h.external_id.startswith("airship-") for h in hits)
+
+
 async def test_a_question_of_common_words_finds_the_chunk_holding_two_of_them(fresh_kb, monkeypatch):
     """When every question term is in many chunks, BM25's candidates were the first chunks holding the rarest one;
     the chunk holding both terms came later in the table and was not among them. It is now found through the pair."""
@@ -126,6 +149,7 @@ async def test_a_question_of_common_words_finds_the_chunk_holding_two_of_them(fr
     monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)  # every term counts as common
     monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)  # ... and in more chunks than the scan cap
+    monkeypatch.setattr(retrieval, "COMMON_INDEX_DF", 1)  # ... read in table order, not through the index
     items = hangar_and_inspection_items()
     await fresh_kb.sync(StaticSource(SourceSpec("common", "test"), items))
     hits = (await fresh_kb.search("hangar inspection", SearchFilters(), k=1, mode="lexical")).hits

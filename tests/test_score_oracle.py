@@ -63,8 +63,9 @@ def _seen(results) -> list[tuple[str, float, float | None, float | None]]:  # ty
              None if h.lexical_score is None else round(h.lexical_score, 9)) for h in results.hits]
 
 
-@pytest.mark.parametrize("regime", ["small", "rare", "together", "common"],
-                         ids=["small-corpus", "large-corpus-candidates", "terms-together", "every-term-common"])
+@pytest.mark.parametrize("regime", ["small", "rare", "together", "triples", "common"],
+                         ids=["small-corpus", "large-corpus-candidates", "terms-together", "three-terms-together",
+                              "every-term-common"])
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(twin_kbs, mode, regime, monkeypatch):
     if regime != "small":
@@ -76,11 +77,18 @@ async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(tw
         # "band", after the rare "rehearses"); the hidden word pairs with each of them and must bring nothing.
         monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 1)
         question = "salary band rehearses hunter3"
+    if regime == "triples":
+        # ... and from the chunks holding three of the terms when no pair of them qualifies ("salary", "band" and
+        # "level"); the hidden word makes triples with the others and must bring nothing.
+        monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 1)
+        monkeypatch.setattr(retrieval, "TOGETHER_MAX_DF", 0)
+        question = "salary band level hunter3"
     if regime == "common":
         # ... and every term is common: candidates from the rarest term the asker can find, read in table order
         # (more postings than the scan cap); visibility looked for in the first few rows, then in the index.
         monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)
         monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)
+        monkeypatch.setattr(retrieval, "COMMON_INDEX_DF", 1)
         monkeypatch.setattr(retrieval, "COMMON_PROBE_ROWS", 3)
     with_word, without_word = twin_kbs
     for k in (1, 5):
