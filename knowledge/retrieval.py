@@ -66,6 +66,13 @@ EVERY_TERM = 2**62  # as RARE_TERM_CORPUS_SIZE: every term brings candidates
 # TOGETHER_POSTINGS, and each term is in at most TOGETHER_TRIPLE_MAX_DF chunks (GIN intersects the three lists
 # skipping through the longer ones: about 8–10 ms for those at a million chunks). Groups are read the most selective
 # first, and decided, like pairs, by their own terms alone.
+# The groups are read only from TOGETHER_CORPUS_SIZE chunks, where CANDIDATE_POSTINGS is at most 1% of the corpus; in
+# a smaller one the rarest terms' postings reach far enough down without them. Measured on the bench's 100,000-chunk
+# index (3%), same 200 questions alternating: the lexical statement's p95 without the groups 9.7 ms instead of 17.2
+# for a reader of 10% of the documents, 12.9 instead of 16.5 for everyone; recall@10 against exact BM25 0.994
+# without, 0.99 with them (50 questions: a question of common words reads the common-term candidates instead). At a
+# million chunks (0.3%) they took recall@10 from 0.73 to 0.87.
+TOGETHER_CORPUS_SIZE = 300_000
 TOGETHER_POSTINGS = 1_000
 TOGETHER_MAX_DF = 50_000
 TOGETHER_TRIPLE_MAX_DF = 200_000
@@ -210,6 +217,7 @@ class Retriever:
             "n": max(candidates or self.settings.candidates_per_retriever, k),
             "rare_corpus": RARE_TERM_CORPUS_SIZE,
             "candidate_postings": CANDIDATE_POSTINGS,
+            "together_corpus": TOGETHER_CORPUS_SIZE,
             "together_postings": TOGETHER_POSTINGS,
             "together_max_df": TOGETHER_MAX_DF,
             "together_triple_max_df": TOGETHER_TRIPLE_MAX_DF,
@@ -321,7 +329,7 @@ pairable AS (
            a.df <= :together_max_df AND b.df <= :together_max_df
            AND a.df::float8 * b.df / a.n <= :together_postings AS qualifies
     FROM question_terms a JOIN question_terms b ON a.id < b.id
-    WHERE a.n >= :rare_corpus
+    WHERE a.n >= :rare_corpus AND a.n >= :together_corpus
 ),
 together_groups AS (
     -- In a large corpus, pairs of the question terms that bring no candidates above, and triples none of whose pairs

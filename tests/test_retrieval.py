@@ -104,6 +104,7 @@ async def test_a_chunk_holding_two_other_terms_together_is_found_without_the_rar
 
     monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus: rarest terms only
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 2)  # "zeppelin" (2 chunks) fills the budget alone
+    monkeypatch.setattr(retrieval, "TOGETHER_CORPUS_SIZE", 0)  # ... and large enough for groups of terms
     items = [item(f"airship-{i}", f"# Airship {i}\n\nA zeppelin model number {i} sits on the reception desk "
                                   "next to the plants, the post trays and the visitor book.") for i in range(2)]
     items += hangar_and_inspection_items()
@@ -113,6 +114,12 @@ async def test_a_chunk_holding_two_other_terms_together_is_found_without_the_rar
     assert [h.external_id for h in hits][0] == "answer"
     assert hits[1].external_id.startswith("airship-")
 
+    # A corpus smaller than TOGETHER_CORPUS_SIZE reads no groups: the rarest term's chunks only.
+    monkeypatch.setattr(retrieval, "TOGETHER_CORPUS_SIZE", len(items) + 1)
+    hits = (await fresh_kb.search("zeppelin hangar inspection", SearchFilters(), k=2, mode="lexical")).hits
+    assert all(h.external_id.startswith("airship-") for h in hits)
+
+    monkeypatch.setattr(retrieval, "TOGETHER_CORPUS_SIZE", 0)
     monkeypatch.setattr(retrieval, "TOGETHER_POSTINGS", 0)  # no pair qualifies: the rarest term's chunks only
     hits = (await fresh_kb.search("zeppelin hangar inspection", SearchFilters(), k=2, mode="lexical")).hits
     assert all(h.external_id.startswith("airship-") for h in hits)
@@ -125,6 +132,7 @@ async def test_a_chunk_holding_three_other_terms_is_found_when_no_pair_of_them_q
 
     monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus: rarest terms only
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 2)  # "zeppelin" (2 chunks) fills the budget alone
+    monkeypatch.setattr(retrieval, "TOGETHER_CORPUS_SIZE", 0)  # ... and large enough for groups of terms
     monkeypatch.setattr(retrieval, "TOGETHER_MAX_DF", 0)  # no pair qualifies
     items = [item(f"airship-{i}", f"# Airship {i}\n\nA zeppelin model number {i} sits on the reception desk "
                                   "next to the plants, the post trays and the visitor book.") for i in range(2)]
@@ -150,6 +158,7 @@ async def test_a_question_of_common_words_finds_the_chunk_holding_two_of_them(fr
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)  # every term counts as common
     monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)  # ... and in more chunks than the scan cap
     monkeypatch.setattr(retrieval, "COMMON_INDEX_DF", 1)  # ... read in table order, not through the index
+    monkeypatch.setattr(retrieval, "TOGETHER_CORPUS_SIZE", 0)  # ... and large enough for groups of terms
     items = hangar_and_inspection_items()
     await fresh_kb.sync(StaticSource(SourceSpec("common", "test"), items))
     hits = (await fresh_kb.search("hangar inspection", SearchFilters(), k=1, mode="lexical")).hits

@@ -71,6 +71,7 @@ async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(tw
     if regime != "small":
         # Behave as a large corpus does: candidates come only from the rarest terms.
         monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)
+        monkeypatch.setattr(retrieval, "TOGETHER_CORPUS_SIZE", 0)  # groups of terms too (in regimes with them)
     question = "salary band hunter3"
     if regime == "together":
         # ... and candidates also come from the chunks holding two of the other terms together ("salary" and
