@@ -169,6 +169,19 @@ async def test_a_question_of_common_words_finds_the_chunk_holding_two_of_them(fr
     assert [h.external_id for h in hits] == ["hangar-0"]
 
 
+async def test_a_common_term_read_through_the_index_is_read_whole(fresh_kb, monkeypatch):
+    """When no question term is rare, the rarest one's chunks are the candidates. Read through the GIN index, its
+    posting list is read whole: the scan cap used to keep the first chunks found, which need not hold the best match."""
+    import knowledge.retrieval as retrieval
+
+    monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus
+    monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)  # every term counts as common
+    monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)  # ... and in more chunks than the scan cap
+    await fresh_kb.sync(StaticSource(SourceSpec("common", "test"), hangar_and_inspection_items()))
+    hits = (await fresh_kb.search("hangar inspection", SearchFilters(), k=1, mode="lexical")).hits
+    assert [h.external_id for h in hits] == ["answer"]  # the last of the four chunks holding "hangar"
+
+
 async def test_source_and_date_filters(fresh_kb, tmp_path):
     old = datetime(2020, 1, 1, tzinfo=timezone.utc)
     new = datetime.now(timezone.utc)
