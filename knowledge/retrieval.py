@@ -45,7 +45,8 @@ RARE_TERM_CORPUS_SIZE = 10_000
 # at 100k chunks by `bench/search.py --levers` (recall@10 against exact BM25 beside the latency).
 CANDIDATE_POSTINGS = 3_000
 # At most this many candidate chunks are scored, whatever the terms: a question made only of words found in most
-# chunks cannot make a search score the whole corpus (the rows scored are then the first ones found).
+# chunks cannot make a search score the whole corpus (the rows scored are then the first ones found). A common term
+# read through the GIN index brings all its chunks, at most COMMON_INDEX_DF (below).
 CANDIDATE_SCAN_CAP = 10_000
 # The posting budget counts postings in every chunk, also ones the asker may not see, so a reader of few documents
 # can find fewer than k candidates among the rarest terms' chunks although more of theirs hold the other terms. A
@@ -379,7 +380,8 @@ bm25_query AS (
         -- (a term that no permitted chunk contains adds nothing to any score the asker sees)
         ('{' || coalesce((SELECT string_agg(t.id || ':' || t.idf, ',' ORDER BY t.id) FROM question_terms t), '')
              || '}/{sparse_dim}')::sparsevec AS weights,
-        -- what brings candidates through the GIN index: rare terms, or a common term whose postings fit the cap
+        -- what brings candidates through the GIN index: rare terms, or a common term in at most COMMON_INDEX_DF
+        -- chunks (all of them: see the LIMIT in `scored`)
         coalesce((SELECT string_agg(literal, ' | ') FROM candidate_terms),
                  (SELECT literal FROM common_term WHERE df <= :common_index_df))::tsquery AS candidates,
         -- a term in more chunks than that: candidates come from reading chunks in table order instead (below)
