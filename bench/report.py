@@ -23,7 +23,7 @@ busy machine absolute figures move a lot, the ratios much less. Targets are read
 ```
 make bench                                                       # quick set: 10k search, small ingest, bot; < 5 min
 .venv/bin/python bench/search.py --chunks 10k,100k               # 100k: about 12 min on 2 cores (idle)
-.venv/bin/python bench/search.py --chunks 1M --queries 100 --recall-queries 10 --keep   # 1M: ~1 h (30 min load, 8 min graph, ~1 min per recall question)
+.venv/bin/python bench/search.py --chunks 1M --queries 100 --recall-queries 10 --keep   # 1M: 25 min to 1 h by machine (load 9–30 min, graph 4–8, 0.5–1 min per recall question)
 .venv/bin/python bench/ingest.py --documents 400 --store-chunks 20000 --base-chunks 100000
 .venv/bin/python bench/bot.py                                    # bot overhead, ack, `ragbot run` RSS: ≈ 1 min idle
 .venv/bin/python bench/bot.py --mentions 300 --skip-rss          # more samples, overhead and ack only
