@@ -82,11 +82,8 @@ async def main(n_chunks: int, identical: bool) -> None:
                 body = f"bulk chunk {doc}-{i}"
                 rows.append(store.ChunkRow(i, body, "", 5, f"bulk-{doc}-{i}",
                                            store.as_vector([v / norm for v in vector]), body))
-            async with kb.engine.begin() as conn:
-                await store.replace_document(conn, source_id=source_id, external_id=f"bulk-{doc}", title="Bulk",
-                                             url=None, path=None, author=None, updated_at=None,
-                                             content_hash=str(doc), access=["group:other"], chunks=rows,
-                                             text_search_config="english")
+            await store.write_documents(kb.engine, source_id, [store.DocumentWrite(
+                f"bulk-{doc}", "Bulk", None, None, None, None, str(doc), ["group:other"], rows)], "english")
         print(f"wrote {n_chunks} synthetic chunks in {time.perf_counter() - started:.0f} s")
         await measure(kb, f"+{n_chunks} restricted chunks near the questions", questions)
         async with kb.engine.begin() as conn:

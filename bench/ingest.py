@@ -13,9 +13,11 @@ re-syncs as ratios to the first sync.
    the floors on either side of it, with every ratio in `ingest_vs_encode_ratios`. `ingest_vs_encode_cpu_ratio`
    compares CPU seconds of this process instead (floor over syncs; Postgres' own CPU not included): far less
    sensitive to other processes' load than wall time.
-2. The store path alone: `store.write_documents` with precomputed embeddings, batched the way the indexer's writer
-   batches when the model is ahead of Postgres (as a GPU is): batches of 16 documents joined up to 2,000 chunks a
-   transaction (`--unmerged`: each batch of 16 on its own, as a CPU-bound sync writes them). Generating the rows
+2. The store path alone: `store.write_documents` with precomputed embeddings, batched and written the way the
+   indexer's writers do when the model is ahead of Postgres (as a GPU is): batches of 16 documents joined into an
+   equal share for each of the STORE_WRITERS writers (at most 2,000 chunks a transaction), written side by side
+   (`--writers 1`: one writer, as before 2026-11-25; `--unmerged`: each batch of 16 on its own, as a CPU-bound sync
+   writes them). Generating the rows
    is outside every clock. First as a first sync runs it (`store_first_sync_chunks_per_s`): into the empty
    index without the HNSW graph, which `store.bulk_load` builds at the end (the build is in the time); then into
    that index with its graph maintained row by row, as every later sync writes (`store_chunks_per_s`); beside them
@@ -51,7 +53,7 @@ from sqlalchemy import text  # noqa: E402
 
 from knowledge import store  # noqa: E402
 from knowledge.chunking import compose_search_text  # noqa: E402
-from knowledge.indexing import BATCH_DOCUMENTS, WRITE_BATCH_CHUNKS, join_waiting_batches  # noqa: E402
+from knowledge.indexing import BATCH_DOCUMENTS, STORE_WRITERS, WriterPool, share_out  # noqa: E402
 from knowledge.sources.folder import FolderSource  # noqa: E402
 
 
@@ -162,12 +164,12 @@ async def end_to_end(documents: int, repeats: int = 1) -> dict[str, float]:
 
 
 def synthetic_writes(
-    corpus: SyntheticCorpus, n_chunks: int, prefix: str, *, merged: bool = True
+    corpus: SyntheticCorpus, n_chunks: int, prefix: str, *, merged: bool = True, writers: int = STORE_WRITERS
 ) -> list[list[store.DocumentWrite]]:
-    """The corpus as the indexer's writer hands it to the store: batches of BATCH_DOCUMENTS documents, joined as
-    the writer joins the batches waiting for it (`indexing.join_waiting_batches`) when the embedder is ahead of Postgres,
-    as a GPU is (the embeddings here are precomputed, so every batch is waiting). `merged=False`: each batch of
-    BATCH_DOCUMENTS on its own, as a sync whose model is slower than the writer (a CPU) writes them."""
+    """The corpus as the indexer's writers hand it to the store: batches of BATCH_DOCUMENTS documents, shared out
+    among the free writers (`indexing.share_out`) when the embedder is ahead of Postgres, as a GPU is (the
+    embeddings here are precomputed, so every batch is waiting). `merged=False`: each batch of BATCH_DOCUMENTS on
+    its own, as a sync whose model is slower than the writers (a CPU) writes them."""
     writes = []
     for document in corpus.documents(n_chunks):
         rows = [store.ChunkRow(i, body, "", len(body.split()), f"{prefix}{document.number}-{i}",
@@ -178,11 +180,12 @@ def synthetic_writes(
     batches = [writes[i : i + BATCH_DOCUMENTS] for i in range(0, len(writes), BATCH_DOCUMENTS)]
     if not merged:
         return batches
-    return join_waiting_batches(batches, external_id=lambda w: w.external_id, chunks=lambda w: len(w.chunks),
-                                max_chunks=WRITE_BATCH_CHUNKS)
+    return share_out(batches, writers, external_id=lambda w: w.external_id, chunks=lambda w: len(w.chunks))
 
 
-async def store_path(n_chunks: int, base_chunks: int, merged: bool = True) -> dict[str, float]:
+async def store_path(
+    n_chunks: int, base_chunks: int, merged: bool = True, writers: int = STORE_WRITERS
+) -> dict[str, float]:
     kb = await open_fresh_kb("ragbot_bench_store")
     try:
         corpus = SyntheticCorpus(kb.embedder.dimension, seed=3)
@@ -190,16 +193,19 @@ async def store_path(n_chunks: int, base_chunks: int, merged: bool = True) -> di
             source_id = await store.ensure_source(conn, "bench", "bench", None)
 
         async def write(batches: list[list[store.DocumentWrite]]) -> float:
+            """Written as the indexer writes them: up to `writers` transactions at once (indexing.WriterPool)."""
+            pool = WriterPool(writers)
             started = timer()
             for batch in batches:
-                async with kb.engine.begin() as conn:
-                    await store.write_documents(conn, source_id, batch, kb.settings.text_search_config)
+                await pool.start(store.write_documents(kb.engine, source_id, batch, kb.settings.text_search_config),
+                                 documents={d.external_id for d in batch})
+            await pool.finish_all()
             return timer() - started
 
         # A first sync's store path: base_chunks chunks into the empty index, written without the HNSW graph, which
         # is built at the end (store.bulk_load, as Indexer.sync does), the build included in the time.
         await kb.ensure_embedding_space()
-        base = synthetic_writes(corpus, base_chunks, "base-", merged=merged)  # generated before the clock starts
+        base = synthetic_writes(corpus, base_chunks, "base-", merged=merged, writers=writers)  # generated before the clock starts
         started = timer()
         async with store.bulk_load(kb.engine) as bulk:
             assert bulk, "the index was not empty: no bulk load"
@@ -208,7 +214,7 @@ async def store_path(n_chunks: int, base_chunks: int, merged: bool = True) -> di
         bulk_s = timer() - started
         build_s = timer() - graph_started
         # Every later sync: writes into that index, its graph maintained row by row.
-        measured = synthetic_writes(corpus, n_chunks, "new-", merged=merged)
+        measured = synthetic_writes(corpus, n_chunks, "new-", merged=merged, writers=writers)
         rows = [(c, d) for batch in measured for d in batch for c in d.chunks]
         with_hnsw_s = await write(measured)
 
@@ -233,7 +239,8 @@ async def store_path(n_chunks: int, base_chunks: int, merged: bool = True) -> di
                                               chunk.content_hash, chunk.embedding, list(document.access), source_id))
             copy_s = timer() - started
         figures = {
-            "store_chunks": len(rows), "store_base_chunks": base_chunks,
+            "store_chunks": len(rows), "store_base_chunks": base_chunks, "store_writers": writers,
+            "store_transactions": len(measured),
             "store_chunks_per_s": round(len(rows) / with_hnsw_s, 1),
             "store_first_sync_chunks_per_s": round(base_chunks / bulk_s, 1),
             "store_without_hnsw_chunks_per_s": round(base_chunks / written_s, 1),
@@ -266,6 +273,8 @@ async def main() -> None:
     parser.add_argument("--name", default="ingest")
     parser.add_argument("--end-to-end-only", action="store_true", help="skip the store path and re-weighting")
     parser.add_argument("--store-only", action="store_true", help="skip the end-to-end syncs")
+    parser.add_argument("--writers", type=int, default=STORE_WRITERS,
+                        help="store path: transactions writing at once (the indexer's STORE_WRITERS)")
     parser.add_argument("--unmerged", action="store_true",
                         help="store path: each batch of 16 documents in its own transaction (a CPU-bound sync)")
     args = parser.parse_args()
@@ -276,7 +285,8 @@ async def main() -> None:
         print(f"   {figures}")
     if not args.end_to_end_only:
         print("2. store path")
-        stored = await store_path(args.store_chunks, args.base_chunks, merged=not args.unmerged)
+        stored = await store_path(args.store_chunks, args.base_chunks, merged=not args.unmerged,
+                                  writers=args.writers)
         stored["store_batches"] = "16 documents each" if args.unmerged else "joined as the writer joins waiting ones"
         print(f"   {stored}")
         figures.update(stored)

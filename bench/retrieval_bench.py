@@ -67,12 +67,8 @@ async def synthetic_corpus(kb: KnowledgeBase, n_chunks: int, seed: int = 7) -> l
             rows.append(store.ChunkRow(ordinal, body, "", 150, f"{doc}-{ordinal}",
                                        store.as_vector([v / norm for v in vector]), body))
         access = ["everyone"] if doc % 10 == 0 else [f"group:team{doc % 10}"]  # 90% restricted
-        async with kb.engine.begin() as conn:
-            await store.replace_document(
-                conn, source_id=source_id, external_id=f"doc-{doc}", title=f"Synthetic {doc}", url=None, path=None,
-                author=None, updated_at=None, content_hash=str(doc), access=access, chunks=rows,
-                text_search_config="english",
-            )
+        await store.write_documents(kb.engine, source_id, [store.DocumentWrite(
+            f"doc-{doc}", f"Synthetic {doc}", None, None, None, None, str(doc), access, rows)], "english")
     elapsed = time.perf_counter() - started
     print(f"  wrote {n_chunks} chunks in {elapsed:.1f}s ({n_chunks / elapsed:.0f} chunks/s, embedding excluded)")
     started = time.perf_counter()

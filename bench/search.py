@@ -69,8 +69,7 @@ async def load_corpus(kb, n_chunks: int) -> tuple[SyntheticCorpus, list[tuple[st
     async def flush() -> None:
         nonlocal store_s, written
         started = timer()
-        async with kb.engine.begin() as conn:
-            await store.write_documents(conn, source_id, batch, kb.settings.text_search_config)
+        await store.write_documents(kb.engine, source_id, batch, kb.settings.text_search_config)
         store_s += timer() - started
         written += sum(len(d.chunks) for d in batch)
         batch.clear()

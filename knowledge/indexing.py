@@ -11,6 +11,7 @@
   stages hide behind it instead of adding to it.
 - When the model is ahead of Postgres (a GPU), the batches waiting for the writer are joined, up to
   WRITE_BATCH_CHUNKS chunks, into one transaction (`join_waiting_batches`): fewer, larger writes cost less a chunk.
+  Up to STORE_WRITERS transactions write at once (`WriterPool`), each its share of what waits.
 - A batch of documents is written in one transaction (`store.write_documents`), so an interrupted sync leaves
   every document either fully old or fully new. If Postgres refuses the batch, its documents are written one at a
   time, so only the document it refuses fails. A batch's checkpoint is stored only after all its documents are
@@ -50,6 +51,10 @@ PIPELINE_DEPTH = 1
 # When the model is faster than Postgres (a GPU), embedded batches wait for the writer up to this many chunks in
 # all, and the writer commits all that wait in one transaction (join_waiting_batches).
 WRITE_BATCH_CHUNKS = 2000
+# Transactions writing at once (store.write_documents runs side by side with itself): when batches wait, they are
+# shared out among free writers. Two writers keep both of this machine's cores busy inside Postgres, where most of
+# a write's time goes to inserting into the HNSW graph (bench/ingest.py: store_writers).
+STORE_WRITERS = 2
 # Items fetched at once within a batch (HTTP sources bound their own connections too).
 FETCH_CONCURRENCY = 4
 # VACUUM the chunks table after a sync or a source removal deleted at least this many chunks (see
@@ -218,6 +223,58 @@ class _WriteQueue:
             return taken
 
 
+def share_out(
+    batches: Sequence[Sequence[D]], writers: int, *, external_id: Callable[[D], str], chunks: Callable[[D], int]
+) -> list[list[D]]:
+    """Batches waiting for `writers` free writers, as the writes to start: joined (`join_waiting_batches`) up to an
+    equal share each, and never more than WRITE_BATCH_CHUNKS. 2,000 waiting chunks and two free writers make two
+    writes of about 1,000; one free writer, one of 2,000."""
+    total = sum(chunks(d) for batch in batches for d in batch)
+    share = -(-total // max(1, writers))
+    return join_waiting_batches(batches, external_id=external_id, chunks=chunks,
+                                max_chunks=max(1, min(share, WRITE_BATCH_CHUNKS)))
+
+
+class WriterPool:
+    """The writes in flight (coroutines, each one transaction), at most `size` at once. A write that shares a
+    document with one in flight starts only after every write before it has finished, so a document's versions are
+    committed in the order they came."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._running: dict[asyncio.Task[object], set[str]] = {}
+
+    def free(self) -> int:
+        """Writers free now; at least 1, since a write started while none is free waits for one."""
+        return max(1, self.size - len(self._running))
+
+    async def start(self, write: Coroutine[object, object, object], *, documents: set[str]) -> None:
+        if any(documents & held for held in self._running.values()):
+            await self.finish_all()
+        await self.wait_for_a_free_one()
+        self._running[asyncio.ensure_future(write)] = documents
+
+    async def wait_for_a_free_one(self) -> None:
+        while len(self._running) >= self.size:
+            await self._reap()
+
+    async def finish_all(self) -> None:
+        while self._running:
+            await self._reap()
+
+    async def _reap(self) -> None:
+        done, _ = await asyncio.wait(list(self._running), return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            del self._running[task]
+            task.result()  # a failed write fails the sync, as it did when writes ran one at a time
+
+    async def cancel_all(self) -> None:
+        for task in self._running:
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+        self._running.clear()
+
+
 @dataclass(frozen=True)
 class _AfterWrites:
     """What a source's change batch asks for once all its items are committed: deletions, then its checkpoint."""
@@ -328,32 +385,44 @@ class Indexer:
                 await to_write.put(work)
             await to_write.put(None)
 
+        writers = WriterPool(STORE_WRITERS)
+
         async def write_joined(batches: list[_Embedded]) -> None:
+            """Share what waits out among the free writers: as many writes as writers are free (each joined up to
+            WRITE_BATCH_CHUNKS), started as soon as a writer is."""
             embeddings = {h: e for b in batches for h, e in b.embeddings.items()}
-            joined = join_waiting_batches([b.prepared for b in batches], external_id=lambda p: p.item.external_id,
-                                          chunks=lambda p: len(p.drafts), max_chunks=WRITE_BATCH_CHUNKS)
+            joined = share_out([b.prepared for b in batches], writers.free(),
+                               external_id=lambda p: p.item.external_id, chunks=lambda p: len(p.drafts))
             for prepared in joined:
-                await self._write(_Embedded(prepared, embeddings), stored, source_id, report, progress)
+                await writers.start(
+                    self._write(_Embedded(prepared, embeddings), stored, source_id, report, progress),
+                    documents={p.item.external_id for p in prepared},
+                )
 
         async def write() -> None:
-            while True:
-                embedded: list[_Embedded] = []
-                for work in await to_write.take_all():  # what queued up while the last write ran
-                    if isinstance(work, _Embedded):
-                        embedded.append(work)
-                        continue
-                    await write_joined(embedded)  # deletions, a checkpoint or the end come after these writes
-                    embedded = []
-                    if work is None:
-                        return
-                    if work.deleted:
-                        async with self.engine.begin() as conn:
-                            report.deleted.extend(await store.delete_documents(conn, source_id, work.deleted))
-                    if work.checkpoint is not None:
-                        report.checkpoint = work.checkpoint
-                        if on_checkpoint is not None:
-                            await on_checkpoint(work.checkpoint)
-                await write_joined(embedded)
+            try:
+                while True:
+                    await writers.wait_for_a_free_one()  # meanwhile the batches wait, and the queue bounds them
+                    embedded: list[_Embedded] = []
+                    for work in await to_write.take_all():  # what queued up while the writers were busy
+                        if isinstance(work, _Embedded):
+                            embedded.append(work)
+                            continue
+                        await write_joined(embedded)  # deletions, a checkpoint or the end come after these writes
+                        embedded = []
+                        await writers.finish_all()
+                        if work is None:
+                            return
+                        if work.deleted:
+                            async with self.engine.begin() as conn:
+                                report.deleted.extend(await store.delete_documents(conn, source_id, work.deleted))
+                        if work.checkpoint is not None:
+                            report.checkpoint = work.checkpoint
+                            if on_checkpoint is not None:
+                                await on_checkpoint(work.checkpoint)
+                    await write_joined(embedded)
+            finally:
+                await writers.cancel_all()
 
         # Into an empty index, chunks are written without the HNSW graph, which is built once at the end (see
         # store.bulk_load): about ten times less work than inserting them into it one by one.
@@ -565,16 +634,15 @@ class Indexer:
         """Write a batch of documents in one transaction. If Postgres refuses it (e.g. text it cannot store), write
         them one at a time, so only the refused document is reported failed and the rest of the batch is kept.
 
-        The report counts what `store.write_documents` decided under the writers' lock, not what this sync read
+        The report counts what `store.write_documents` decided under the documents' locks, not what this sync read
         before: another sync of the same source may have written a document first."""
         writes = [self._document_write(p, batch.embeddings) for p in batch.prepared]
         outcomes: list[store.WriteOutcome | None] | None = None
         if len({w.external_id for w in writes}) == len(writes):  # else one item came twice: write them in order
             try:
-                async with self.engine.begin() as conn:
-                    outcomes = list(await store.write_documents(
-                        conn, source_id, writes, self.settings.text_search_config
-                    ))
+                outcomes = list(await store.write_documents(
+                    self.engine, source_id, writes, self.settings.text_search_config
+                ))
             except DBAPIError:  # e.g. text Postgres cannot store: find out which document, one at a time
                 pass
         if outcomes is None:
@@ -603,8 +671,7 @@ class Indexer:
     ) -> store.WriteOutcome | None:
         """One document in its own transaction; None, and reported failed, when Postgres refuses it."""
         try:
-            async with self.engine.begin() as conn:
-                (outcome,) = await store.write_documents(conn, source_id, [write], self.settings.text_search_config)
+            (outcome,) = await store.write_documents(self.engine, source_id, [write], self.settings.text_search_config)
         except DBAPIError as exc:  # the rest of the sync goes on
             report.failed.append((write.external_id, f"could not store: {str(exc.orig).splitlines()[0]}"))
             logger.info("could not store %s: %s", write.external_id, exc.orig)

@@ -1,7 +1,8 @@
 """The SQL that writes the index: sources, documents with their chunks, the embedding cache, index metadata.
 
 Replacing a document's chunks happens in one transaction, so a search never sees the document with zero or
-doubled chunks. BM25 statistics need no code here: triggers on `chunks` keep them exact (see the migration).
+doubled chunks. BM25 statistics need little code here: triggers on `chunks` keep them exact (see the migrations),
+and several writers may write at once (`write_documents`, migration 0009).
 """
 
 from __future__ import annotations
@@ -147,9 +148,17 @@ async def update_document_metadata(
 ) -> bool:
     """Metadata changed but the content did not: no re-chunking, but chunks take the new access list. Returns
     whether anything changed (False when a concurrent sync already wrote the same metadata)."""
+    await lock_index_for_writing(conn)
+    return await _update_metadata(conn, document_id, url=url, path=path, author=author, updated_at=updated_at,
+                                  access=access)
+
+
+async def _update_metadata(
+    conn: AsyncConnection, document_id: int, *, url: str | None, path: str | None, author: str | None,
+    updated_at: datetime | None, access: Sequence[str],
+) -> bool:
     params = {"id": document_id, "url": url, "path": path, "author": author, "updated_at": updated_at,
               "access": list(access)}
-    await lock_index_for_writing(conn)
     changed = await conn.execute(
         text(
             "UPDATE documents SET url = :url, path = :path, author = :author, updated_at = :updated_at, "
@@ -165,54 +174,6 @@ async def update_document_metadata(
         text("UPDATE chunks SET access = :access, doc_updated_at = :updated_at WHERE document_id = :id"), params
     )
     return True
-
-
-async def replace_document(
-    conn: AsyncConnection, *, source_id: int, external_id: str, title: str, url: str | None, path: str | None,
-    author: str | None, updated_at: datetime | None, content_hash: str, access: Sequence[str],
-    chunks: Sequence[ChunkRow], text_search_config: str, version: str | None = None,
-) -> WriteOutcome:
-    """Upsert the document and swap its chunks. Call inside a transaction.
-
-    What happened is decided here, under the writers' lock, not from what the sync read earlier: when two syncs
-    of one folder run at once, only the one that really inserted a document reports it added, and the other finds
-    the same content already there ("unchanged") instead of rewriting it."""
-    await lock_index_for_writing(conn)
-    existing = (
-        await conn.execute(
-            text("SELECT id, content_hash FROM documents WHERE source_id = :s AND external_id = :e"),
-            {"s": source_id, "e": external_id},
-        )
-    ).first()
-    if existing is not None and existing.content_hash == content_hash:
-        changed = await update_document_metadata(
-            conn, existing.id, url=url, path=path, author=author, updated_at=updated_at, access=access
-        )
-        await set_document_version(conn, existing.id, version)
-        return WriteOutcome(existing.id, "metadata_updated" if changed else "unchanged")
-    document_id = (
-        await conn.execute(
-            text(
-                """
-                INSERT INTO documents (source_id, external_id, title, url, path, author, updated_at, content_hash,
-                                       access, version)
-                VALUES (:source_id, :external_id, :title, :url, :path, :author, :updated_at, :content_hash, :access,
-                        :version)
-                ON CONFLICT (source_id, external_id) DO UPDATE SET
-                    title = EXCLUDED.title, url = EXCLUDED.url, path = EXCLUDED.path, author = EXCLUDED.author,
-                    updated_at = EXCLUDED.updated_at, content_hash = EXCLUDED.content_hash,
-                    access = EXCLUDED.access, version = EXCLUDED.version, indexed_at = now()
-                RETURNING id
-                """
-            ),
-            {"source_id": source_id, "external_id": external_id, "title": title, "url": url, "path": path,
-             "author": author, "updated_at": updated_at, "content_hash": content_hash, "access": list(access),
-             "version": version},
-        )
-    ).scalar_one()
-    await conn.execute(text("DELETE FROM chunks WHERE document_id = :id"), {"id": document_id})
-    await _insert_chunks(conn, source_id, [(document_id, chunks)], text_search_config)
-    return WriteOutcome(document_id, "added" if existing is None else "updated")
 
 
 @dataclass(frozen=True)
@@ -232,12 +193,17 @@ class DocumentWrite:
 
 
 async def write_documents(
-    conn: AsyncConnection, source_id: int, documents: Sequence[DocumentWrite], text_search_config: str
+    engine: AsyncEngine, source_id: int, documents: Sequence[DocumentWrite], text_search_config: str
 ) -> list[WriteOutcome]:
-    """Upsert documents and swap their chunks, a whole batch in a handful of statements. Call inside a transaction:
-    a search sees each document with its old chunks or its new ones, never none or both.
+    """Upsert documents and swap their chunks, a whole batch in one transaction (after a short one that adds new
+    words to the vocabulary): a search sees each document with its old chunks or its new ones, never none or both.
 
-    What happened is decided here, under the writers' lock, not from what the sync read earlier: when two syncs
+    Several calls may run at once on different connections (the indexer runs STORE_WRITERS of them): each holds the
+    writers' lock shared and a lock per document, so they queue only on a document both write and, at the end, on
+    the statistics row (migration 0009). The expensive part, tokenising and inserting into the GIN and HNSW
+    indexes, runs side by side.
+
+    What happened is decided here, under the documents' locks, not from what the sync read earlier: when two syncs
     of one folder run at once, only the one that really inserted a document reports it added, and the other finds
     the same content already there ("unchanged") instead of rewriting it.
 
@@ -245,41 +211,88 @@ async def write_documents(
     larger than the work for one small document; `bench/ingest.py` measures the store path."""
     if not documents:
         return []
-    await lock_index_for_writing(conn)
     ids = [d.external_id for d in documents]
     if len(set(ids)) != len(ids):
         raise ValueError("a batch of document writes names one document twice")
-    existing = {
-        r.external_id: r
-        for r in await conn.execute(
-            text("SELECT id, external_id, content_hash FROM documents WHERE source_id = :s AND external_id = ANY(:e)"),
-            {"s": source_id, "e": ids},
-        )
-    }
-    outcomes: dict[str, WriteOutcome] = {}
-    to_write = []
-    for d in documents:
-        old = existing.get(d.external_id)
-        if old is not None and old.content_hash == d.content_hash:
-            changed = await update_document_metadata(
-                conn, old.id, url=d.url, path=d.path, author=d.author, updated_at=d.updated_at, access=d.access
+    search_texts = [c.search_text for d in documents for c in d.chunks]
+    if search_texts:
+        async with engine.begin() as conn:
+            await _create_missing_lexemes(conn, search_texts, text_search_config)
+    async with engine.begin() as conn:
+        await _lock_documents_for_writing(conn, source_id, ids)
+        existing = {
+            r.external_id: r
+            for r in await conn.execute(
+                text("SELECT id, external_id, content_hash FROM documents "
+                     "WHERE source_id = :s AND external_id = ANY(:e)"),
+                {"s": source_id, "e": ids},
             )
-            await set_document_version(conn, old.id, d.version)
-            outcomes[d.external_id] = WriteOutcome(old.id, "metadata_updated" if changed else "unchanged")
-        else:
-            to_write.append(d)
-    if to_write:
-        document_ids = await _upsert_documents(conn, source_id, to_write)
-        replaced = [document_ids[d.external_id] for d in to_write if d.external_id in existing]
-        if replaced:
-            await conn.execute(text("DELETE FROM chunks WHERE document_id = ANY(:ids)"), {"ids": replaced})
-        await _insert_chunks(conn, source_id, [(document_ids[d.external_id], d.chunks) for d in to_write],
-                             text_search_config)
-        for d in to_write:
-            outcomes[d.external_id] = WriteOutcome(
-                document_ids[d.external_id], "added" if d.external_id not in existing else "updated"
-            )
+        }
+        outcomes: dict[str, WriteOutcome] = {}
+        to_write = []
+        for d in documents:
+            old = existing.get(d.external_id)
+            if old is not None and old.content_hash == d.content_hash:
+                changed = await _update_metadata(
+                    conn, old.id, url=d.url, path=d.path, author=d.author, updated_at=d.updated_at, access=d.access
+                )
+                await set_document_version(conn, old.id, d.version)
+                outcomes[d.external_id] = WriteOutcome(old.id, "metadata_updated" if changed else "unchanged")
+            else:
+                to_write.append(d)
+        if to_write:
+            document_ids = await _upsert_documents(conn, source_id, to_write)
+            replaced = [document_ids[d.external_id] for d in to_write if d.external_id in existing]
+            old_chunks = list((await conn.execute(
+                text("SELECT id FROM chunks WHERE document_id = ANY(:ids)"), {"ids": replaced}
+            )).scalars()) if replaced else []
+            await _insert_chunks(conn, source_id, [(document_ids[d.external_id], d.chunks) for d in to_write],
+                                 text_search_config)
+            # After the insert, not before: the delete trigger takes the statistics row, on which concurrent writers
+            # queue, so deleting first would make this insert wait for the other writers' commits.
+            if old_chunks:
+                await conn.execute(text("DELETE FROM chunks WHERE id = ANY(:ids)"), {"ids": old_chunks})
+            for d in to_write:
+                outcomes[d.external_id] = WriteOutcome(
+                    document_ids[d.external_id], "added" if d.external_id not in existing else "updated"
+                )
     return [outcomes[d.external_id] for d in documents]
+
+
+async def _lock_documents_for_writing(conn: AsyncConnection, source_id: int, external_ids: Sequence[str]) -> None:
+    """The writers' lock, shared, then each document's lock in one order (sorted keys), so two writers that share
+    documents wait for each other instead of deadlocking. Held until the transaction ends."""
+    await conn.execute(text("SELECT pg_advisory_xact_lock_shared(:key)"), {"key": locks.INDEX_WRITERS})
+    await conn.execute(
+        text(
+            "SELECT pg_advisory_xact_lock(:class, k) FROM ("
+            "  SELECT DISTINCT hashtext(CAST(:s AS text) || '/' || e) AS k FROM unnest(CAST(:e AS text[])) e"
+            "  ORDER BY 1) keys"
+        ),
+        {"class": locks.DOCUMENT_WRITE_CLASS, "s": source_id, "e": list(external_ids)},
+    )
+
+
+# New words go into the vocabulary (df 0) in a short transaction before the write, so the write's INSERT only reads
+# lexeme ids and holds no vocabulary row while it inserts into the indexes (migration 0009). Words already there
+# are filtered out by an ordinary read first, so the upsert touches only new rows, in sorted order: two writers
+# adding the same new word wait a moment for each other instead of deadlocking. A word added here for a write that
+# then fails stays with df 0, which searches ignore.
+_CREATE_MISSING_LEXEMES = """
+INSERT INTO lexemes (lexeme, df)
+SELECT w.lexeme, 0
+FROM (SELECT DISTINCT t.lexeme
+      FROM unnest(CAST(:texts AS text[])) AS x(body),
+           unnest(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), x.body))) AS t(lexeme)) w
+WHERE NOT EXISTS (SELECT 1 FROM lexemes l WHERE l.lexeme = w.lexeme)
+ORDER BY w.lexeme
+ON CONFLICT (lexeme) DO NOTHING
+"""
+
+
+async def _create_missing_lexemes(conn: AsyncConnection, search_texts: Sequence[str], text_search_config: str) -> None:
+    await conn.execute(text("SET LOCAL work_mem = '64MB'"))
+    await conn.execute(text(_CREATE_MISSING_LEXEMES), {"texts": BinaryArray(search_texts), "config": text_search_config})
 
 
 async def _upsert_documents(
@@ -316,16 +329,17 @@ async def _upsert_documents(
     return {r.external_id: r.id for r in rows}
 
 
-# Set (for the transaction) around the INSERT below, which counts document frequencies itself: the statistics
-# trigger then leaves lexemes alone. Any other insert into chunks has it off and is counted by the trigger.
-DF_COUNTED_BY_STATEMENT = "ragbot.df_counted_by_statement"
+# Set (for the transaction) by `write_documents`, whose lexemes exist before its INSERT: the statistics trigger then
+# adds the batch's document frequencies with a plain UPDATE. Any other insert into chunks has it off, and the trigger
+# creates missing lexemes as it counts (migration 0009).
+LEXEMES_EXIST = "ragbot.lexemes_exist"
 
 # The chunks of a batch in one INSERT. Each chunk's BM25 weights are computed right here, from its lexemes and
 # the avgdl the index is weighted with, so the row is written once (before migration 0006 a trigger updated every
-# new row a second time, which also inserted it a second time into every index). The batch's lexemes are upserted
-# in the same statement with their document frequencies (migration 0008); the statement trigger then adds the
-# chunk count and lengths to the statistics. Before 0008 the statement created new lexemes with df 0, looked the
-# others up, and the trigger upserted every lexeme a second time: more than half of the store path's time.
+# new row a second time, which also inserted it a second time into every index). The statement only reads the
+# vocabulary (for the lexeme ids of the weights): new words were added before (`_create_missing_lexemes`), and the
+# statement trigger counts document frequencies, N and the total length at the end, after taking the statistics
+# row (migration 0009), so that two writers run this statement side by side and queue only for that last step.
 _INSERT_CHUNKS = """
 WITH u AS MATERIALIZED (
     SELECT u.*, to_tsvector(CAST(:config AS regconfig), u.search_text) AS tsv
@@ -341,13 +355,8 @@ terms AS MATERIALIZED (
 lengths AS MATERIALIZED (
     SELECT i, sum(tf)::integer AS len FROM terms GROUP BY i
 ),
-vocabulary AS (
-    -- Every lexeme of the batch, created or with its document frequency raised by the batch's count, in one pass
-    -- that also returns the ids (so the statistics trigger leaves df alone: see DF_COUNTED_BY_STATEMENT).
-    INSERT INTO lexemes (lexeme, df)
-    SELECT lexeme, count(*) FROM terms GROUP BY lexeme ORDER BY lexeme
-    ON CONFLICT (lexeme) DO UPDATE SET df = lexemes.df + EXCLUDED.df
-    RETURNING id, lexeme
+vocabulary AS MATERIALIZED (
+    SELECT l.id, l.lexeme FROM lexemes l WHERE l.lexeme IN (SELECT lexeme FROM terms)
 ),
 s AS (
     SELECT k1, b,
@@ -387,7 +396,7 @@ async def _insert_chunks(
         return
     # A batch's (chunk, lexeme) pairs are sorted and grouped in memory rather than spilled to disk.
     await conn.execute(text("SET LOCAL work_mem = '64MB'"))
-    await conn.execute(text(f"SELECT set_config('{DF_COUNTED_BY_STATEMENT}', 'on', true)"))
+    await conn.execute(text(f"SELECT set_config('{LEXEMES_EXIST}', 'on', true)"))
     await conn.execute(
         text(_INSERT_CHUNKS.replace("{sparse_dim}", str(BM25_SPARSE_DIM))),
         {
@@ -399,7 +408,6 @@ async def _insert_chunks(
             "search_texts": BinaryArray(c.search_text for _, c in rows),
         },
     )
-    await conn.execute(text(f"SELECT set_config('{DF_COUNTED_BY_STATEMENT}', 'off', true)"))
 
 
 # Re-weighting after avgdl drift: how far it may drift before chunks are re-weighted, and how many chunks one
@@ -459,9 +467,9 @@ async def reweight_bm25(engine: AsyncEngine, *, batch: int = REWEIGHT_BATCH, for
 
 
 async def lock_index_for_writing(conn: AsyncConnection) -> None:
-    """Serialise writers until the transaction ends. The BM25 triggers lock vocabulary rows and the statistics
-    row in an order that two concurrent syncs could interleave into a deadlock; one writer at a time cannot.
-    Searches never take this lock."""
+    """The index to this transaction alone, until it ends: no chunk writer (`write_documents` holds the lock
+    shared) runs beside it. For what changes many chunks or the statistics at once: deleting documents, moving the
+    weights' avgdl, starting a bulk load. Searches never take this lock."""
     await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": locks.INDEX_WRITERS})
 
 

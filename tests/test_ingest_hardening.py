@@ -89,10 +89,10 @@ async def _write_many_chunks(kb, source: str, access: list[str], near: list[floa
                                    body))
     async with kb.engine.begin() as conn:
         source_id = await store.ensure_source(conn, source, "test", None)
-        await store.replace_document(
-            conn, source_id=source_id, external_id="bulk", title="Bulk", url=None, path=None, author=None,
-            updated_at=None, content_hash="bulk", access=access, chunks=rows, text_search_config="english",
-        )
+    await store.write_documents(
+        kb.engine, source_id, [store.DocumentWrite("bulk", "Bulk", None, None, None, None, "bulk", access, rows)],
+        "english",
+    )
 
 
 async def test_dense_search_is_not_blinded_by_a_large_deletion(kb_factory, monkeypatch):

@@ -10,7 +10,7 @@ from conftest import _admin, write
 from db import locks
 from knowledge import store
 from knowledge.embedding import EmbeddingModelError, resolve_device
-from knowledge.indexing import join_waiting_batches
+from knowledge.indexing import join_waiting_batches, share_out
 from knowledge.retrieval import SearchFilters
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 from knowledge.sources.folder import FolderSource
@@ -60,8 +60,7 @@ async def test_avgdl_drift_is_reweighted_after_the_writes_in_small_batches(fresh
                             [store.ChunkRow(0, long_body(i), "", 200, f"c{i}", vector, long_body(i))])
         for i in range(6)
     ]
-    async with fresh_kb.engine.begin() as conn:
-        await store.write_documents(conn, source_id, writes, "english")
+    await store.write_documents(fresh_kb.engine, source_id, writes, "english")
     assert set(await chunk_weight_avgdls(fresh_kb)) == before  # old and new chunks: still the old avgdl
 
     # ... the re-weighting does, one short transaction per batch, until every chunk carries the new avgdl.
@@ -179,6 +178,19 @@ def test_batches_waiting_for_the_writer_are_joined_up_to_the_limit_in_order():
     assert join_waiting_batches([], external_id=lambda d: d, chunks=lambda d: 1, max_chunks=10) == []
 
 
+def test_waiting_batches_are_shared_out_equally_among_the_free_writers(monkeypatch):
+    monkeypatch.setattr("knowledge.indexing.WRITE_BATCH_CHUNKS", 10)
+    batches = [[("a", 2), ("b", 2)], [("c", 2)], [("d", 2)], [("e", 2), ("f", 2)]]
+
+    def shared(writers: int) -> list[list[str]]:
+        writes = share_out(batches, writers, external_id=lambda d: d[0], chunks=lambda d: d[1])
+        return [[name for name, _ in write] for write in writes]
+
+    assert shared(2) == [["a", "b", "c"], ["d", "e", "f"]]  # 12 chunks: 6 each
+    assert shared(1) == [["a", "b", "c", "d"], ["e", "f"]]  # one writer, but never more than 10 chunks a write
+    assert shared(3) == [["a", "b"], ["c", "d"], ["e", "f"]]
+
+
 class HeldWriter:
     """Another session holds the statistics row that a sync's first chunk insert updates: the sync's writer waits
     on it while the rest of the pipeline (reading, the model) runs on. `count` reads committed rows."""
@@ -204,8 +216,10 @@ async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused
     fresh_kb, monkeypatch
 ):
     """When the model is ahead of Postgres (a GPU), the writer commits every batch waiting for it in one
-    transaction. Here Postgres is held busy by another session while the model embeds everything."""
+    transaction. Here Postgres is held busy by another session while the model embeds everything. (One writer:
+    with two, which of them commits first after the release is a race.)"""
     monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
+    monkeypatch.setattr("knowledge.indexing.STORE_WRITERS", 1)
     items = [SourceItem(external_id=f"room{i}.md", filename=f"room{i}.md",
                         title=f"Meeting room {i}" if i != 1 else "Meeting room \x00one",  # Postgres refuses it
                         read=(lambda i=i: f"# Room {i}\n\nMeeting room {i} seats {i + 4} people.".encode()))
@@ -246,6 +260,7 @@ async def test_the_model_stops_when_a_writers_worth_of_chunks_waits_for_a_busy_w
     """However far ahead the model could run, at most WRITE_BATCH_CHUNKS chunks wait in memory for the writer."""
     monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
     monkeypatch.setattr("knowledge.indexing.WRITE_BATCH_CHUNKS", 4)
+    monkeypatch.setattr("knowledge.indexing.STORE_WRITERS", 1)  # with two, how much each takes is a race
     items = [SourceItem(external_id=f"desk{i}.md", filename=f"desk{i}.md", title=f"Desk {i}",
                         read=(lambda i=i: f"# Desk {i}\n\nDesk {i} is by window {i + 2}.".encode()))
              for i in range(12)]
@@ -267,3 +282,85 @@ async def test_the_model_stops_when_a_writers_worth_of_chunks_waits_for_a_busy_w
         assert held.count("embedding_cache") == 12
     finally:
         held.close()
+
+
+# What a session waits on in pg_stat_activity: a row another transaction holds (the first waiter waits for that
+# transaction, the next ones queue for the row), or an advisory lock.
+ROW_LOCK = ("transactionid", "tuple")
+ADVISORY_LOCK = ("advisory",)
+# The chunk INSERT of store.write_documents as pg_stat_activity shows it (its first kilobyte).
+CHUNK_INSERT = "%WITH u AS MATERIALIZED%"
+
+
+def waiting_statements(conn, waits: tuple[str, ...], like: str) -> int:  # type: ignore[no-untyped-def]
+    """How many other sessions of this database wait on such a lock while running a statement like `like`."""
+    return conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+        "AND wait_event_type = 'Lock' AND wait_event = ANY(%s) AND query LIKE %s", (list(waits), like),
+    ).fetchone()[0]
+
+
+async def wait_until(check, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    for _ in range(int(timeout / 0.05)):
+        if check():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_two_writers_insert_side_by_side_and_queue_only_for_the_statistics(fresh_kb, monkeypatch):
+    """With the model ahead of Postgres, two transactions write at once: both insert their chunks (tokens, weights,
+    GIN and HNSW) and only then wait for the statistics row, which another session holds here. Once it is
+    released, everything is committed with exact statistics and scores."""
+    monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
+    items = [SourceItem(external_id=f"plant{i}.md", filename=f"plant{i}.md", title=f"Plant {i}",
+                        read=(lambda i=i: f"# Plant {i}\n\nThe fern{i} by window {i} needs water every {i + 2} days."
+                              .encode()))
+             for i in range(10)]
+    await fresh_kb.sync(StaticSource(SourceSpec("seed", "test"), [SourceItem(
+        external_id="seed.md", filename="seed.md", title="Seed", read=lambda: b"# Seed\n\nA first note.")]))
+    held = HeldWriter(fresh_kb)
+    try:
+        sync = asyncio.create_task(fresh_kb.sync(StaticSource(SourceSpec("plants", "test"), items)))
+        both = await wait_until(lambda: waiting_statements(held.reader, ROW_LOCK, CHUNK_INSERT) == 2)
+        assert both and held.count("chunks") == 1 and not sync.done()  # two inserts done, neither committed
+        held.release()
+        report = await sync
+    finally:
+        held.close()
+    assert sorted(report.added) == sorted(i.external_id for i in items) and not report.failed
+    await assert_statistics_match_chunks(fresh_kb)
+    expected = await reference_scores(fresh_kb, "fern window water")
+    got = await lexical(fresh_kb, "fern window water")
+    assert len(got) == 10 and got.keys() <= expected.keys()
+    for external_id, score in got.items():
+        assert math.isclose(score, expected[external_id], rel_tol=1e-4)
+
+
+async def test_two_writes_of_one_document_at_once_leave_one_version(fresh_kb):
+    """Two syncs may write the same document at the same moment: the second waits for the first (a lock per
+    document), then replaces its chunks, so the document is never doubled and the statistics stay exact."""
+    async with fresh_kb.engine.begin() as conn:
+        source_id = await store.ensure_source(conn, "notes", "test", None)
+    vector = store.as_vector([1.0] + [0.0] * (fresh_kb.embedder.dimension - 1))
+
+    def version(n: int) -> list[store.DocumentWrite]:
+        rows = [store.ChunkRow(i, f"Version {n} line {i} about lighthouse{n}.", "", 6, f"v{n}-{i}", vector,
+                               f"Version {n} line {i} about lighthouse{n}.") for i in range(3)]
+        return [store.DocumentWrite("guide.md", "Guide", None, None, None, None, f"h{n}", ["everyone"], rows)]
+
+    held = HeldWriter(fresh_kb)
+    try:
+        first = asyncio.create_task(store.write_documents(fresh_kb.engine, source_id, version(1), "english"))
+        assert await wait_until(lambda: waiting_statements(held.reader, ROW_LOCK, CHUNK_INSERT) == 1)
+        second = asyncio.create_task(store.write_documents(fresh_kb.engine, source_id, version(2), "english"))
+        assert await wait_until(lambda: waiting_statements(held.reader, ADVISORY_LOCK, "%pg_advisory_xact_lock(%") == 1)
+        held.release()
+        outcomes = [(await first)[0].outcome, (await second)[0].outcome]
+    finally:
+        held.close()
+    assert outcomes == ["added", "updated"]
+    async with fresh_kb.engine.connect() as conn:
+        texts = list((await conn.execute(text("SELECT text FROM chunks ORDER BY ordinal"))).scalars())
+    assert texts == [f"Version 2 line {i} about lighthouse2." for i in range(3)]
+    await assert_statistics_match_chunks(fresh_kb)
