@@ -171,10 +171,11 @@ class _Embedded:
 
 def join_waiting_batches(
     batches: Sequence[Sequence[D]], *, external_id: Callable[[D], str], chunks: Callable[[D], int],
-    max_chunks: int,
+    max_chunks: int, enough: int | None = None,
 ) -> list[list[D]]:
     """Batches of documents waiting for the writer, as it commits them: each joined to the one before while the
-    sum stays within `max_chunks` chunks and no document appears twice in one write.
+    sum stays within `max_chunks` chunks and no document appears twice in one write; with `enough`, a write that
+    already holds that many chunks takes no more.
 
     Why: per transaction, the store path pays once for every distinct term of the batch (its vocabulary row and
     document frequency), and the terms of a few thousand chunks overlap heavily: 2,000 chunks in one write cost
@@ -186,7 +187,8 @@ def join_waiting_batches(
     for batch in batches:
         ids = {external_id(d) for d in joined[-1]} if joined else set()
         added = sum(chunks(d) for d in batch)
-        if joined and size + added <= max_chunks and not any(external_id(d) in ids for d in batch):
+        if (joined and size + added <= max_chunks and (enough is None or size < enough)
+                and not any(external_id(d) in ids for d in batch)):
             joined[-1].extend(batch)
             size += added
         else:
@@ -226,13 +228,13 @@ class _WriteQueue:
 def share_out(
     batches: Sequence[Sequence[D]], writers: int, *, external_id: Callable[[D], str], chunks: Callable[[D], int]
 ) -> list[list[D]]:
-    """Batches waiting for `writers` free writers, as the writes to start: joined (`join_waiting_batches`) up to an
-    equal share each, and never more than WRITE_BATCH_CHUNKS. 2,000 waiting chunks and two free writers make two
-    writes of about 1,000; one free writer, one of 2,000."""
+    """Batches waiting for `writers` free writers, as the writes to start: joined (`join_waiting_batches`) until
+    each holds an equal share, and never more than WRITE_BATCH_CHUNKS. 2,000 waiting chunks and two free writers
+    make two writes of about 1,000 (not a third with what is left over); one free writer, one of 2,000."""
     total = sum(chunks(d) for batch in batches for d in batch)
     share = -(-total // max(1, writers))
-    return join_waiting_batches(batches, external_id=external_id, chunks=chunks,
-                                max_chunks=max(1, min(share, WRITE_BATCH_CHUNKS)))
+    return join_waiting_batches(batches, external_id=external_id, chunks=chunks, max_chunks=WRITE_BATCH_CHUNKS,
+                                enough=share)
 
 
 class WriterPool:

@@ -189,6 +189,10 @@ def test_waiting_batches_are_shared_out_equally_among_the_free_writers(monkeypat
     assert shared(2) == [["a", "b", "c"], ["d", "e", "f"]]  # 12 chunks: 6 each
     assert shared(1) == [["a", "b", "c", "d"], ["e", "f"]]  # one writer, but never more than 10 chunks a write
     assert shared(3) == [["a", "b"], ["c", "d"], ["e", "f"]]
+    # Uneven batches: each write takes batches until it holds its share, so nothing is left for a third.
+    uneven = [[("a", 3)], [("b", 3)], [("c", 1)], [("d", 3)]]
+    writes = share_out(uneven, 2, external_id=lambda d: d[0], chunks=lambda d: d[1])
+    assert [[name for name, _ in write] for write in writes] == [["a", "b"], ["c", "d"]]
 
 
 class HeldWriter:

@@ -5,14 +5,16 @@ INSERT, and the statistics trigger updated `corpus_stats` at its end. Those row 
 writers had to be serialised by an exclusive advisory lock for the whole transaction, HNSW insertion included.
 
 After:
-- `store.write_documents` creates the batch's missing lexemes (df 0) in a short transaction of their own, so its
-  INSERT only reads the vocabulary for the lexeme ids its weights need.
+- `store.write_documents` tokenises the batch and adds its new words to the vocabulary (df 0) in a short
+  transaction of its own, so its INSERT only reads the vocabulary for the lexeme ids its weights need.
 - Both statistics triggers update `corpus_stats` *before* any document frequency. Its row lock, held to the commit,
   is the one place concurrent writers queue: every change of `lexemes.df` happens after it, so no two writers ever
-  hold vocabulary rows in opposite orders. The expensive part of a write (tokenising, weights, the heap, the GIN
-  and HNSW indexes) runs before it, side by side.
-- With `ragbot.lexemes_exist` on (set by `store.write_documents`), the insert trigger adds the batch's document
-  frequencies with a plain UPDATE; any other insert still upserts missing lexemes itself.
+  hold vocabulary rows in opposite orders. The expensive part of a write (weights, the heap, the GIN and HNSW
+  indexes) runs before it, side by side.
+- With `ragbot.df_counted_by_writer` on (set by `store.write_documents`, which adds the counts its INSERT returns
+  right after it), the insert trigger leaves document frequencies alone; any other insert is counted by the
+  trigger, which creates missing lexemes as it counts.
+- The vocabulary table keeps half of each page free (fillfactor 50), so document-frequency updates are HOT.
 - New chunks weighted with another avgdl than the index's (two first writers into an empty index each computed
   their own) are re-weighted by the trigger, so every chunk follows `corpus_stats.weights_avgdl` at commit.
 
@@ -45,11 +47,8 @@ BEGIN
         RETURNING * INTO s;
     END IF;
 
-    IF coalesce(current_setting('ragbot.lexemes_exist', true), '') = 'on' THEN
-        UPDATE lexemes l SET df = l.df + d.n
-          FROM (SELECT t.lexeme, count(*) AS n FROM new_chunks n, unnest(n.tsv) t GROUP BY t.lexeme) d
-         WHERE l.lexeme = d.lexeme;
-    ELSE
+    -- store.write_documents adds its batch's document frequencies itself, right after this (see migration 0009).
+    IF coalesce(current_setting('ragbot.df_counted_by_writer', true), '') <> 'on' THEN
         INSERT INTO lexemes (lexeme, df)
         SELECT t.lexeme, count(*) FROM new_chunks n, unnest(n.tsv) t GROUP BY t.lexeme ORDER BY t.lexeme
         ON CONFLICT (lexeme) DO UPDATE SET df = lexemes.df + EXCLUDED.df;
@@ -134,8 +133,14 @@ END $$;
 def upgrade() -> None:
     op.execute(_INSERTED)
     op.execute(_DELETED)
+    # Half of each vocabulary page kept free, so that raising a document frequency is a HOT update (no new entry in
+    # the two indexes): the increments of a 2,000-chunk write, ~35,000 rows, in 85 ms instead of 260, and they are
+    # the part of a write that concurrent writers take in turn. CLUSTER rewrites the existing rows with the setting.
+    op.execute("ALTER TABLE lexemes SET (fillfactor = 50)")
+    op.execute("CLUSTER lexemes USING lexemes_pkey")
 
 
 def downgrade() -> None:
+    op.execute("ALTER TABLE lexemes RESET (fillfactor)")
     op.execute(_INSERTED_0008)
     op.execute(_DELETED_0006)
