@@ -17,7 +17,9 @@ re-syncs as ratios to the first sync.
    indexer's writers do when the model is ahead of Postgres (as a GPU is): batches of 16 documents joined into an
    equal share for each of the STORE_WRITERS writers (at most 2,000 chunks a transaction), written side by side
    (`--writers 1`: one writer, as before 2026-11-25; `--unmerged`: each batch of 16 on its own, as a CPU-bound sync
-   writes them). Generating the rows
+   writes them). The later sync writes 4,000 chunks by default, a full write for each of the two writers, as they
+   run while a GPU keeps them fed (2,000 chunks would be two writes of 1,000, each paying its fixed costs twice as
+   often; before 2026-11-25 one writer wrote 2,000 in one transaction). Generating the rows
    is outside every clock. First as a first sync runs it (`store_first_sync_chunks_per_s`): into the empty
    index without the HNSW graph, which `store.bulk_load` builds at the end (the build is in the time); then into
    that index with its graph maintained row by row, as every later sync writes (`store_chunks_per_s`); beside them
@@ -53,7 +55,7 @@ from sqlalchemy import text  # noqa: E402
 
 from knowledge import store  # noqa: E402
 from knowledge.chunking import compose_search_text  # noqa: E402
-from knowledge.indexing import BATCH_DOCUMENTS, STORE_WRITERS, WriterPool, share_out  # noqa: E402
+from knowledge.indexing import BATCH_DOCUMENTS, STORE_WRITERS, WRITE_BATCH_CHUNKS, WriterPool, share_out  # noqa: E402
 from knowledge.sources.folder import FolderSource  # noqa: E402
 
 
@@ -266,7 +268,8 @@ async def store_path(
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=40, help="generated Markdown documents (end to end)")
-    parser.add_argument("--store-chunks", type=int, default=2000, help="chunks written by the store path")
+    parser.add_argument("--store-chunks", type=int, default=STORE_WRITERS * WRITE_BATCH_CHUNKS,
+                        help="chunks written by the store path (default: a full write for each writer, 4,000)")
     parser.add_argument("--base-chunks", type=int, default=5000, help="chunks already in the index before that")
     parser.add_argument("--repeats", type=int, default=1,
                         help="first syncs, each beside the encode floors before and after it (median ratio)")

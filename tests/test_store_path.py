@@ -312,28 +312,34 @@ async def wait_until(check, timeout: float = 30.0) -> bool:  # type: ignore[no-u
     return False
 
 
-async def test_two_writers_insert_side_by_side_and_queue_only_for_the_statistics(fresh_kb, monkeypatch):
+@pytest.mark.parametrize("index", ["empty", "holding a document"])
+async def test_two_writers_insert_side_by_side_and_queue_only_for_the_statistics(fresh_kb, monkeypatch, index):
     """With the model ahead of Postgres, two transactions write at once: both insert their chunks (tokens, weights,
     GIN and HNSW) and only then wait for the statistics row, which another session holds here. Once it is
-    released, everything is committed with exact statistics and scores."""
+    released, everything is committed with exact statistics and scores. Into an empty index each writer weighted
+    its chunks with the average length of its own batch (one of them holds a longer chunk, but not long enough for
+    a re-weighting after the sync); the one that commits second is re-weighted to the index's as it commits."""
     monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
     items = [SourceItem(external_id=f"plant{i}.md", filename=f"plant{i}.md", title=f"Plant {i}",
-                        read=(lambda i=i: f"# Plant {i}\n\nThe fern{i} by window {i} needs water every {i + 2} days."
-                              .encode()))
+                        read=(lambda i=i: (f"# Plant {i}\n\nThe fern{i} by window {i} needs water every {i + 2} days."
+                                           + " It likes shade." * (i == 2)).encode()))
              for i in range(10)]
-    await fresh_kb.sync(StaticSource(SourceSpec("seed", "test"), [SourceItem(
-        external_id="seed.md", filename="seed.md", title="Seed", read=lambda: b"# Seed\n\nA first note.")]))
+    if index != "empty":
+        await fresh_kb.sync(StaticSource(SourceSpec("seed", "test"), [SourceItem(
+            external_id="seed.md", filename="seed.md", title="Seed", read=lambda: b"# Seed\n\nA first note.")]))
+    before = 0 if index == "empty" else 1
     held = HeldWriter(fresh_kb)
     try:
         sync = asyncio.create_task(fresh_kb.sync(StaticSource(SourceSpec("plants", "test"), items)))
         both = await wait_until(lambda: waiting_statements(held.reader, ROW_LOCK, CHUNK_INSERT) == 2)
-        assert both and held.count("chunks") == 1 and not sync.done()  # two inserts done, neither committed
+        assert both and held.count("chunks") == before and not sync.done()  # two inserts done, neither committed
         held.release()
         report = await sync
     finally:
         held.close()
     assert sorted(report.added) == sorted(i.external_id for i in items) and not report.failed
     await assert_statistics_match_chunks(fresh_kb)
+    assert len(set(await chunk_weight_avgdls(fresh_kb))) == 1  # every chunk weighted with the index's avgdl
     expected = await reference_scores(fresh_kb, "fern window water")
     got = await lexical(fresh_kb, "fern window water")
     assert len(got) == 10 and got.keys() <= expected.keys()
