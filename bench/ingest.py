@@ -55,7 +55,10 @@ from sqlalchemy import text  # noqa: E402
 
 from knowledge import store  # noqa: E402
 from knowledge.chunking import compose_search_text  # noqa: E402
-from knowledge.indexing import BATCH_DOCUMENTS, STORE_WRITERS, WRITE_BATCH_CHUNKS, WriterPool, share_out  # noqa: E402
+from knowledge.indexing import BATCH_DOCUMENTS, WRITE_BATCH_CHUNKS, WriterPool, share_out  # noqa: E402
+from knowledge.settings import KnowledgeSettings  # noqa: E402
+
+STORE_WRITERS = KnowledgeSettings(_env_file=None).store_writers  # the setting's default
 from knowledge.sources.folder import FolderSource  # noqa: E402
 
 

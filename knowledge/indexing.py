@@ -11,7 +11,7 @@
   stages hide behind it instead of adding to it.
 - When the model is ahead of Postgres (a GPU), the batches waiting for the writer are joined, up to
   WRITE_BATCH_CHUNKS chunks, into one transaction (`join_waiting_batches`): fewer, larger writes cost less a chunk.
-  Up to STORE_WRITERS transactions write at once (`WriterPool`), each its share of what waits.
+  Up to STORE_WRITERS (a setting) transactions write at once (`WriterPool`), each its share of what waits.
 - A batch of documents is written in one transaction (`store.write_documents`), so an interrupted sync leaves
   every document either fully old or fully new. If Postgres refuses the batch, its documents are written one at a
   time, so only the document it refuses fails. A batch's checkpoint is stored only after all its documents are
@@ -51,10 +51,8 @@ PIPELINE_DEPTH = 1
 # When the model is faster than Postgres (a GPU), embedded batches wait for the writer up to this many chunks in
 # all, and the writer commits all that wait in one transaction (join_waiting_batches).
 WRITE_BATCH_CHUNKS = 2000
-# Transactions writing at once (store.write_documents runs side by side with itself): when batches wait, they are
-# shared out among free writers. Two writers keep both of this machine's cores busy inside Postgres, where most of
-# a write's time goes to inserting into the HNSW graph (bench/ingest.py: store_writers).
-STORE_WRITERS = 2
+# How many transactions write at once is the STORE_WRITERS setting (store.write_documents runs side by side with
+# itself): when batches wait, they are shared out among the free writers (share_out, WriterPool).
 # Items fetched at once within a batch (HTTP sources bound their own connections too).
 FETCH_CONCURRENCY = 4
 # VACUUM the chunks table after a sync or a source removal deleted at least this many chunks (see
@@ -387,7 +385,7 @@ class Indexer:
                 await to_write.put(work)
             await to_write.put(None)
 
-        writers = WriterPool(STORE_WRITERS)
+        writers = WriterPool(self.settings.store_writers)
 
         async def write_joined(batches: list[_Embedded]) -> None:
             """Share what waits out among the free writers: as many writes as writers are free (each joined up to

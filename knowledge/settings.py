@@ -33,6 +33,9 @@ class KnowledgeSettings(BaseSettings):
 
     # Postgres text search configuration used to tokenise and stem for BM25.
     text_search_config: str = "english"
+    # Transactions writing chunks at once when the model is ahead of Postgres (a GPU): two keep both cores of a
+    # small machine busy inside Postgres, where inserting into the HNSW graph takes most of a write's time.
+    store_writers: int = Field(default=2, ge=1, le=16)
 
     # Retrieval.
     fusion: Literal["adaptive", "convex", "rrf"] = "adaptive"

@@ -223,7 +223,7 @@ async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused
     transaction. Here Postgres is held busy by another session while the model embeds everything. (One writer:
     with two, which of them commits first after the release is a race.)"""
     monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
-    monkeypatch.setattr("knowledge.indexing.STORE_WRITERS", 1)
+    monkeypatch.setattr(fresh_kb.settings, "store_writers", 1)
     items = [SourceItem(external_id=f"room{i}.md", filename=f"room{i}.md",
                         title=f"Meeting room {i}" if i != 1 else "Meeting room \x00one",  # Postgres refuses it
                         read=(lambda i=i: f"# Room {i}\n\nMeeting room {i} seats {i + 4} people.".encode()))
@@ -264,7 +264,7 @@ async def test_the_model_stops_when_a_writers_worth_of_chunks_waits_for_a_busy_w
     """However far ahead the model could run, at most WRITE_BATCH_CHUNKS chunks wait in memory for the writer."""
     monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
     monkeypatch.setattr("knowledge.indexing.WRITE_BATCH_CHUNKS", 4)
-    monkeypatch.setattr("knowledge.indexing.STORE_WRITERS", 1)  # with two, how much each takes is a race
+    monkeypatch.setattr(fresh_kb.settings, "store_writers", 1)  # with two, how much each takes is a race
     items = [SourceItem(external_id=f"desk{i}.md", filename=f"desk{i}.md", title=f"Desk {i}",
                         read=(lambda i=i: f"# Desk {i}\n\nDesk {i} is by window {i + 2}.".encode()))
              for i in range(12)]
