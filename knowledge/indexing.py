@@ -51,8 +51,6 @@ PIPELINE_DEPTH = 1
 # When the model is faster than Postgres (a GPU), embedded batches wait for the writer up to this many chunks in
 # all, and the writer commits all that wait in one transaction (join_waiting_batches).
 WRITE_BATCH_CHUNKS = 2000
-# How many transactions write at once is the STORE_WRITERS setting (store.write_documents runs side by side with
-# itself): when batches wait, they are shared out among the free writers (share_out, WriterPool).
 # Items fetched at once within a batch (HTTP sources bound their own connections too).
 FETCH_CONCURRENCY = 4
 # VACUUM the chunks table after a sync or a source removal deleted at least this many chunks (see

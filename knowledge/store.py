@@ -219,9 +219,11 @@ async def write_documents(
     if search_texts:
         async with engine.begin() as conn:
             tsvectors = await _tokenise_adding_new_words(conn, search_texts, text_search_config)
-    chunk_tsvectors: dict[str, list[str]] = {}
+    chunk_tsvectors: dict[str, list[str]] = {}  # each document's, in the order of its chunks
+    start = 0
     for d in documents:
-        chunk_tsvectors[d.external_id], tsvectors = tsvectors[: len(d.chunks)], tsvectors[len(d.chunks) :]
+        chunk_tsvectors[d.external_id] = tsvectors[start : start + len(d.chunks)]
+        start += len(d.chunks)
     async with engine.begin() as conn:
         await _lock_documents_for_writing(conn, source_id, ids)
         existing = {
