@@ -374,3 +374,36 @@ async def test_two_writes_of_one_document_at_once_leave_one_version(fresh_kb):
         texts = list((await conn.execute(text("SELECT text FROM chunks ORDER BY ordinal"))).scalars())
     assert texts == [f"Version 2 line {i} about lighthouse2." for i in range(3)]
     await assert_statistics_match_chunks(fresh_kb)
+
+
+async def test_two_writers_replacing_documents_leave_each_with_its_new_chunks_only(fresh_kb, monkeypatch):
+    """Edited documents written by two writers at once: each write inserts the new chunks, then (holding the
+    statistics row by then) deletes the old ones, so no document ends with both versions or none, and the
+    statistics count exactly what is left."""
+    monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
+
+    def items(version: str) -> list[SourceItem]:
+        return [SourceItem(external_id=f"shelf{i}.md", filename=f"shelf{i}.md", title=f"Shelf {i}",
+                           read=(lambda i=i: f"# Shelf {i}\n\nShelf {i} holds {version} binders. The spare "
+                                             f"{version} key{i} is in drawer {i}.".encode()))
+                for i in range(8)]
+
+    source = SourceSpec("shelves", "test")
+    await fresh_kb.sync(StaticSource(source, items("blue")))
+    held = HeldWriter(fresh_kb)
+    try:
+        sync = asyncio.create_task(fresh_kb.sync(StaticSource(source, items("green"))))
+        assert await wait_until(lambda: waiting_statements(held.reader, ROW_LOCK, CHUNK_INSERT) == 2)
+        held.release()
+        report = await sync
+    finally:
+        held.close()
+    assert sorted(report.updated) == sorted(f"shelf{i}.md" for i in range(8)) and not report.failed
+    async with fresh_kb.engine.connect() as conn:
+        texts = list((await conn.execute(text("SELECT text FROM chunks"))).scalars())
+    assert texts and all("green" in t and "blue" not in t for t in texts)
+    await assert_statistics_match_chunks(fresh_kb)
+    expected = await reference_scores(fresh_kb, "green spare key3")
+    got = await lexical(fresh_kb, "green spare key3")
+    for external_id, score in got.items():
+        assert math.isclose(score, expected[external_id], rel_tol=1e-4)
