@@ -30,7 +30,7 @@ test: setup
 # Larger sizes by flag: $(BIN)/python bench/search.py --chunks 10k,100k,1M (see BENCHMARKS.md).
 bench: setup
 	$(BIN)/python bench/search.py --chunks 10k --queries 100 --recall-queries 30
-	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/ingest.py --store-repeats 3
 	$(BIN)/python bench/bot.py
 	$(BIN)/python bench/report.py
 

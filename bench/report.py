@@ -116,6 +116,13 @@ def levers_section(result: dict) -> str:  # type: ignore[type-arg]
     return "\n".join(lines) + "\n"
 
 
+
+def _runs(result: dict, key: str) -> str:  # type: ignore[type-arg]
+    """The runs behind a figure that is their median ("; median of 3 runs: a / b / c"), or nothing."""
+    runs = result.get(f"{key}_runs")
+    return f"; median of {len(runs)} runs: {' / '.join(str(r) for r in runs)}" if runs else ""
+
+
 def ingest_section(result: dict) -> str:  # type: ignore[type-arg]
     r = result
     lines = ["## Ingest (`bench/ingest.py`)", "", _machine(result), "",
@@ -125,7 +132,8 @@ def ingest_section(result: dict) -> str:  # type: ignore[type-arg]
              f"{r.get('encode_chunks_per_s')} chunks/s ({r.get('embedding_device')}) | {r.get('ingest_vs_encode_ratio')} |",
              f"| store path, precomputed embeddings, HNSW maintained ({r.get('store_chunks')} chunks into "
              f"{r.get('store_base_chunks')}, {r.get('store_writers', 1)} writer(s), {r.get('store_transactions', '?')} "
-             f"transactions) | {r.get('store_chunks_per_s')} chunks/s | bare COPY of the same rows into "
+             f"transactions{_runs(r, 'store_chunks_per_s')}) | {r.get('store_chunks_per_s')} chunks/s | bare COPY of the "
+             f"same rows into "
              f"an unindexed table: {r.get('copy_chunks_per_s')} chunks/s | {r.get('store_vs_copy_ratio')} |",
              f"| store path of a first sync ({r.get('store_base_chunks')} chunks into the empty index, written without "
              f"the HNSW graph, then the graph built: {r.get('store_first_sync_graph_build_s')} s, included) | "
