@@ -59,9 +59,9 @@ from knowledge import store  # noqa: E402
 from knowledge.chunking import compose_search_text  # noqa: E402
 from knowledge.indexing import BATCH_DOCUMENTS, WRITE_BATCH_CHUNKS, WriterPool, share_out  # noqa: E402
 from knowledge.settings import KnowledgeSettings  # noqa: E402
+from knowledge.sources.folder import FolderSource  # noqa: E402
 
 STORE_WRITERS = KnowledgeSettings(_env_file=None).store_writers  # the setting's default
-from knowledge.sources.folder import FolderSource  # noqa: E402
 
 
 def write_markdown_corpus(root: Path, documents: int, seed: int = 5) -> None:
@@ -212,7 +212,8 @@ async def store_path(
         # A first sync's store path: base_chunks chunks into the empty index, written without the HNSW graph, which
         # is built at the end (store.bulk_load, as Indexer.sync does), the build included in the time.
         await kb.ensure_embedding_space()
-        base = synthetic_writes(corpus, base_chunks, "base-", merged=merged, writers=writers)  # generated before the clock starts
+        # Generated before the clock starts.
+        base = synthetic_writes(corpus, base_chunks, "base-", merged=merged, writers=writers)
         started = timer()
         async with store.bulk_load(kb.engine) as bulk:
             assert bulk, "the index was not empty: no bulk load"

@@ -131,10 +131,10 @@ def ingest_section(result: dict) -> str:  # type: ignore[type-arg]
              f"{r.get('ingest_chunks_per_s')} chunks/s | `model.encode` alone on the same texts: "
              f"{r.get('encode_chunks_per_s')} chunks/s ({r.get('embedding_device')}) | {r.get('ingest_vs_encode_ratio')} |",
              f"| store path, precomputed embeddings, HNSW maintained ({r.get('store_chunks')} chunks into "
-             f"{r.get('store_base_chunks')}, {r.get('store_writers', 1)} writer(s), {r.get('store_transactions', '?')} "
-             f"transactions{_runs(r, 'store_chunks_per_s')}) | {r.get('store_chunks_per_s')} chunks/s | bare COPY of the "
-             f"same rows into "
-             f"an unindexed table: {r.get('copy_chunks_per_s')} chunks/s | {r.get('store_vs_copy_ratio')} |",
+             f"{r.get('store_base_chunks')}, {r.get('store_writers', 1)} writer(s), "
+             f"{r.get('store_transactions', '?')} transactions{_runs(r, 'store_chunks_per_s')}) | "
+             f"{r.get('store_chunks_per_s')} chunks/s | bare COPY of the same rows into an unindexed table: "
+             f"{r.get('copy_chunks_per_s')} chunks/s | {r.get('store_vs_copy_ratio')} |",
              f"| store path of a first sync ({r.get('store_base_chunks')} chunks into the empty index, written without "
              f"the HNSW graph, then the graph built: {r.get('store_first_sync_graph_build_s')} s, included) | "
              f"{r.get('store_first_sync_chunks_per_s')} chunks/s | the writes alone: "
