@@ -91,6 +91,8 @@ class Chunk(Base):
     tsv = mapped_column(TSVECTOR)
     lexical_len: Mapped[int] = mapped_column(Integer)  # BM25 document length: lexeme occurrences in tsv
     bm25 = mapped_column(SPARSEVEC(BM25_SPARSE_DIM))  # document-side BM25 weights (store.write_documents)
+    # the lexemes the chunk repeats, by tier of term frequency (migration 0010; NULL: written before it)
+    tf_tiers = mapped_column(TSVECTOR, nullable=True)
     bm25_avgdl = mapped_column(Float)  # the avgdl those weights were computed with (NULL: before migration 0006)
     access: Mapped[list[str]] = mapped_column(ARRAY(Text))
     source_id: Mapped[int] = mapped_column(Integer)

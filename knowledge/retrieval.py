@@ -87,6 +87,13 @@ TOGETHER_CAP = 1_000
 # the first CANDIDATE_SCAN_CAP chunks holding it, read in id order, at most COMMON_SCAN_ROWS read: the chunks its
 # posting list would have given first, without reading the whole list. (With the bound at CANDIDATE_SCAN_CAP, a term
 # in 11,700 of a million chunks was met in 580 of them, none among the best ten.)
+# When every question term is common, its best BM25 matches are the chunks that repeat its terms most, which the
+# table order finds only by chance: at a million chunks, a question of two terms in 37% and 86% of chunks found none
+# of its exact top ten. Migration 0010 indexes, for each chunk, the lexemes it holds at least twice, by tier of term
+# frequency; a search reads each term's tiers from the highest down until the asker may see n chunks in them. The
+# table-order scan below then runs only for a term whose tiers fall short. Highest first; they must match the
+# tiers of `bm25_tf_tiers` (migration 0010).
+TF_TIERS = (32, 23, 16, 11, 8, 6, 5, 4, 3, 2)
 COMMON_PROBE_ROWS = 2_000
 COMMON_SCAN_ROWS = 50_000
 COMMON_INDEX_DF = 20_000
@@ -230,6 +237,7 @@ class Retriever:
             "common_index_df": COMMON_INDEX_DF,
             "common_probe_rows": COMMON_PROBE_ROWS,
             "common_scan_rows": COMMON_SCAN_ROWS,
+            "tf_tiers": list(TF_TIERS),
         }
         started = time.perf_counter()
         # BM25 runs in Postgres (another process) while the question is embedded here, and the HNSW search starts as
@@ -291,7 +299,7 @@ _PERMITTED_COUNT_SQL = "SELECT count(*) FROM (SELECT 1 FROM chunks c WHERE " + _
 _LEXICAL_CTES = """
 question_terms AS (
     -- The question's terms in the vocabulary, with their idf (from every chunk's statistics).
-    SELECT l.id, l.df, _q.literal, s.n, ln(1 + (s.n - l.df + 0.5) / (l.df + 0.5)) AS idf
+    SELECT l.id, l.df, l.lexeme, _q.literal, s.n, ln(1 + (s.n - l.df + 0.5) / (l.df + 0.5)) AS idf
     FROM lexemes l
     CROSS JOIN (SELECT greatest(n_chunks, 1)::float8 AS n FROM corpus_stats WHERE id = 1) s
     CROSS JOIN LATERAL (SELECT '''' || replace(replace(l.lexeme, '\\', '\\\\'), '''', '''''') || '''' AS literal) _q
@@ -374,6 +382,28 @@ common_term AS MATERIALIZED (
     WHERE NOT EXISTS (SELECT 1 FROM rare_terms) AND (SELECT count(*) FROM together) < :n AND {common_term_visible}
     LIMIT 1
 ),
+tier_walk AS (
+    -- When the common term (above) is in more chunks than are read through the GIN index: the chunks that repeat it,
+    -- from the index of term-frequency tiers (migration 0010), read tier by tier from the highest down until the
+    -- asker may see n of them or the tiers run out. (Recursive: one row per tier read.)
+    SELECT t.id, 0 AS nth, CAST(NULL AS text) AS token, 0::bigint AS found
+    FROM common_term t
+    WHERE t.df > :common_index_df
+    UNION ALL
+    SELECT w.id, w.nth + 1, x.token, w.found + (
+        -- the match twice: see rare_terms (a tier's list is short, the planner cannot know it)
+        SELECT count(*) FROM (SELECT 1 FROM chunks c
+                              WHERE {tiers_of_c} @@ CAST(x.token AS tsquery)
+                                AND {tiers_of_c} @@ CAST(x.token AS tsquery) AND {row_filters}
+                              LIMIT :n) v)
+    FROM tier_walk w
+    JOIN question_terms t ON t.id = w.id
+    CROSS JOIN LATERAL (
+        SELECT '''' || replace(replace(t.lexeme || '#' || (CAST(:tf_tiers AS int[]))[w.nth + 1], '\\', '\\\\'),
+                               '''', '''''') || '''' AS token
+    ) x
+    WHERE w.nth < cardinality(CAST(:tf_tiers AS int[])) AND w.found < :n
+),
 bm25_query AS (
     SELECT
         -- idf weights of the question's terms as a sparse vector: <#> with a chunk's weights is its BM25 score
@@ -384,8 +414,13 @@ bm25_query AS (
         -- chunks (all of them: see the LIMIT in `scored`)
         coalesce((SELECT string_agg(literal, ' | ') FROM candidate_terms),
                  (SELECT literal FROM common_term WHERE df <= :common_index_df))::tsquery AS candidates,
-        -- a term in more chunks than that: candidates come from reading chunks in table order instead (below)
-        (SELECT {holds_t} FROM common_term t WHERE t.df > :common_index_df) AS common
+        -- the chunks repeating that term most (tier_walk)
+        (SELECT string_agg(token, ' | ') FROM tier_walk WHERE nth > 0)::tsquery AS repeated,
+        -- when its tiers do not hold n chunks the asker may see: candidates also come from reading chunks in table
+        -- order (below)
+        (SELECT {holds_t} FROM common_term t
+         WHERE t.df > :common_index_df
+           AND NOT EXISTS (SELECT 1 FROM tier_walk w WHERE w.id = t.id AND w.found >= :n)) AS common
 ),
 scored AS MATERIALIZED (
     SELECT c.id, -(c.bm25 <#> q.weights) AS score, c.bm25
@@ -395,6 +430,10 @@ scored AS MATERIALIZED (
          LIMIT greatest(:scan_cap, :common_index_df))
         UNION ALL
         (SELECT id, bm25 FROM together)
+        UNION ALL
+        (SELECT c.id, c.bm25 FROM chunks c, bm25_query q
+         WHERE {tiers_of_c} @@ q.repeated AND {row_filters}
+         LIMIT :scan_cap)
         UNION ALL
         -- A term in many chunks: its GIN posting list alone takes longer to read than the chunks of the table in
         -- id order until CANDIDATE_SCAN_CAP of them hold it (a BM25 weight is > 0 for every term a chunk
@@ -444,8 +483,12 @@ _COMMON_TERM_VISIBLE = """(
 _HOLDS_T = "('{' || t.id || ':' || '1}/{sparse_dim}')::sparsevec"
 
 
+# Chunk c's term-frequency tiers, written as the index `chunks_tf_tiers` is (migration 0010), so that it is used.
+_TIERS_OF_C = "coalesce(c.tf_tiers, bm25_tf_tiers(c.tsv))"
+
+
 def _lexical_search_ctes(candidate_filters: str = _FILTERS_PER_ROW) -> str:
-    return (_LEXICAL_CTES.replace("{common_term_visible}", _COMMON_TERM_VISIBLE)
+    return (_LEXICAL_CTES.replace("{common_term_visible}", _COMMON_TERM_VISIBLE).replace("{tiers_of_c}", _TIERS_OF_C)
             .replace("{candidate_filters}", candidate_filters)
             .replace("{filters}", _FILTERS).replace("{row_filters}", _FILTERS_PER_ROW)
             .replace("{holds_t}", _HOLDS_T).replace("{sparse_dim}", str(BM25_SPARSE_DIM)))
@@ -463,11 +506,11 @@ SELECT l.id, l.score, l.full_match_score, {_SHOWN_COLUMNS}
 FROM lexical l
 JOIN chunks c ON c.id = l.id
 {_SHOWN_JOINS}"""
-LEXICAL_SQL = "WITH " + _lexical_search_ctes() + _LEXICAL_SELECT
+LEXICAL_SQL = "WITH RECURSIVE " + _lexical_search_ctes() + _LEXICAL_SELECT
 # The same with the asker's filters open to the indexes (the access index's bitmap ANDed with the terms'), for a
 # search with every term (rare_corpus = EVERY_TERM): candidates are then only chunks the asker may see, however few
 # of a term's postings those are.
-LEXICAL_SQL_AMONG_PERMITTED = "WITH " + _lexical_search_ctes(_FILTERS) + _LEXICAL_SELECT
+LEXICAL_SQL_AMONG_PERMITTED = "WITH RECURSIVE " + _lexical_search_ctes(_FILTERS) + _LEXICAL_SELECT
 
 
 def dense_sql(dimension: int, *, exact: bool = False) -> str:

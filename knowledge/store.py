@@ -397,16 +397,27 @@ weights AS (
     CROSS JOIN s
     GROUP BY t.i
 ),
+tiers AS (
+    -- The lexemes each chunk repeats, by tier of term frequency: the tiers of bm25_tf_tiers (migration 0010), from
+    -- the counts above instead of a second pass over the tsvector.
+    SELECT t.i, array_to_tsvector(array_agg(t.lexeme || '#' || CASE
+               WHEN t.tf >= 32 THEN 32 WHEN t.tf >= 23 THEN 23 WHEN t.tf >= 16 THEN 16 WHEN t.tf >= 11 THEN 11
+               WHEN t.tf >= 8 THEN 8 WHEN t.tf >= 6 THEN 6 ELSE t.tf::integer END)) AS tf_tiers
+    FROM terms t
+    WHERE t.tf >= 2
+    GROUP BY t.i
+),
 inserted AS (
     INSERT INTO chunks (document_id, ordinal, text, heading, token_count, content_hash, embedding, tsv, lexical_len,
-                        bm25, bm25_avgdl, access, source_id, doc_updated_at)
+                        bm25, bm25_avgdl, tf_tiers, access, source_id, doc_updated_at)
     SELECT u.document_id, u.ordinal, u.text, u.heading, u.token_count, u.content_hash, u.embedding, u.tsv,
-           coalesce(n.len, 0), coalesce(w.bm25, '{}/{sparse_dim}'::sparsevec), (SELECT avgdl FROM s), d.access,
-           :source_id, d.updated_at
+           coalesce(n.len, 0), coalesce(w.bm25, '{}/{sparse_dim}'::sparsevec), (SELECT avgdl FROM s),
+           coalesce(ti.tf_tiers, ''::tsvector), d.access, :source_id, d.updated_at
     FROM u
     JOIN documents d ON d.id = u.document_id
     LEFT JOIN lengths n ON n.i = u.i
     LEFT JOIN weights w ON w.i = u.i
+    LEFT JOIN tiers ti ON ti.i = u.i
 )
 -- The batch's document frequencies, added to the vocabulary by the writer after this statement (see _insert_chunks).
 SELECT array_agg(id) AS ids, array_agg(n) AS counts FROM vocabulary

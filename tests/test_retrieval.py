@@ -182,6 +182,34 @@ async def test_a_common_term_read_through_the_index_is_read_whole(fresh_kb, monk
     assert [h.external_id for h in hits] == ["answer"]  # the last of the four chunks holding "hangar"
 
 
+async def test_a_question_of_common_words_finds_the_chunk_that_repeats_them(fresh_kb, monkeypatch):
+    """When every question term is common and read in table order, the chunks read first need not be its best
+    matches: those repeat the term, and are found in the index of term-frequency tiers, also by a reader who may see
+    only some documents. A repeating chunk the asker may not see is not found."""
+    import knowledge.retrieval as retrieval
+
+    monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus
+    monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)  # every term counts as common
+    monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)  # ... and in more chunks than the scan cap
+    monkeypatch.setattr(retrieval, "COMMON_INDEX_DF", 1)  # ... read in table order, not through the index
+    monkeypatch.setattr(retrieval, "COMMON_SCAN_ROWS", 3)  # ... only the first chunks of the table
+    items = [item(f"hangar-{i}", f"# Note {i}\n\nHangar {i} stores the spare chairs.") for i in range(6)]
+    items.append(item("secret", "# Hangar audit\n\nHangar hangar hangar hangar: the hangar audit of the hangar.",
+                      access=("group:audit",)))
+    items.append(item("answer", "# Hangar rules\n\nEach hangar has a hangar warden, and the hangar keys stay there."))
+    await fresh_kb.sync(StaticSource(SourceSpec("common", "test"), items))
+
+    for principals in (("everyone",), ("user:ann",)):
+        hits = (await fresh_kb.search("hangar", SearchFilters(principals), k=1, mode="lexical")).hits
+        assert [h.external_id for h in hits] == ["answer"]
+    hits = (await fresh_kb.search("hangar", SearchFilters(("group:audit",)), k=1, mode="lexical")).hits
+    assert [h.external_id for h in hits] == ["secret"]
+
+    monkeypatch.setattr(retrieval, "TF_TIERS", ())  # without the tiers: the first chunks of the table only
+    hits = (await fresh_kb.search("hangar", SearchFilters(), k=1, mode="lexical")).hits
+    assert [h.external_id for h in hits] != ["answer"]
+
+
 async def test_source_and_date_filters(fresh_kb, tmp_path):
     old = datetime(2020, 1, 1, tzinfo=timezone.utc)
     new = datetime.now(timezone.utc)

@@ -29,7 +29,8 @@ PUBLIC = {
     # Filler, so that a word in one chunk is rare (in at most 10% of chunks) and "salary" is not.
     **{f"note-{i}": f"# Note {i}\n\nThe kitchen rota for week {i} is pinned by the coffee machine." for i in range(8)},
 }
-SECRET = "# Vault\n\nThe salary band spreadsheet password is {word}; rotate it every quarter."
+# The word twice: a term the chunk repeats is also in the index of term-frequency tiers (migration 0010).
+SECRET = "# Vault\n\nThe salary band spreadsheet password is {word}; rotate {word} every quarter."
 
 
 def _items(word: str) -> list[SourceItem]:
@@ -86,7 +87,8 @@ async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(tw
         question = "salary band level hunter3"
     if regime == "common":
         # ... and every term is common: candidates from the rarest term the asker can find, read in table order
-        # (more postings than the scan cap); visibility looked for in the first few rows, then in the index.
+        # (more postings than the scan cap) and from the chunks that repeat a term (its term-frequency tiers, where
+        # the hidden word has a tier of its own); visibility looked for in the first few rows, then in the index.
         monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)
         monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)
         monkeypatch.setattr(retrieval, "COMMON_INDEX_DF", 1)

@@ -43,6 +43,24 @@ async def test_a_batch_of_documents_is_written_with_exact_bm25_weights(fresh_kb,
         assert math.isclose(got[external_id], score, rel_tol=1e-4)
 
 
+async def test_each_chunk_stores_the_words_it_repeats_by_tier_as_the_index_function_computes_them(fresh_kb, tmp_path):
+    """The write computes a chunk's term-frequency tiers from its own counts; chunks written before migration 0010
+    get them from `bm25_tf_tiers` in the index. Both must give the same tokens, or a search would miss chunks."""
+    root = tmp_path / "notes"
+    write(root, "fish.md", "# Fish\n\n" + " ".join(["Feed the fish, then feed the cat."] * 9) + " Water water.")
+    write(root, "plain.md", "# Plain\n\nEvery word here comes once.")
+    for name, body in SHORT.items():
+        write(root, name, body)
+    await fresh_kb.sync(FolderSource(root))
+    async with fresh_kb.engine.connect() as conn:
+        rows = (await conn.execute(text(
+            "SELECT tf_tiers::text AS stored, bm25_tf_tiers(tsv)::text AS computed FROM chunks ORDER BY id"))).all()
+    assert [r.stored for r in rows] == [r.computed for r in rows]
+    fish = next(r.stored for r in rows if "fish" in r.stored)  # "fish" 10 times with the heading, "feed" 18
+    assert {"'fish#8'", "'feed#16'", "'cat#8'", "'water#2'"} <= set(fish.split())
+    assert any(r.stored == "" for r in rows)  # a chunk repeating nothing: an empty set, not NULL
+
+
 async def test_avgdl_drift_is_reweighted_after_the_writes_in_small_batches(fresh_kb, tmp_path, monkeypatch):
     root = tmp_path / "notes"
     for name, body in SHORT.items():
