@@ -3,6 +3,7 @@
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy import text
 
 from conftest import write
 from knowledge.retrieval import MODES, SearchFilters
@@ -204,6 +205,12 @@ async def test_a_question_of_common_words_finds_the_chunk_that_repeats_them(fres
         assert [h.external_id for h in hits] == ["answer"]
     hits = (await fresh_kb.search("hangar", SearchFilters(("group:audit",)), k=1, mode="lexical")).hits
     assert [h.external_id for h in hits] == ["secret"]
+
+    # Chunks written before migration 0010 have no stored tiers: the index computes theirs from the tsvector.
+    async with fresh_kb.engine.begin() as conn:
+        await conn.execute(text("UPDATE chunks SET tf_tiers = NULL"))
+    hits = (await fresh_kb.search("hangar", SearchFilters(), k=1, mode="lexical")).hits
+    assert [h.external_id for h in hits] == ["answer"]
 
     monkeypatch.setattr(retrieval, "TF_TIERS", ())  # without the tiers: the first chunks of the table only
     hits = (await fresh_kb.search("hangar", SearchFilters(), k=1, mode="lexical")).hits
