@@ -398,11 +398,9 @@ weights AS (
     GROUP BY t.i
 ),
 tiers AS (
-    -- The lexemes each chunk repeats, by tier of term frequency: the tiers of bm25_tf_tiers (migration 0010), from
-    -- the counts above instead of a second pass over the tsvector.
-    SELECT t.i, array_to_tsvector(array_agg(t.lexeme || '#' || CASE
-               WHEN t.tf >= 32 THEN 32 WHEN t.tf >= 23 THEN 23 WHEN t.tf >= 16 THEN 16 WHEN t.tf >= 11 THEN 11
-               WHEN t.tf >= 8 THEN 8 WHEN t.tf >= 6 THEN 6 ELSE t.tf::integer END)) AS tf_tiers
+    -- The lexemes each chunk repeats, by tier of term frequency, as bm25_tf_tiers(tsv) gives them (migration 0010),
+    -- from the counts above instead of a second pass over the tsvector.
+    SELECT t.i, array_to_tsvector(array_agg(t.lexeme || '#' || bm25_tf_tier(t.tf::integer))) AS tf_tiers
     FROM terms t
     WHERE t.tf >= 2
     GROUP BY t.i

@@ -28,14 +28,24 @@ down_revision = "0009"
 branch_labels = None
 depends_on = None
 
-# IMMUTABLE: it depends only on its argument, as an index expression must. Its tiers, store._INSERT_CHUNKS's and
-# knowledge.retrieval.TF_TIERS must agree.
+# The tier of a term frequency: the largest of 2, 3, 4, 5, 6, 8, 11, 16, 23, 32 at most `tf`. A single CASE in SQL
+# that the planner inlines, so store._INSERT_CHUNKS uses it at no cost. knowledge.retrieval.TF_TIERS lists the
+# same tiers. (Not STRICT: a strict function is inlined only when its body is.)
+_TIER = r"""
+CREATE OR REPLACE FUNCTION bm25_tf_tier(tf integer) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN tf >= 32 THEN 32 WHEN tf >= 23 THEN 23 WHEN tf >= 16 THEN 16 WHEN tf >= 11 THEN 11
+                WHEN tf >= 8 THEN 8 WHEN tf >= 6 THEN 6 ELSE tf END
+$$
+"""
+
+# A chunk's tiers from its tsvector, for chunks written before this migration (IMMUTABLE: it depends only on its
+# argument, as an index expression must). Its search_path is the migration's: Postgres runs index expressions with
+# pg_catalog only when it builds or rebuilds an index, where bm25_tf_tier would not be found.
 _FUNCTION = r"""
 CREATE OR REPLACE FUNCTION bm25_tf_tiers(tsv tsvector) RETURNS tsvector
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT coalesce(array_to_tsvector(array_agg(t.lexeme || '#' || CASE
-               WHEN t.tf >= 32 THEN 32 WHEN t.tf >= 23 THEN 23 WHEN t.tf >= 16 THEN 16 WHEN t.tf >= 11 THEN 11
-               WHEN t.tf >= 8 THEN 8 WHEN t.tf >= 6 THEN 6 ELSE t.tf END)), ''::tsvector)
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path FROM CURRENT AS $$
+    SELECT coalesce(array_to_tsvector(array_agg(t.lexeme || '#' || bm25_tf_tier(t.tf))), ''::tsvector)
     FROM (SELECT lexeme, coalesce(array_length(positions, 1), 1) AS tf FROM unnest(tsv)) t
     WHERE t.tf >= 2
 $$
@@ -44,6 +54,7 @@ $$
 
 def upgrade() -> None:
     op.execute("ALTER TABLE chunks ADD COLUMN tf_tiers tsvector")
+    op.execute(_TIER)
     op.execute(_FUNCTION)
     op.execute("CREATE INDEX chunks_tf_tiers ON chunks USING gin ((coalesce(tf_tiers, bm25_tf_tiers(tsv))))")
     op.execute("ANALYZE chunks")
@@ -52,4 +63,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP INDEX IF EXISTS chunks_tf_tiers")
     op.execute("DROP FUNCTION IF EXISTS bm25_tf_tiers(tsvector)")
+    op.execute("DROP FUNCTION IF EXISTS bm25_tf_tier(integer)")
     op.execute("ALTER TABLE chunks DROP COLUMN IF EXISTS tf_tiers")
