@@ -2,9 +2,11 @@
 
 import asyncio
 
+import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
-from db.engine import HNSW_EF_SEARCH, create_engine
+from db.engine import HNSW_EF_SEARCH, create_engine, generic_plans
 from db.settings import redact_url
 
 
@@ -24,6 +26,38 @@ async def test_every_pooled_connection_keeps_the_pgvector_settings(fresh_databas
         # Custom plans: a generic plan of the search statement (psycopg prepares it on its fifth run on a pooled
         # connection) cannot use the HNSW index and scores every chunk.
         assert set(first) | set(again) == {("relaxed_order", str(HNSW_EF_SEARCH), "force_custom_plan", "off")}
+    finally:
+        await engine.dispose()
+
+
+async def test_generic_plans_last_for_their_statement_and_a_connection_whose_statement_failed_is_closed(
+    fresh_database,
+):
+    """BM25's statement runs with generic plans (db.engine.generic_plans); no pooled connection may keep them, or the
+    HNSW statement would get a generic plan that scores every chunk."""
+    engine = create_engine(fresh_database())
+    reads = engine.execution_options(isolation_level="AUTOCOMMIT")  # as searches read: a SET outlives a statement
+    mode_and_pid = text("SELECT current_setting('plan_cache_mode'), pg_backend_pid()")
+    try:
+        async with reads.connect() as conn:
+            async with generic_plans(conn):
+                assert (await conn.execute(mode_and_pid)).one()[0] == "force_generic_plan"
+            assert (await conn.execute(mode_and_pid)).one()[0] == "force_custom_plan"
+        async with reads.connect() as conn:
+            failed_pid = (await conn.execute(mode_and_pid)).one()[1]
+            with pytest.raises(DBAPIError):
+                async with generic_plans(conn):
+                    await conn.execute(text("SELECT 1 / 0"))
+
+        async def pooled() -> tuple[str, int]:
+            async with reads.connect() as conn:
+                row = (await conn.execute(mode_and_pid)).one()
+                await asyncio.sleep(0.05)  # hold the connection so the others need their own
+                return row[0], row[1]
+
+        connections = await asyncio.gather(*(pooled() for _ in range(5)))
+        assert {mode for mode, _ in connections} == {"force_custom_plan"}
+        assert failed_pid not in {pid for _, pid in connections}
     finally:
         await engine.dispose()
 
