@@ -11,7 +11,8 @@ then the HNSW index is built the way the product builds it (`store.ensure_vector
   `group:g3` (10% of the documents);
 - the floor in the same run: a bare HNSW top-10 (`ORDER BY embedding <=> q LIMIT 10`) over the same pool and the
   same query vectors, timed right after every product call (so both see the same moment's load), and once more
-  unfiltered and filtered after all of them;
+  unfiltered and filtered after all of them; and the same top-10 through the driver alone (psycopg on one
+  connection, no SQLAlchemy, no pool checkout: `raw_driver`), the least a statement can cost from Python;
 - HNSW build time, table and index sizes;
 - recall@10 of the product's dense path against exact (sequential) cosine search, unfiltered and filtered;
 - recall@10 of the product's lexical path against exact Okapi BM25 computed from every chunk's lexemes with the
@@ -165,6 +166,22 @@ async def raw_floor(kb, vectors: list[np.ndarray], principals: tuple[str, ...] |
         async with kb.engine.connect() as conn:
             (await conn.execute(sql, {"q": vector, "p": list(principals or [])})).all()
         samples.append((timer() - started) * 1000)
+    return samples
+
+
+async def raw_driver_floor(kb, vectors: list[np.ndarray]) -> list[float]:  # type: ignore[no-untyped-def]
+    """The bare HNSW top-10 through the database driver alone (psycopg on one pooled connection, no SQLAlchemy, no
+    pool checkout): the lowest a search statement can cost from Python, beside `raw_floor`, which goes through the
+    engine as every product statement does."""
+    dim = kb.embedder.dimension
+    sql = f"SELECT id FROM chunks ORDER BY embedding::halfvec({dim}) <=> CAST(%s AS halfvec({dim})) LIMIT 10"
+    samples = []
+    async with kb.engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        for vector in vectors:
+            started = timer()
+            await (await driver.execute(sql, (vector,))).fetchall()
+            samples.append((timer() - started) * 1000)
     return samples
 
 
@@ -351,7 +368,9 @@ async def run_size(
         latency["raw_sql"] = summary(floor)
         latency["raw_sql_after"] = summary(await raw_floor(kb, vectors, None))
         latency["raw_sql_filtered"] = summary(await raw_floor(kb, vectors, TEN_PERCENT))
-        print(f"  {'raw_sql':32s} {latency['raw_sql']}\n  {'raw_sql_filtered':32s} {latency['raw_sql_filtered']}")
+        latency["raw_driver"] = summary(await raw_driver_floor(kb, vectors))
+        for key in ("raw_sql", "raw_sql_filtered", "raw_driver"):
+            print(f"  {key:32s} {latency[key]}")
         print("  recall against exact search ...")
         figures.update(await recall(kb, queries[:recall_queries]))
         if with_levers:
@@ -359,7 +378,7 @@ async def run_size(
             figures["levers"] = await levers(kb, queries[:recall_queries], vectors[:recall_queries])
         figures["latency_ms"] = latency
         figures["searches_with_fewer_than_10_results"] = short
-        for key in ("hybrid", "hybrid_filtered", "dense", "lexical", "raw_sql"):
+        for key in ("hybrid", "hybrid_filtered", "dense", "lexical", "raw_sql", "raw_driver"):
             figures[f"{key}_p95_ms"] = latency[key]["p95"]  # type: ignore[index]
         figures["hybrid_filtered_vs_floor_p95"] = round(
             latency["hybrid_filtered"]["p95"] / max(latency["raw_sql"]["p95"], 1e-9), 2)  # type: ignore[index]
