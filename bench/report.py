@@ -57,11 +57,12 @@ def search_section(result: dict) -> str:  # type: ignore[type-arg]
              "documents. *cached query*: the query vector comes from the product's query cache; otherwise the "
              "question is embedded in the call (a question of the handbook's eval set in place of the synthetic "
              "one, whose pseudo-words split into twice the tokens; the searched vector is planted either way: "
-             "`bench/common.py`). Floor: a bare HNSW top-10 over the same pool and query vectors.", ""]
+             "`bench/common.py`). Floor: a bare HNSW top-10 over the same pool and query vectors (*raw driver*: the "
+             "same through psycopg alone, without SQLAlchemy or a pool checkout; measured since 2026-11-25).", ""]
     header = "| | " + " | ".join(f"{int(s):,} chunks" for s in order) + " |"
     lines += [header, "|---" * (len(order) + 1) + "|"]
     keys = ["hybrid", "hybrid_filtered", "dense", "dense_filtered", "lexical", "lexical_filtered",
-            "hybrid_cached_query", "hybrid_filtered_cached_query", "dense_cached_query", "raw_sql", "raw_sql_filtered"]
+            "hybrid_cached_query", "hybrid_filtered_cached_query", "dense_cached_query", "raw_sql", "raw_sql_filtered", "raw_driver"]
     for key in keys:
         cells = []
         for s in order:
