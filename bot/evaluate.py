@@ -9,7 +9,8 @@ from rich.table import Table
 
 from bot.terminal import RichSyncProgress, console, err_console
 from knowledge.evaluation import (
-    EVAL_PRINCIPAL, METRICS, evaluate_answers, evaluate_retrieval, load_beir, load_corpus, load_jsonl_questions,
+    EVAL_PRINCIPAL, METRICS, EvalFileError, evaluate_answers, evaluate_retrieval, load_beir, load_corpus,
+    load_jsonl_questions,
 )
 from knowledge.kb import KnowledgeBase
 from knowledge.retrieval import SearchFilters
@@ -25,7 +26,9 @@ async def run_eval(
         assert file is not None
         questions = load_jsonl_questions(file)
         source = load_corpus(corpus) if corpus is not None else None
-    if source is not None:
+    if source is None:
+        await require_an_index(kb, file)
+    else:
         with RichSyncProgress(source.spec.name) as progress:
             report = await kb.sync(source, progress)
         err_console.print(f"{source.spec.name}: {len(report.added) + len(report.updated)} indexed, {report.unchanged} cached")
@@ -42,9 +45,22 @@ def render_eval(results: dict[str, dict[str, float]]) -> None:
     console.print(table)
 
 
+async def require_an_index(kb: KnowledgeBase, file: Path | None, *, corpus_option: bool = True) -> None:
+    """An empty index would score every question 0 (and, for --answers, decline every one, which scores as perfect
+    abstention): say what to index instead."""
+    if (await kb.status()).chunks == 0:
+        name = file.name if file is not None else "the file"
+        raise EvalFileError(
+            f"the index is empty, so there is nothing to evaluate: first index the documents {name}'s questions are "
+            "about (for the example handbook: ragbot ingest examples/handbook)"
+            + (", or pass --corpus FILE" if corpus_option else "")
+        )
+
+
 async def run_answer_eval(
     kb: KnowledgeBase, file: Path, principals: Sequence[str], sources: Sequence[str]
 ) -> dict[str, object]:
+    await require_an_index(kb, file, corpus_option=False)
     judge = None
     if kb.answerer.generator is not None:  # an LLM answers, so an LLM grades too (faithfulness, relevance)
         from knowledge.judging import AnswerJudge

@@ -322,6 +322,16 @@ def test_eval_jsonl_prints_every_metric_for_every_mode(on_handbook: str, tmp_pat
     assert "dense" in table and "ndcg@10" in table
 
 
+def test_eval_on_an_empty_index_says_what_to_index_instead_of_scoring_zero(
+    fresh_database: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", fresh_database())
+    questions = str(REPO / "examples" / "handbook" / "eval.jsonl")
+    assert_usage_error(cli("eval", questions), "index is empty", "ragbot ingest examples/handbook", "--corpus")
+    # --answers would decline every question, which would score as perfect abstention
+    assert_usage_error(cli("eval", "--answers", questions), "index is empty", "ragbot ingest examples/handbook")
+
+
 BEIR_CORPUS = [
     ("d1", "Volcanoes", "Volcanic eruptions eject lava, ash and gases from magma chambers beneath the crust."),
     ("d2", "Honeybees", "Honeybees communicate the location of flowers to the hive with a waggle dance."),
