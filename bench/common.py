@@ -100,9 +100,37 @@ def machine_info(extra: dict[str, object] | None = None) -> dict[str, object]:
         "load_average_at_start": [round(x, 2) for x in load] if load else None,
         "git_commit": _git_commit(),
         "versions": _package_versions(),
+        **speed_probes(),
     }
     info.update(extra or {})
     return info
+
+
+def speed_probes(rounds: int = 30) -> dict[str, float]:
+    """How fast the machine was when the run ended, on fixed work, so runs can be compared across hours and days
+    (this VM's speed drifts by 10-15% within a day, with no change to the code): `cpu_probe_ms`, 20 float32 products
+    of MiniLM's feed-forward size on one thread; `memory_probe_ms`, one pass over 64 MB. Medians of `rounds`; lower
+    is faster."""
+    import statistics
+
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    tokens = rng.standard_normal((32, 384), dtype=np.float32)
+    weights = rng.standard_normal((384, 1536), dtype=np.float32)
+    large = np.ones(16 * 1024 * 1024, dtype=np.float32)
+    cpu, memory = [], []
+    with threadpool_limits(limits=1):
+        for _ in range(rounds):
+            started = time.perf_counter()
+            for _ in range(20):
+                tokens @ weights
+            cpu.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            large.sum()
+            memory.append(time.perf_counter() - started)
+    return {"cpu_probe_ms": round(statistics.median(cpu) * 1000, 2),
+            "memory_probe_ms": round(statistics.median(memory) * 1000, 2)}
 
 
 def _cpu_model() -> str | None:

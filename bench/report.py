@@ -45,7 +45,14 @@ def _machine(result: dict) -> str:  # type: ignore[type-arg]
     return (f"_Measured {result.get('measured_at', '?')} on {m.get('cores')} cores, {m.get('ram_gb')} GB RAM "
             f"({m.get('cpu')}), load average at start {m.get('load_average_at_start')}; Postgres "
             f"{m.get('postgres')}, pgvector {m.get('pgvector')}, torch {versions.get('torch')}, "
-            f"commit {m.get('git_commit')}._")
+            f"commit {m.get('git_commit')}." + _probes(m) + "_")
+
+
+def _probes(m: dict) -> str:  # type: ignore[type-arg]
+    """The machine's speed on fixed work at the end of the run (bench/common.py speed_probes; lower is faster)."""
+    if "cpu_probe_ms" not in m:
+        return ""
+    return f" Speed probes (fixed work, lower is faster): CPU {m['cpu_probe_ms']} ms, memory {m['memory_probe_ms']} ms."
 
 
 def search_section(result: dict) -> str:  # type: ignore[type-arg]
