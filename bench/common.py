@@ -124,7 +124,7 @@ def speed_probes(rounds: int = 30) -> dict[str, float]:
         for _ in range(rounds):
             started = time.perf_counter()
             for _ in range(20):
-                tokens @ weights
+                _ = tokens @ weights
             cpu.append(time.perf_counter() - started)
             started = time.perf_counter()
             large.sum()

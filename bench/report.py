@@ -69,7 +69,8 @@ def search_section(result: dict) -> str:  # type: ignore[type-arg]
     header = "| | " + " | ".join(f"{int(s):,} chunks" for s in order) + " |"
     lines += [header, "|---" * (len(order) + 1) + "|"]
     keys = ["hybrid", "hybrid_filtered", "dense", "dense_filtered", "lexical", "lexical_filtered",
-            "hybrid_cached_query", "hybrid_filtered_cached_query", "dense_cached_query", "raw_sql", "raw_sql_filtered", "raw_driver"]
+            "hybrid_cached_query", "hybrid_filtered_cached_query", "dense_cached_query",
+            "raw_sql", "raw_sql_filtered", "raw_driver"]
     for key in keys:
         cells = []
         for s in order:

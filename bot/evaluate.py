@@ -26,9 +26,9 @@ async def run_eval(
         assert file is not None
         questions = load_jsonl_questions(file)
         source = load_corpus(corpus) if corpus is not None else None
-    if source is None:
-        await require_an_index(kb, file)
-    else:
+        if source is None:
+            await require_an_index(kb, file)
+    if source is not None:
         with RichSyncProgress(source.spec.name) as progress:
             report = await kb.sync(source, progress)
         err_console.print(f"{source.spec.name}: {len(report.added) + len(report.updated)} indexed, {report.unchanged} cached")
@@ -45,14 +45,13 @@ def render_eval(results: dict[str, dict[str, float]]) -> None:
     console.print(table)
 
 
-async def require_an_index(kb: KnowledgeBase, file: Path | None, *, corpus_option: bool = True) -> None:
+async def require_an_index(kb: KnowledgeBase, file: Path, *, corpus_option: bool = True) -> None:
     """An empty index would score every question 0 (and, for --answers, decline every one, which scores as perfect
     abstention): say what to index instead."""
     if (await kb.status()).chunks == 0:
-        name = file.name if file is not None else "the file"
         raise EvalFileError(
-            f"the index is empty, so there is nothing to evaluate: first index the documents {name}'s questions are "
-            "about (for the example handbook: ragbot ingest examples/handbook)"
+            f"the index is empty, so there is nothing to evaluate: first index the documents {file.name}'s "
+            "questions are about (for the example handbook: ragbot ingest examples/handbook)"
             + (", or pass --corpus FILE" if corpus_option else "")
         )
 
