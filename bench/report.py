@@ -79,6 +79,7 @@ def search_section(result: dict) -> str:  # type: ignore[type-arg]
         lines.append(f"| {key.replace('_', ' ')} | " + " | ".join(cells) + " |")
     facts = [
         ("measured at (UTC)", "measured_at"),
+        ("how (where runs were combined)", "note"),
         ("load average at start", "load_average_at_start"),
         ("hybrid filtered p95 ÷ floor p95", "hybrid_filtered_vs_floor_p95"),
         ("HNSW recall@10 vs exact", "hnsw_recall@10"),
@@ -225,9 +226,50 @@ def bot_section(result: dict) -> str:  # type: ignore[type-arg]
     return "\n".join(lines) + "\n"
 
 
+# The issue's targets for this 2-core machine: (label, results file, path to the figure, at most / at least, bound).
+TARGETS: list[tuple[str, str, tuple[str, ...], str, float]] = [
+    ("hybrid p95 at 100k, 10% reader, question embedded (ms)", "search",
+     ("sizes", "100000", "hybrid_filtered_p95_ms"), "≤", 25),
+    ("… ÷ the bare HNSW floor's p95 beside it", "search", ("sizes", "100000", "hybrid_filtered_vs_floor_p95"), "≤", 5),
+    ("hybrid p95 at 1M, 10% reader (ms)", "search", ("sizes", "1000000", "hybrid_filtered_p95_ms"), "≤", 80),
+    ("lexical recall@10 against exact BM25 at 10k", "search", ("sizes", "10000", "lexical_recall@10"), "≥", 0.98),
+    ("lexical recall@10 against exact BM25 at 100k", "search", ("sizes", "100000", "lexical_recall@10"), "≥", 0.98),
+    ("lexical recall@10 against exact BM25 at 1M", "search", ("sizes", "1000000", "lexical_recall@10"), "≥", 0.98),
+    ("store path with the graph maintained (chunks/s)", "ingest", ("store_chunks_per_s",), "≥", 1000),
+    ("ingest ÷ `model.encode` alone", "ingest", ("ingest_vs_encode_ratio",), "≥", 0.9),
+    ("unchanged re-sync, times faster than the first", "ingest", ("unchanged_resync_speedup",), "≥", 50),
+    ("bot overhead p95 (ms)", "bot", ("overhead_p95_ms",), "≤", 150),
+    ("ack p95 (ms)", "bot", ("ack_p95_ms",), "≤", 50),
+    ("peak RSS of `ragbot run` (MB)", "bot", ("rss_mb",), "≤", 1024),
+]
+
+
+def targets_section(results: dict[str, dict | None]) -> str:  # type: ignore[type-arg]
+    """Each target beside the figure in the latest results and when that was measured: read from the results
+    files, so it is never staler than they are."""
+    lines = ["## Targets", "",
+             "The issue's targets for this 2-core machine, each against the latest figure in `bench/results/`. "
+             "This machine's speed drifts by 10-15% within a day: compare runs by their speed probes.", "",
+             "| target | figure | bound | met | measured (UTC) |", "|---|---|---|---|---|"]
+    for label, name, path, sense, bound in TARGETS:
+        node: object = results.get(name) or {}
+        measured = node.get("measured_at", "–") if isinstance(node, dict) else "–"
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict) and "measured_at" in node:
+                measured = node["measured_at"]  # a size measured in a run of its own
+        if not isinstance(node, (int, float)):
+            lines.append(f"| {label} | – | {sense} {bound:g} | not measured | – |")
+            continue
+        met = node <= bound if sense == "≤" else node >= bound
+        lines.append(f"| {label} | {node:g} | {sense} {bound:g} | {'yes' if met else '**no**'} | {measured} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parts = [HEADER]
     search = _load("search")
+    parts.append(targets_section({"search": search, "ingest": _load("ingest"), "bot": _load("bot")}))
     if search:
         parts.append(search_section(search))
     if search and any("levers" in figures for figures in search.get("sizes", {}).values()):
