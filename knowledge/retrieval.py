@@ -22,13 +22,13 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
-from sqlalchemy import Row, TextClause, text
+from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from db.engine import generic_plans
+from db.engine import read_rows
 from db.models import BM25_SPARSE_DIM
 from knowledge.embedding import Embedder
 from knowledge.fusion import Candidate, Fused, Fusion, LexicalCandidates
@@ -167,29 +167,26 @@ class Retriever:
         return self._query_vectors[query]
 
     async def _lexical_candidates(
-        self, params: dict[str, object], shown: dict[int, Row], among_permitted: bool = False  # type: ignore[type-arg]
+        self, params: dict[str, object], shown: dict[int, Any], among_permitted: bool = False
     ) -> LexicalCandidates:
         async with self._reads.connect() as conn:
             if among_permitted:
-                rows = (await conn.execute(_LEXICAL_AMONG_PERMITTED, params)).all()
+                rows = await read_rows(conn, _LEXICAL_AMONG_PERMITTED, params)
             else:
                 # Its plan cannot use the question (its terms are found while it runs) and barely the asker: the
                 # same rows either way, and 2-2.7 ms less a search than planning it at every run.
-                async with generic_plans(conn):
-                    rows = (await conn.execute(_LEXICAL, params)).all()
+                rows = await read_rows(conn, _LEXICAL, params, generic_plan=True)
         shown.update((r.id, r) for r in rows)
         return LexicalCandidates([Candidate(r.id, r.document_id, float(r.score)) for r in rows],
                                  float(rows[0].full_match_score) if rows else 0.0)
 
-    async def _dense_candidates(
-        self, params: dict[str, object], shown: dict[int, Row]  # type: ignore[type-arg]
-    ) -> list[Candidate]:
+    async def _dense_candidates(self, params: dict[str, object], shown: dict[int, Any]) -> list[Candidate]:
         async with self._reads.connect() as conn:
-            rows = (await conn.execute(_dense_statement(self.embedder.dimension), params)).all()
+            rows = await read_rows(conn, _dense_statement(self.embedder.dimension), params)
             if await self._index_scan_fell_short(conn, len(rows), params):
                 # Not reported in the timings: whether the index scan fell short depends on chunks the asker may
                 # not see crowding it, which is not theirs to learn.
-                rows = (await conn.execute(_dense_statement(self.embedder.dimension, exact=True), params)).all()
+                rows = await read_rows(conn, _dense_statement(self.embedder.dimension, exact=True), params)
         shown.update((r.id, r) for r in rows)
         return [Candidate(r.id, r.document_id, float(r.score)) for r in rows]
 
@@ -203,7 +200,7 @@ class Retriever:
         return permitted > found
 
     @staticmethod
-    def _hits(chosen: Sequence[Fused], shown: dict[int, Row]) -> list[SearchHit]:  # type: ignore[type-arg]
+    def _hits(chosen: Sequence[Fused], shown: dict[int, Any]) -> list[SearchHit]:
         hits = []
         for f in chosen:
             r = shown[f.id]
@@ -253,7 +250,7 @@ class Retriever:
         # soon as the vector is ready, whether BM25 has finished or not: on a 2-core machine the work overlaps
         # instead of queueing (bench/search.py measures it).
         # Each candidate comes with what its hit shows (text, document), read by the statement that checked access.
-        shown: dict[int, Row] = {}  # type: ignore[type-arg]
+        shown: dict[int, Any] = {}  # a candidate's row (a named tuple) by chunk id
 
         async def lexical_side() -> LexicalCandidates:
             found = await self._lexical_candidates(params, shown)

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from db.engine import HNSW_EF_SEARCH, create_engine, generic_plans
+from db.engine import HNSW_EF_SEARCH, create_engine, read_rows
 from db.settings import redact_url
 
 
@@ -33,33 +33,64 @@ async def test_every_pooled_connection_keeps_the_pgvector_settings(fresh_databas
 async def test_generic_plans_last_for_their_statement_and_a_connection_whose_statement_failed_is_closed(
     fresh_database,
 ):
-    """BM25's statement runs with generic plans (db.engine.generic_plans); no pooled connection may keep them, or the
-    HNSW statement would get a generic plan that scores every chunk."""
+    """BM25's statement runs with generic plans (db.engine.read_rows, generic_plan=True); no pooled connection may
+    keep them, or the HNSW statement would get a generic plan that scores every chunk."""
     engine = create_engine(fresh_database())
     reads = engine.execution_options(isolation_level="AUTOCOMMIT")  # as searches read: a SET outlives a statement
-    mode_and_pid = text("SELECT current_setting('plan_cache_mode'), pg_backend_pid()")
+    mode_and_pid = text("SELECT current_setting('plan_cache_mode') AS mode, pg_backend_pid() AS pid")
     try:
         async with reads.connect() as conn:
-            async with generic_plans(conn):
-                assert (await conn.execute(mode_and_pid)).one()[0] == "force_generic_plan"
+            (inside,) = await read_rows(conn, mode_and_pid, {}, generic_plan=True)
+            assert inside.mode == "force_generic_plan"
             assert (await conn.execute(mode_and_pid)).one()[0] == "force_custom_plan"
         async with reads.connect() as conn:
             failed_pid = (await conn.execute(mode_and_pid)).one()[1]
-            with pytest.raises(DBAPIError):
-                async with generic_plans(conn):
-                    await conn.execute(text("SELECT 1 / 0"))
+            with pytest.raises(DBAPIError, match="division by zero"):  # the error SQLAlchemy's execute raises
+                await read_rows(conn, text("SELECT 1 / :zero"), {"zero": 0}, generic_plan=True)
 
-        async def pooled() -> tuple[str, int]:
-            async with reads.connect() as conn:
-                row = (await conn.execute(mode_and_pid)).one()
-                await asyncio.sleep(0.05)  # hold the connection so the others need their own
-                return row[0], row[1]
-
-        connections = await asyncio.gather(*(pooled() for _ in range(5)))
+        connections = await asyncio.gather(*(_pooled(reads, mode_and_pid) for _ in range(5)))
         assert {mode for mode, _ in connections} == {"force_custom_plan"}
         assert failed_pid not in {pid for _, pid in connections}
     finally:
         await engine.dispose()
+
+
+async def test_a_read_cancelled_midway_leaves_no_connection_with_generic_plans_in_the_pool(fresh_database):
+    """A search whose other half failed cancels BM25's statement midway, before its generic plans are set back;
+    that connection must not be handed to the next search, whose HNSW statement would scan every chunk."""
+    engine = create_engine(fresh_database())
+    reads = engine.execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        async def slow_read() -> None:
+            async with reads.connect() as conn:
+                await read_rows(conn, text("SELECT pg_sleep(:s)"), {"s": 30}, generic_plan=True)
+
+        task = asyncio.create_task(slow_read())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        mode_and_plus = text("SELECT current_setting('plan_cache_mode') AS mode, CAST(:a AS int) + 1 AS plus")
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(_read_once(reads, mode_and_plus, {"a": i}) for i in range(5))), timeout=10
+        )
+        assert [(row.mode, row.plus) for row in answers] == [("force_custom_plan", i + 1) for i in range(5)]
+    finally:
+        await engine.dispose()
+
+
+async def _read_once(reads, statement, params):  # type: ignore[no-untyped-def]
+    async with reads.connect() as conn:
+        (row,) = await read_rows(conn, statement, params)
+        await asyncio.sleep(0.05)  # hold the connection so the others need their own
+        return row
+
+
+async def _pooled(reads, mode_and_pid) -> tuple[str, int]:  # type: ignore[no-untyped-def]
+    async with reads.connect() as conn:
+        row = (await conn.execute(mode_and_pid)).one()
+        await asyncio.sleep(0.05)  # hold the connection so the others need their own
+        return row[0], row[1]
 
 
 def test_database_urls_are_redacted_even_when_the_password_is_not_url_encoded():
