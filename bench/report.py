@@ -84,6 +84,8 @@ def search_section(result: dict) -> str:  # type: ignore[type-arg]
         ("hybrid filtered p95 ÷ floor p95", "hybrid_filtered_vs_floor_p95"),
         ("HNSW recall@10 vs exact", "hnsw_recall@10"),
         ("HNSW recall@10 vs exact, filtered", "hnsw_filtered_recall@10"),
+        ("HNSW best hit = exact best hit (all / filtered)", "hnsw_top1_pair"),
+        ("HNSW search list (hnsw.ef_search)", "hnsw_ef_search"),
         ("lexical recall@10 vs exact BM25", "lexical_recall@10"),
         ("searches returning < 10 results (of the timed ones)", "searches_with_fewer_than_10_results"),
         ("question tokens embedded, p50 / p95", "question_tokens"),
@@ -98,7 +100,12 @@ def search_section(result: dict) -> str:  # type: ignore[type-arg]
         cells = []
         for s in order:
             value = sizes[s].get(key, "–")
-            if key == "question_tokens":
+            if key == "hnsw_top1_pair":
+                pair = (sizes[s].get("hnsw_top1_agreement"), sizes[s].get("hnsw_filtered_top1_agreement"))
+                value = f"{pair[0]} / {pair[1]}" if pair[0] is not None else "– (measured since 2026-11-25, 4th round)"
+            elif key == "hnsw_ef_search" and value == "–":
+                value = "100 (before 2026-11-25, 4th round)"
+            elif key == "question_tokens":
                 value = (f"{value['embedded']['p50']} / {value['embedded']['p95']} (synthetic question: "
                          f"{value['synthetic']['p50']} / {value['synthetic']['p95']})"
                          if isinstance(value, dict) else "the synthetic question's (before 2026-11-23, 2nd round)")

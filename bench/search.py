@@ -14,7 +14,8 @@ then the HNSW index is built the way the product builds it (`store.ensure_vector
   unfiltered and filtered after all of them; and the same top-10 through the driver alone (psycopg on one
   connection, no SQLAlchemy, no pool checkout: `raw_driver`), the least a statement can cost from Python;
 - HNSW build time, table and index sizes;
-- recall@10 of the product's dense path against exact (sequential) cosine search, unfiltered and filtered;
+- recall@10 of the product's dense path against exact (sequential) cosine search, unfiltered and filtered, and how
+  often its best hit is exact search's (the floors use the product's HNSW search list for the size: `hnsw_ef_search`);
 - recall@10 of the product's lexical path against exact Okapi BM25 computed from every chunk's lexemes with the
   current corpus statistics (no candidate pruning, no stored weights).
 Results go to bench/results/search.json (sizes measured before are kept).
@@ -156,28 +157,49 @@ async def timed_search(kb, queries: list[str], mode: str, principals: tuple[str,
 
 
 async def raw_floor(kb, vectors: list[np.ndarray], principals: tuple[str, ...] | None) -> list[float]:  # type: ignore[no-untyped-def]
+    """The bare HNSW top-10 through the engine and its pool, as every product statement goes, with the HNSW search
+    list the product's search uses for this corpus (set in the statement's transaction, outside the timing)."""
     dim = kb.embedder.dimension
     where = "WHERE access && CAST(:p AS text[])" if principals else ""
     sql = text(f"SELECT id FROM chunks {where} ORDER BY embedding::halfvec({dim}) <=> CAST(:q AS halfvec({dim})) "
                "LIMIT 10")
+    ef_search = await product_ef_search(kb)
     samples = []
     for vector in vectors:
         started = timer()
         async with kb.engine.connect() as conn:
+            checked_out = timer()
+            await conn.execute(SET_EF_SEARCH_LOCALLY, {"ef": ef_search})
+            statement_started = timer()
             (await conn.execute(sql, {"q": vector, "p": list(principals or [])})).all()
-        samples.append((timer() - started) * 1000)
+            finished = timer()
+        samples.append((checked_out - started + finished - statement_started) * 1000)
     return samples
+
+
+SET_EF_SEARCH_LOCALLY = text("SELECT set_config('hnsw.ef_search', :ef, true)")
+
+
+async def product_ef_search(kb) -> str:  # type: ignore[no-untyped-def]
+    """The HNSW search list the product's search uses on this corpus (knowledge.retrieval.ef_search_for)."""
+    from knowledge.retrieval import ef_search_for
+
+    async with kb.engine.connect() as conn:
+        n_chunks = (await conn.execute(text("SELECT n_chunks FROM corpus_stats WHERE id = 1"))).scalar_one()
+    return str(ef_search_for(n_chunks))
 
 
 async def raw_driver_floor(kb, vectors: list[np.ndarray]) -> list[float]:  # type: ignore[no-untyped-def]
     """The bare HNSW top-10 through the database driver alone (psycopg on one pooled connection, no SQLAlchemy, no
     pool checkout): the lowest a search statement can cost from Python, beside `raw_floor`, which goes through the
-    engine as every product statement does."""
+    engine as every product statement does. Same HNSW search list as the product's, set for the transaction."""
     dim = kb.embedder.dimension
     sql = f"SELECT id FROM chunks ORDER BY embedding::halfvec({dim}) <=> CAST(%s AS halfvec({dim})) LIMIT 10"
+    ef_search = await product_ef_search(kb)
     samples = []
-    async with kb.engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+    async with kb.engine.connect() as conn:  # a transaction, so the setting ends with it
         driver = (await conn.get_raw_connection()).driver_connection
+        await driver.execute("SELECT set_config('hnsw.ef_search', %s, true)", (ef_search,))
         for vector in vectors:
             started = timer()
             await (await driver.execute(sql, (vector,))).fetchall()
@@ -185,7 +207,8 @@ async def raw_driver_floor(kb, vectors: list[np.ndarray]) -> list[float]:  # typ
     return samples
 
 
-async def exact_dense(kb, vector: np.ndarray, principals: tuple[str, ...]) -> set[int]:  # type: ignore[no-untyped-def]
+async def exact_dense(kb, vector: np.ndarray, principals: tuple[str, ...]) -> list[int]:  # type: ignore[no-untyped-def]
+    """The exact top-10 by full-precision cosine (a sequential scan), best first."""
     async with kb.engine.begin() as conn:
         await conn.execute(text("SET LOCAL enable_indexscan = off"))
         await conn.execute(text("SET LOCAL enable_bitmapscan = off"))
@@ -194,7 +217,7 @@ async def exact_dense(kb, vector: np.ndarray, principals: tuple[str, ...]) -> se
                  "ORDER BY embedding <=> CAST(:q AS vector) LIMIT 10"),
             {"q": vector, "p": list(principals) + ["everyone"]},
         )
-        return {r.id for r in rows}
+        return [r.id for r in rows]
 
 
 EXACT_BM25 = text("""
@@ -219,18 +242,24 @@ GROUP BY c.id ORDER BY score DESC, c.id LIMIT 10
 
 
 async def recall(kb, queries: list[str]) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    dense = dense_filtered = lexical = 0.0
+    """recall@10 of the product's dense and lexical paths against exact search, and how often the dense path's
+    best hit is exact search's: on these clustered vectors most of recall@10's misses are near-ties (hits as similar
+    as the ones missed), while a different best hit means the search missed the question's clear answer."""
+    dense = dense_filtered = lexical = top1 = top1_filtered = 0.0
     for query in queries:
         vector = await kb.retriever.query_vector(query)
         for principals, bucket in ((EVERY_DOCUMENT, "all"), (TEN_PERCENT, "ten")):
             exact = await exact_dense(kb, vector, principals)
-            got = {h.chunk_id for h in (await kb.search(query, SearchFilters(principals), k=10, mode="dense",
-                                                        max_per_document=10)).hits}
-            share = len(exact & got) / max(len(exact), 1)
+            got = [h.chunk_id for h in (await kb.search(query, SearchFilters(principals), k=10, mode="dense",
+                                                        max_per_document=10)).hits]
+            share = len(set(exact) & set(got)) / max(len(exact), 1)
+            same_best = float(exact[:1] == got[:1])
             if bucket == "all":
                 dense += share
+                top1 += same_best
             else:
                 dense_filtered += share
+                top1_filtered += same_best
         async with kb.engine.connect() as conn:
             exact_lex = {r.id for r in await conn.execute(
                 EXACT_BM25, {"query": query, "config": kb.settings.text_search_config})}
@@ -239,6 +268,7 @@ async def recall(kb, queries: list[str]) -> dict[str, float]:  # type: ignore[no
         lexical += len(exact_lex & got_lex) / max(len(exact_lex), 1)
     n = len(queries)
     return {"hnsw_recall@10": round(dense / n, 4), "hnsw_filtered_recall@10": round(dense_filtered / n, 4),
+            "hnsw_top1_agreement": round(top1 / n, 4), "hnsw_filtered_top1_agreement": round(top1_filtered / n, 4),
             "lexical_recall@10": round(lexical / n, 4)}
 
 
@@ -261,7 +291,7 @@ async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object
                 started = timer()
                 ids = {r.id for r in await conn.execute(text(sql), {"q": vector})}
                 samples.append((timer() - started) * 1000)
-            hits += len(ids & truth) / max(len(truth), 1)
+            hits += len(ids & set(truth)) / max(len(truth), 1)
         return {"recall@10": round(hits / len(vectors), 4), **summary(samples)}
 
     vector_sql = (f"SELECT id FROM chunks ORDER BY embedding::halfvec({dim}) <=> CAST(:q AS halfvec({dim})) "
@@ -336,6 +366,8 @@ async def run_size(
         figures["query_encoder"] = (f"{type(encoder).__name__} {getattr(encoder, 'precision', '')}".strip()
                                     if encoder is not None else "sentence-transformers")
         print(f"  questions embedded by {figures['query_encoder']}")
+        figures["hnsw_ef_search"] = int(await product_ef_search(kb))
+        print(f"  HNSW search list (hnsw.ef_search): {figures['hnsw_ef_search']}")
         queries = corpus.queries(n_queries, [text for text, _ in sample])
         planted = {q: corpus.question_vector(sample[i][1]).tolist()
                    for q, i in zip(queries, corpus.query_sources)}
@@ -383,6 +415,7 @@ async def run_size(
         figures["hybrid_filtered_vs_floor_p95"] = round(
             latency["hybrid_filtered"]["p95"] / max(latency["raw_sql"]["p95"], 1e-9), 2)  # type: ignore[index]
         print(f"  recall: hnsw {figures['hnsw_recall@10']} (filtered {figures['hnsw_filtered_recall@10']}), "
+              f"same best hit {figures['hnsw_top1_agreement']} (filtered {figures['hnsw_filtered_top1_agreement']}), "
               f"lexical {figures['lexical_recall@10']}")
         return figures
     finally:

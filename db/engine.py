@@ -23,9 +23,10 @@ from db.embedded import embedded_database_url
 from db.errors import DatabaseUnavailable
 from db.settings import DatabaseSettings
 
-# The HNSW search list. With the iterative scan on, a longer candidate list is still returned (the scan goes on).
-# Measured at 100k chunks (bench/search.py --levers): recall@10 against exact search 0.88 at 40, 0.99 at 100 and 200.
-HNSW_EF_SEARCH = 100
+# The HNSW search list every connection starts with; the retriever raises it for large corpora
+# (knowledge.retrieval.ef_search_for, where the measurements are). With the iterative scan on, a longer candidate
+# list is still returned (the scan goes on).
+HNSW_EF_SEARCH = 200
 # How many index tuples an iterative HNSW scan may visit before giving up (pgvector's default). A scan can stop
 # short when the rows it meets are filtered out (other people's chunks) or dead (a large delete not yet vacuumed);
 # the retriever then falls back to an exact search, and syncs VACUUM after large deletes.
@@ -77,7 +78,12 @@ CUSTOM_PLANS = "force_custom_plan"
 
 
 async def read_rows(
-    conn: AsyncConnection, statement: TextClause, params: Mapping[str, Any], *, generic_plan: bool = False
+    conn: AsyncConnection,
+    statement: TextClause,
+    params: Mapping[str, Any],
+    *,
+    generic_plan: bool = False,
+    settings: Mapping[str, str] | None = None,
 ) -> list[Any]:
     """The rows of a read-only `statement` (as named tuples: `row.id`), run by psycopg itself on `conn`'s driver
     connection. Why: SQLAlchemy's execute path (its greenlet hops, execution context and result wrapping) costs
@@ -91,11 +97,19 @@ async def read_rows(
     plan barely depends on its parameters' values. Planning BM25's statement took about 2 ms of its 5.7 at 100k
     chunks, and with a generic plan it returned the same rows 2-2.7 ms sooner at 10k, 100k and 1M.
 
+    `settings` are session settings the statement needs (such as `hnsw.ef_search`), each SET only where the pooled
+    connection's value differs from it, as remembered in the connection's `info` (where create_engine's connect
+    hook records the defaults): a round trip only when it changes.
+
     A connection whose statement failed or was cancelled is closed rather than pooled, since it may still be busy
     with it or keep the generic setting."""
     driver = (await conn.get_raw_connection()).driver_connection
     try:
         async with driver.cursor(row_factory=namedtuple_row) as cursor:
+            for name, value in (settings or {}).items():
+                if conn.info.get(name) != value:
+                    await cursor.execute("SELECT set_config(%s, %s, false)", (name, value))
+                    conn.info[name] = value
             if generic_plan:
                 await cursor.execute("SET plan_cache_mode = force_generic_plan")
             await cursor.execute(_driver_sql(statement, conn.dialect), params)
@@ -126,11 +140,12 @@ def create_engine(url: str) -> AsyncEngine:
     engine = create_async_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
 
     @event.listens_for(engine.sync_engine, "connect")
-    def _configure_pgvector(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    def _configure_pgvector(dbapi_connection, connection_record) -> None:  # type: ignore[no-untyped-def]
         dbapi_connection.run_async(_register_vector_type)
         cursor = dbapi_connection.cursor()
         cursor.execute("SET hnsw.iterative_scan = relaxed_order")
         cursor.execute(f"SET hnsw.ef_search = {HNSW_EF_SEARCH}")
+        connection_record.info["hnsw.ef_search"] = str(HNSW_EF_SEARCH)  # what read_rows' `settings` compare with
         cursor.execute(f"SET hnsw.max_scan_tuples = {int(HNSW_MAX_SCAN_TUPLES)}")
         # psycopg prepares a statement run five times on one pooled connection, and Postgres may then switch to a
         # generic plan made without the parameters' values. For the search statement that plan skips the HNSW

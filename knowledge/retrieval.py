@@ -28,7 +28,7 @@ import numpy as np
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from db.engine import read_rows
+from db.engine import HNSW_EF_SEARCH, read_rows
 from db.models import BM25_SPARSE_DIM
 from knowledge.embedding import Embedder
 from knowledge.fusion import Candidate, Fused, Fusion, LexicalCandidates
@@ -100,6 +100,25 @@ COMMON_INDEX_DF = 20_000
 # and the table-order scan runs only if they fall short. (Walking every question term's tiers cost a reader of 10%
 # of the documents 30 ms more at p95, for the same recall.) Highest first; they must match `bm25_tf_tiers`.
 TF_TIERS = (32, 23, 16, 11, 8, 6, 5, 4, 3, 2)
+# HNSW's search list (`hnsw.ef_search`) grows with the corpus. As the graph (pgvector's m 16, ef_construction 64)
+# grows, a search more often settles among the wrong neighbours and misses even a question's clear answer, whose
+# cosine to it is far above the rest's. Measured with `bench/search.py`'s clustered vectors (200 questions, each
+# planted near its answer; the dense statement alone, warm; README "Speed"):
+#   100k chunks: answer missed 4 times at ef 100, once at 200 and at 400; for a reader of 10% of the documents, the
+#                exact top hit found 195 / 199 / 199 times, recall@10 0.979 / 0.993 / 0.994.
+#   1M chunks:   missed 33 / 17 / 5 / 2 times at ef 100 / 200 / 400 / 800; the 10% reader's recall@10 0.71 / 0.80 /
+#                0.89 / 0.92, and that reader's statement was faster at 200-400 than at 100 (its iterative scan needs
+#                fewer rounds).
+# So db.engine.HNSW_EF_SEARCH (200) up to 500,000 chunks, then a chunk count / CHUNKS_PER_EF_SEARCH, at most 800.
+CHUNKS_PER_EF_SEARCH = 2_500
+MAX_EF_SEARCH = 800
+# How long the corpus size that sets it is trusted before it is read again (one cheap read a minute).
+CORPUS_SIZE_TTL_S = 60.0
+
+
+def ef_search_for(n_chunks: int) -> int:
+    """The HNSW search list for a corpus of `n_chunks` (see CHUNKS_PER_EF_SEARCH)."""
+    return max(HNSW_EF_SEARCH, min(MAX_EF_SEARCH, n_chunks // CHUNKS_PER_EF_SEARCH))
 
 
 @dataclass(frozen=True)
@@ -157,6 +176,8 @@ class Retriever:
         self.embedder = embedder
         self.settings = settings
         self._query_vectors: dict[str, np.ndarray] = {}
+        self._ef_search = str(HNSW_EF_SEARCH)
+        self._ef_search_until = 0.0  # time.monotonic() when the corpus size is read again
 
     async def query_vector(self, query: str) -> np.ndarray:
         if query not in self._query_vectors:
@@ -182,13 +203,22 @@ class Retriever:
 
     async def _dense_candidates(self, params: dict[str, object], shown: dict[int, Any]) -> list[Candidate]:
         async with self._reads.connect() as conn:
-            rows = await read_rows(conn, _dense_statement(self.embedder.dimension), params)
+            settings = {"hnsw.ef_search": await self._ef_search_for_corpus(conn)}
+            rows = await read_rows(conn, _dense_statement(self.embedder.dimension), params, settings=settings)
             if await self._index_scan_fell_short(conn, len(rows), params):
                 # Not reported in the timings: whether the index scan fell short depends on chunks the asker may
                 # not see crowding it, which is not theirs to learn.
                 rows = await read_rows(conn, _dense_statement(self.embedder.dimension, exact=True), params)
         shown.update((r.id, r) for r in rows)
         return [Candidate(r.id, r.document_id, float(r.score)) for r in rows]
+
+    async def _ef_search_for_corpus(self, conn) -> str:  # type: ignore[no-untyped-def]
+        """ef_search_for the corpus's size, read at most once a CORPUS_SIZE_TTL_S."""
+        if time.monotonic() >= self._ef_search_until:
+            n_chunks = (await conn.execute(_CORPUS_SIZE)).scalar_one_or_none() or 0
+            self._ef_search = str(ef_search_for(n_chunks))
+            self._ef_search_until = time.monotonic() + CORPUS_SIZE_TTL_S
+        return self._ef_search
 
     async def _index_scan_fell_short(self, conn, found: int, params: dict[str, object]) -> bool:  # type: ignore[no-untyped-def]
         """Did the HNSW scan return fewer candidates than the asker may see? It can, when the rows it visits first
@@ -299,6 +329,8 @@ _FILTERS = """
 _FILTERS_PER_ROW = _FILTERS.replace(
     "c.access && CAST(:principals AS text[])", "(c.access && CAST(:principals AS text[])) IS TRUE"
 )
+
+_CORPUS_SIZE = text("SELECT n_chunks FROM corpus_stats WHERE id = 1")
 
 _PERMITTED_COUNT_SQL = "SELECT count(*) FROM (SELECT 1 FROM chunks c WHERE " + _FILTERS + " LIMIT :n) permitted"
 

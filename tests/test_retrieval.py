@@ -67,6 +67,53 @@ async def test_a_filtered_search_still_returns_k_results(fresh_kb):
 
 
 
+async def test_the_hnsw_search_list_grows_with_the_corpus_and_the_pool_remembers_it_truly(fresh_kb, monkeypatch):
+    """A larger corpus gets a longer HNSW search list (knowledge.retrieval.ef_search_for: at a million chunks the
+    default one missed a question's clear answer 33 times in 200). It is SET on a pooled connection only when that
+    connection's differs, so what the pool remembers must be what Postgres has."""
+    from contextlib import AsyncExitStack
+
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+    from knowledge import retrieval
+
+    monkeypatch.setattr(retrieval, "CHUNKS_PER_EF_SEARCH", 1)  # so that a few hundred chunks count as large
+    monkeypatch.setattr(retrieval, "CORPUS_SIZE_TTL_S", 0.0)
+    docs = [item(f"team-{i}", f"# Team {i} rituals\n\nTeam {i} holds a planning meeting every March.")
+            for i in range(250)]
+    await fresh_kb.sync(StaticSource(SourceSpec("teams", "test"), docs))
+    (n_chunks,) = (await _read(fresh_kb, "SELECT n_chunks FROM corpus_stats")).one()
+
+    async def settings_on_every_pooled_connection() -> list[tuple[str | None, str]]:
+        async def one(conn: AsyncConnection) -> tuple[str | None, str]:
+            actual = (await conn.execute(text("SELECT current_setting('hnsw.ef_search')"))).scalar_one()
+            return conn.info.get("hnsw.ef_search"), actual
+
+        async with AsyncExitStack() as stack:  # every connection the pool holds (5, and 5 more it may open)
+            connections = [await stack.enter_async_context(fresh_kb.engine.connect()) for _ in range(10)]
+            return [await one(conn) for conn in connections]
+
+    hits = (await fresh_kb.search("when does team 7 plan", SearchFilters(), k=5, mode="dense")).hits
+    assert hits[0].external_id == "team-7"
+    pooled = await settings_on_every_pooled_connection()
+    assert (str(n_chunks), str(n_chunks)) in pooled  # the connection the search used
+    assert all(remembered == actual for remembered, actual in pooled)
+
+    await fresh_kb.sync(StaticSource(SourceSpec("teams", "test"), docs + [
+        item(f"guild-{i}", f"# Guild {i}\n\nGuild {i} meets on Fridays.") for i in range(100)]))
+    (grown,) = (await _read(fresh_kb, "SELECT n_chunks FROM corpus_stats")).one()
+    assert grown > n_chunks
+    await fresh_kb.search("when does guild 3 meet", SearchFilters(), k=5, mode="dense")
+    pooled = await settings_on_every_pooled_connection()
+    assert (str(grown), str(grown)) in pooled
+    assert all(remembered == actual for remembered, actual in pooled)
+
+
+async def _read(kb, sql: str):  # type: ignore[no-untyped-def]
+    async with kb.engine.connect() as conn:
+        return await conn.execute(text(sql))
+
+
 async def test_a_lexical_search_for_a_reader_of_few_documents_still_fills_k(fresh_kb, monkeypatch):
     """The rarest question term brings the candidates; its postings are mostly in documents the asker may not see,
     and the more common term that their documents do contain is over the posting budget (its postings mostly hidden
