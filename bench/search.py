@@ -43,6 +43,7 @@ use_throwaway_home()
 import numpy as np  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
+from db.engine import read_rows  # noqa: E402
 from knowledge import store  # noqa: E402
 from knowledge.retrieval import SearchFilters  # noqa: E402
 
@@ -157,49 +158,36 @@ async def timed_search(kb, queries: list[str], mode: str, principals: tuple[str,
 
 
 async def raw_floor(kb, vectors: list[np.ndarray], principals: tuple[str, ...] | None) -> list[float]:  # type: ignore[no-untyped-def]
-    """The bare HNSW top-10 through the engine and its pool, as every product statement goes, with the HNSW search
-    list the product's search uses for this corpus (set in the statement's transaction, outside the timing)."""
+    """The bare HNSW top-10 as every product statement runs: a pooled connection in autocommit, db.engine.read_rows,
+    and the HNSW search list the product's search uses for this corpus (its own cached value, SET on a connection
+    only when it differs). Nothing here may run a transaction on the pool: psycopg's rollback drops every statement
+    the connection had prepared, BM25's with its generic plan, and a floor that did slowed the product's next
+    lexical search by 5 ms."""
     dim = kb.embedder.dimension
     where = "WHERE access && CAST(:p AS text[])" if principals else ""
     sql = text(f"SELECT id FROM chunks {where} ORDER BY embedding::halfvec({dim}) <=> CAST(:q AS halfvec({dim})) "
                "LIMIT 10")
-    ef_search = await product_ef_search(kb)
     samples = []
     for vector in vectors:
         started = timer()
-        async with kb.engine.connect() as conn:
-            checked_out = timer()
-            await conn.execute(SET_EF_SEARCH_LOCALLY, {"ef": ef_search})
-            statement_started = timer()
-            (await conn.execute(sql, {"q": vector, "p": list(principals or [])})).all()
-            finished = timer()
-        samples.append((checked_out - started + finished - statement_started) * 1000)
+        async with kb.retriever._reads.connect() as conn:
+            settings = {"hnsw.ef_search": await kb.retriever._ef_search_for_corpus(conn)}
+            await read_rows(conn, sql, {"q": vector, "p": list(principals or [])}, settings=settings)
+        samples.append((timer() - started) * 1000)
     return samples
-
-
-SET_EF_SEARCH_LOCALLY = text("SELECT set_config('hnsw.ef_search', :ef, true)")
-
-
-async def product_ef_search(kb) -> str:  # type: ignore[no-untyped-def]
-    """The HNSW search list the product's search uses on this corpus (knowledge.retrieval.ef_search_for)."""
-    from knowledge.retrieval import ef_search_for
-
-    async with kb.engine.connect() as conn:
-        n_chunks = (await conn.execute(text("SELECT n_chunks FROM corpus_stats WHERE id = 1"))).scalar_one()
-    return str(ef_search_for(n_chunks))
 
 
 async def raw_driver_floor(kb, vectors: list[np.ndarray]) -> list[float]:  # type: ignore[no-untyped-def]
     """The bare HNSW top-10 through the database driver alone (psycopg on one pooled connection, no SQLAlchemy, no
-    pool checkout): the lowest a search statement can cost from Python, beside `raw_floor`, which goes through the
-    engine as every product statement does. Same HNSW search list as the product's, set for the transaction."""
+    pool checkout): the lowest a search statement can cost from Python, beside `raw_floor`. Same HNSW search list
+    as the product's."""
     dim = kb.embedder.dimension
     sql = f"SELECT id FROM chunks ORDER BY embedding::halfvec({dim}) <=> CAST(%s AS halfvec({dim})) LIMIT 10"
-    ef_search = await product_ef_search(kb)
     samples = []
-    async with kb.engine.connect() as conn:  # a transaction, so the setting ends with it
+    async with kb.retriever._reads.connect() as conn:
+        settings = {"hnsw.ef_search": await kb.retriever._ef_search_for_corpus(conn)}
+        await read_rows(conn, text("SELECT 1"), {}, settings=settings)  # the product's search list, if it differs
         driver = (await conn.get_raw_connection()).driver_connection
-        await driver.execute("SELECT set_config('hnsw.ef_search', %s, true)", (ef_search,))
         for vector in vectors:
             started = timer()
             await (await driver.execute(sql, (vector,))).fetchall()
@@ -366,7 +354,8 @@ async def run_size(
         figures["query_encoder"] = (f"{type(encoder).__name__} {getattr(encoder, 'precision', '')}".strip()
                                     if encoder is not None else "sentence-transformers")
         print(f"  questions embedded by {figures['query_encoder']}")
-        figures["hnsw_ef_search"] = int(await product_ef_search(kb))
+        async with kb.retriever._reads.connect() as conn:
+            figures["hnsw_ef_search"] = int(await kb.retriever._ef_search_for_corpus(conn))
         print(f"  HNSW search list (hnsw.ef_search): {figures['hnsw_ef_search']}")
         queries = corpus.queries(n_queries, [text for text, _ in sample])
         planted = {q: corpus.question_vector(sample[i][1]).tolist()
