@@ -136,8 +136,14 @@ def _driver_sql(statement: TextClause, dialect: Dialect) -> str:
     return str(statement.compile(dialect=dialect))
 
 
-def create_engine(url: str) -> AsyncEngine:
-    engine = create_async_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+def create_engine(url: str, *, autocommit: bool = False) -> AsyncEngine:
+    """The engine for `url`, every connection set up for pgvector (below). `autocommit` makes a pool for read-only
+    statements only, such as the searches': its connections never hold a transaction, and so never roll one back.
+    That matters because psycopg's rollback drops every statement the connection had prepared (and with it a
+    generic plan, see read_rows): on a pool shared with the bot's read-only transactions (conversation memory,
+    channel grants, identities), a search would seldom find its statements prepared."""
+    engine = create_async_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
+                                 **({"isolation_level": "AUTOCOMMIT"} if autocommit else {}))
 
     @event.listens_for(engine.sync_engine, "connect")
     def _configure_pgvector(dbapi_connection, connection_record) -> None:  # type: ignore[no-untyped-def]

@@ -86,11 +86,13 @@ class KnowledgeBase(BotStateMethods):
 
     def __init__(self, engine: AsyncEngine, settings: KnowledgeSettings, embedder: Embedder, url: str) -> None:
         self.engine = engine
+        # Searches read through a pool of their own that never holds a transaction (see db.engine.create_engine).
+        self.search_engine = create_engine(url, autocommit=True)
         self.settings = settings
         self.embedder = embedder
         self.url = url
         self.indexer = Indexer(engine, embedder, settings)
-        self.retriever = Retriever(engine, embedder, settings)
+        self.retriever = Retriever(self.search_engine, embedder, settings)
         self.generator = make_generator(settings)
         self.memory = ConversationMemory(engine, memory_settings(settings, self.generator is not None),
                                          embedder.count_tokens_many, self.generator, settings.text_search_config)
@@ -127,6 +129,7 @@ class KnowledgeBase(BotStateMethods):
     async def close(self) -> None:
         if self.generator is not None:
             await self.generator.close()
+        await self.search_engine.dispose()
         await self.engine.dispose()
 
     @property

@@ -169,10 +169,10 @@ class SearchResults:
 
 class Retriever:
     def __init__(self, engine: AsyncEngine, embedder: Embedder, settings: KnowledgeSettings) -> None:
+        # The searches' own pool, in autocommit (db.engine.create_engine(url, autocommit=True)): a statement is one
+        # round trip, without a BEGIN before it, and no rollback ever drops what psycopg has prepared.
         self.engine = engine
-        # Searches only read: in autocommit a statement is one round trip, without a BEGIN before it and a ROLLBACK
-        # when the connection goes back to the pool.
-        self._reads = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._reads = engine.execution_options(isolation_level="AUTOCOMMIT")  # the same, if given a shared engine
         self.embedder = embedder
         self.settings = settings
         self._query_vectors: dict[str, np.ndarray] = {}

@@ -207,6 +207,7 @@ async def test_start_leaves_nothing_to_load_for_the_first_question(handbook_kb) 
         assert "model" in loaded and ("light" in loaded or unloaded.light is None)
     finally:
         await app.stop()
+        await kb.search_engine.dispose()  # its own pool; the engine is the fixture's
 
 
 async def test_healthz_reports_an_unreachable_database(kb_factory) -> None:

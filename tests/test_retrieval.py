@@ -90,7 +90,7 @@ async def test_the_hnsw_search_list_grows_with_the_corpus_and_the_pool_remembers
             return conn.info.get("hnsw.ef_search"), actual
 
         async with AsyncExitStack() as stack:  # every connection the pool holds (5, and 5 more it may open)
-            connections = [await stack.enter_async_context(fresh_kb.engine.connect()) for _ in range(10)]
+            connections = [await stack.enter_async_context(fresh_kb.search_engine.connect()) for _ in range(10)]
             return [await one(conn) for conn in connections]
 
     hits = (await fresh_kb.search("when does team 7 plan", SearchFilters(), k=5, mode="dense")).hits
@@ -107,6 +107,24 @@ async def test_the_hnsw_search_list_grows_with_the_corpus_and_the_pool_remembers
     pooled = await settings_on_every_pooled_connection()
     assert (str(grown), str(grown)) in pooled
     assert all(remembered == actual for remembered, actual in pooled)
+
+
+async def test_searches_keep_their_prepared_statements_while_the_bot_reads_in_transactions(acl_kb):
+    """psycopg drops every statement a connection had prepared when it rolls a transaction back, and the bot reads
+    conversation memory, channel grants and identities in transactions that end so. Searches keep a pool of their
+    own, so BM25's statement stays prepared (and planned once, see db.engine.read_rows) between questions."""
+    from contextlib import AsyncExitStack
+
+    for _ in range(8):  # psycopg prepares a statement on its fifth run on a connection
+        await acl_kb.search("senior engineer career ladder", SearchFilters(), k=5, mode="lexical")
+    async with AsyncExitStack() as stack:  # a busy bot: read-only transactions on every connection of its pool
+        for _ in range(10):
+            conn = await stack.enter_async_context(acl_kb.engine.connect())
+            await conn.execute(text("SELECT count(*) FROM bot_identities"))
+    async with acl_kb.retriever.engine.connect() as conn:  # the searches' pool: the connection they used
+        prepared = (await conn.execute(text(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%question_terms AS%'"))).scalar_one()
+    assert prepared >= 1
 
 
 async def _read(kb, sql: str):  # type: ignore[no-untyped-def]
