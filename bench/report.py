@@ -257,7 +257,7 @@ def targets_section(results: dict[str, dict | None]) -> str:  # type: ignore[typ
     files, so it is never staler than they are."""
     lines = ["## Targets", "",
              "The issue's targets for this 2-core machine, each against the latest figure in `bench/results/`. "
-             "This machine's speed drifts by 10-15% within a day: compare runs by their speed probes.", "",
+             "This machine's speed drifts within a day (10-15% on the CPU probe, up to 40% on the memory probe): compare runs by their speed probes.", "",
              "| target | figure | bound | met | measured (UTC) |", "|---|---|---|---|---|"]
     for label, name, path, sense, bound in TARGETS:
         node: object = results.get(name) or {}
