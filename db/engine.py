@@ -88,7 +88,7 @@ async def read_rows(
     """The rows of a read-only `statement` (as named tuples: `row.id`), run by psycopg itself on `conn`'s driver
     connection. Why: SQLAlchemy's execute path (its greenlet hops, execution context and result wrapping) costs
     about 0.6 ms of Python a statement, and a search's two statements run on an event loop that shares two cores
-    with the question's embedding and Postgres: going round it, a hybrid search at 100k chunks took 1.3 ms less
+    with the question's embedding and Postgres: going round it, a hybrid search at 100k chunks took about 1 ms less
     CPU and returned the same hits (README, "Speed"). Only for text() statements whose parameters psycopg adapts
     itself (strings, numbers, lists, NumPy vectors, None), as SQLAlchemy would pass them through.
 
