@@ -215,7 +215,8 @@ class Retriever:
     async def _ef_search_for_corpus(self, conn) -> str:  # type: ignore[no-untyped-def]
         """ef_search_for the corpus's size, read at most once a CORPUS_SIZE_TTL_S."""
         if time.monotonic() >= self._ef_search_until:
-            n_chunks = (await conn.execute(_CORPUS_SIZE)).scalar_one_or_none() or 0
+            rows = await read_rows(conn, _CORPUS_SIZE, {})
+            n_chunks = rows[0].n_chunks if rows else 0
             self._ef_search = str(ef_search_for(n_chunks))
             self._ef_search_until = time.monotonic() + CORPUS_SIZE_TTL_S
         return self._ef_search
@@ -226,8 +227,8 @@ class Retriever:
         pgvector stops after hnsw.max_scan_tuples. Only then is the permitted set counted (at most n rows)."""
         if found >= params["n"]:  # type: ignore[operator]
             return False
-        permitted = (await conn.execute(text(_PERMITTED_COUNT_SQL), params)).scalar_one()
-        return permitted > found
+        (permitted,) = await read_rows(conn, _PERMITTED_COUNT, params)
+        return permitted.n > found
 
     @staticmethod
     def _hits(chosen: Sequence[Fused], shown: dict[int, Any]) -> list[SearchHit]:
@@ -332,7 +333,7 @@ _FILTERS_PER_ROW = _FILTERS.replace(
 
 _CORPUS_SIZE = text("SELECT n_chunks FROM corpus_stats WHERE id = 1")
 
-_PERMITTED_COUNT_SQL = "SELECT count(*) FROM (SELECT 1 FROM chunks c WHERE " + _FILTERS + " LIMIT :n) permitted"
+_PERMITTED_COUNT = text("SELECT count(*) AS n FROM (SELECT 1 FROM chunks c WHERE " + _FILTERS + " LIMIT :n) permitted")
 
 _LEXICAL_CTES = """
 question_terms AS (
