@@ -172,7 +172,8 @@ async def database_versions(engine) -> dict[str, str]:  # type: ignore[no-untype
             "SELECT coalesce((SELECT extversion FROM pg_extension WHERE extname = 'vector'), "
             "(SELECT default_version FROM pg_available_extensions WHERE name = 'vector'))"
         ))).scalar()
-    return {"postgres": postgres, "pgvector": pgvector or "?"}
+        shared_buffers = (await conn.execute(text("SHOW shared_buffers"))).scalar_one()  # its buffer cache
+    return {"postgres": postgres, "pgvector": pgvector or "?", "shared_buffers": shared_buffers}
 
 
 def write_results(name: str, figures: dict[str, object], machine: dict[str, object]) -> Path:

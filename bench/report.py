@@ -44,7 +44,8 @@ def _machine(result: dict) -> str:  # type: ignore[type-arg]
     versions = m.get("versions", {})
     return (f"_Measured {result.get('measured_at', '?')} on {m.get('cores')} cores, {m.get('ram_gb')} GB RAM "
             f"({m.get('cpu')}), load average at start {m.get('load_average_at_start')}; Postgres "
-            f"{m.get('postgres')}, pgvector {m.get('pgvector')}, torch {versions.get('torch')}, "
+            f"{m.get('postgres')} (shared_buffers {m.get('shared_buffers', '?')}), pgvector {m.get('pgvector')}, "
+            f"torch {versions.get('torch')}, "
             f"commit {m.get('git_commit')}." + _probes(m) + "_")
 
 

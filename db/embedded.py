@@ -37,19 +37,68 @@ def embedded_database_url(home: Path, *, keep_running: bool = True) -> str:
     return server.get_uri(driver="psycopg")
 
 
-# The embedded server's buffer cache. Postgres ships with 128 MB, in which a search over 100k chunks (about 900 MB
-# of table and indexes) reads most pages through the kernel: measured at 100k chunks (bench/search.py), lexical
-# p50 47 → 27 ms and hybrid p50 67 → 36 ms with 1 GB, on the same loaded machine. A quarter of RAM, at most 1 GB,
-# at least the default. A Postgres given by DATABASE_URL is left as its administrator set it.
-SHARED_BUFFERS_CAP_MB = 1024
+# The embedded server's buffer cache: a quarter of RAM (Postgres' own rule of thumb), at most 8 GB, at least the
+# default 128 MB. A search pages through the HNSW graph, the rows it filters and the text it shows; a page missing
+# from this cache is a system call away in the kernel's cache (when it is lucky). Measured: at 100k chunks (about
+# 900 MB of table and indexes) 1 GB instead of 128 MB took lexical p50 from 47 to 27 ms and hybrid from 67 to 36 ms;
+# at a million chunks (8 GB in all, the graph 1.1 GB) 4 GB instead of 1 GB took hybrid as a 10% reader from 22.2 /
+# 50.9 to 14.2 / 31.2 ms p50 / p95 and as everyone from 18.7 / 32.5 to 12.4 / 25.4 (question vectors cached, server
+# restarted for each setting, alternating; README "Speed"). 8 GB holds a million chunks whole; past that the README
+# advises a Postgres of its own. Memory is only taken as pages are read into it. A Postgres given by DATABASE_URL is
+# left as its administrator set it.
+SHARED_BUFFERS_CAP_MB = 8192
 
 
-def shared_buffers_mb() -> int:
-    try:
-        total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
-    except (ValueError, OSError, AttributeError):
+def shared_buffers_mb(cgroup: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> int:
+    memory_mb = memory_mb_available(cgroup, membership)
+    if memory_mb is None:
         return 128
-    return max(128, min(SHARED_BUFFERS_CAP_MB, total_mb // 4))
+    return max(128, min(SHARED_BUFFERS_CAP_MB, memory_mb // 4))
+
+
+def memory_mb_available(
+    cgroup: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")
+) -> int | None:
+    """The machine's RAM, or this process's container memory limit when that is lower: in a container the machine's
+    RAM is the host's, and a quarter of a 64 GB host in a 2 GB container would get the server killed as its cache
+    fills. None when neither can be read."""
+    try:
+        total_mb: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError, AttributeError):
+        total_mb = None
+    limits = [mb for mb in (total_mb, cgroup_memory_limit_mb(cgroup, membership)) if mb is not None]
+    return min(limits) if limits else None
+
+
+def cgroup_memory_limit_mb(cgroup: Path, membership: Path) -> int | None:
+    """The lowest memory limit on this process's control group and its parents (a limit set on a parent applies
+    too): cgroup v2's `memory.max` ("max" when there is none), v1's `memory.limit_in_bytes` (a number near 2^63
+    when there is none). Groups this process cannot see (a container's view of the host's paths) are skipped; the
+    root of the mount is always looked at, which inside a container is the container's own group."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        lines = ["0::/"]
+    limit_files: list[Path] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            base, name = cgroup, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = cgroup / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        group = base / path.lstrip("/")
+        limit_files.extend(directory / name for directory in (group, *group.parents) if directory.is_relative_to(base))
+    limits = []
+    for limit_file in limit_files:
+        try:
+            value = limit_file.read_text().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            limits.append(int(value) // (1024 * 1024))
+    return min(limits) if limits else None
 
 
 # How the embedded server reads pages that are not in its buffer cache. Postgres 18's default, "worker", hands each

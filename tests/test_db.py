@@ -139,7 +139,7 @@ async def test_upgrading_an_indexed_database_rebuilds_its_vector_index_in_half_p
 
 
 async def test_the_embedded_server_is_configured_for_search(template_db, server_url):
-    """The embedded Postgres is restarted once with shared_buffers = a quarter of RAM (at most 1 GB) instead of
+    """The embedded Postgres is restarted once with shared_buffers = a quarter of RAM (at most 8 GB) instead of
     Postgres' 128 MB, in which a 100k-chunk index does not fit, and with reads done by the backend itself rather
     than handed to IO workers."""
     from db.embedded import shared_buffers_mb
@@ -154,3 +154,35 @@ async def test_the_embedded_server_is_configured_for_search(template_db, server_
         assert io_method == "sync"
     finally:
         await engine.dispose()
+
+
+def test_the_embedded_servers_cache_fits_the_containers_memory_limit(tmp_path):
+    """In a container, RAM as the machine reports it is the host's: the cache is a quarter of the container's memory
+    limit (cgroup v2 or v1, set on the process's group or a parent) when that is lower."""
+    from db.embedded import SHARED_BUFFERS_CAP_MB, memory_mb_available, shared_buffers_mb
+
+    ram_mb = memory_mb_available(tmp_path / "none", tmp_path / "none")  # nothing to read: the machine's RAM
+    assert ram_mb is not None and ram_mb > 2048
+    quarter_of_ram = max(128, min(SHARED_BUFFERS_CAP_MB, ram_mb // 4))
+
+    def group(name: str, membership: str, limits: dict[str, str]):  # type: ignore[no-untyped-def]
+        root = tmp_path / name
+        for path, value in limits.items():
+            (root / "cgroup" / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / "cgroup" / path).write_text(value + "\n")
+        (root / "self-cgroup").write_text(membership + "\n")
+        return root / "cgroup", root / "self-cgroup"
+
+    # Docker with cgroup v2: the container's group is the root of its mount.
+    assert shared_buffers_mb(*group("v2", "0::/", {"memory.max": str(2 * 1024**3)})) == 512
+    # cgroup v2 without a limit.
+    assert shared_buffers_mb(*group("v2-unlimited", "0::/", {"memory.max": "max"})) == quarter_of_ram
+    # cgroup v1: the limit on a parent of the process's group, the group itself unlimited.
+    v1 = group("v1", "9:pids:/\n4:memory:/jobs/bot\n0::/", {
+        "memory/memory.limit_in_bytes": "9223372036854771712",
+        "memory/jobs/memory.limit_in_bytes": str(1024**3),
+        "memory/jobs/bot/memory.limit_in_bytes": "9223372036854771712",
+    })
+    assert shared_buffers_mb(*v1) == 256
+    # A small limit still leaves Postgres its default.
+    assert shared_buffers_mb(*group("small", "0::/", {"memory.max": str(256 * 1024**2)})) == 128
