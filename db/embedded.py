@@ -81,7 +81,10 @@ def cgroup_memory_limit_mb(cgroup: Path, membership: Path) -> int | None:
         lines = ["0::/"]
     limit_files: list[Path] = []
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
         if controllers == "":
             base, name = cgroup, "memory.max"
         elif "memory" in controllers.split(","):

@@ -178,7 +178,7 @@ def test_the_embedded_servers_cache_fits_the_containers_memory_limit(tmp_path):
     # cgroup v2 without a limit.
     assert shared_buffers_mb(*group("v2-unlimited", "0::/", {"memory.max": "max"})) == quarter_of_ram
     # cgroup v1: the limit on a parent of the process's group, the group itself unlimited.
-    v1 = group("v1", "9:pids:/\n4:memory:/jobs/bot\n0::/", {
+    v1 = group("v1", "9:pids:/\n4:memory:/jobs/bot\nnot a cgroup line\n0::/", {
         "memory/memory.limit_in_bytes": "9223372036854771712",
         "memory/jobs/memory.limit_in_bytes": str(1024**3),
         "memory/jobs/bot/memory.limit_in_bytes": "9223372036854771712",
