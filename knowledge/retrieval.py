@@ -109,8 +109,12 @@ TF_TIERS = (32, 23, 16, 11, 8, 6, 5, 4, 3, 2)
 #   1M chunks:   missed 33 / 17 / 5 / 2 times at ef 100 / 200 / 400 / 800; the 10% reader's recall@10 0.71 / 0.80 /
 #                0.89 / 0.92, and that reader's statement was faster at 200-400 than at 100 (its iterative scan needs
 #                fewer rounds).
-# So db.engine.HNSW_EF_SEARCH (200) up to 500,000 chunks, then a chunk count / CHUNKS_PER_EF_SEARCH, at most 800.
-CHUNKS_PER_EF_SEARCH = 2_500
+#   1M chunks, the product's whole hybrid search, once the embedded server's buffer cache held the index (a quarter
+#                of RAM): ef 800 against 400 found 198 against 195 planted answers and declined 2 against 5, for
+#                1.9 ms more p50 (20.1 against 18.2) as everyone and 0.3 ms as a 10% reader.
+# So db.engine.HNSW_EF_SEARCH (200) up to 250,000 chunks, then a chunk count / CHUNKS_PER_EF_SEARCH, at most 800
+# (from a million chunks).
+CHUNKS_PER_EF_SEARCH = 1_250
 MAX_EF_SEARCH = 800
 # How long the corpus size that sets it is trusted before it is read again (one cheap read a minute).
 CORPUS_SIZE_TTL_S = 60.0
