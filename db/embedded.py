@@ -49,16 +49,19 @@ def embedded_database_url(home: Path, *, keep_running: bool = True) -> str:
 SHARED_BUFFERS_CAP_MB = 8192
 
 
-def shared_buffers_mb(cgroup: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> int:
+# Where Linux shows control groups, and which ones this process belongs to (read for the container's memory limit).
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_MEMBERSHIP = Path("/proc/self/cgroup")
+
+
+def shared_buffers_mb(cgroup: Path = CGROUP_ROOT, membership: Path = CGROUP_MEMBERSHIP) -> int:
     memory_mb = memory_mb_available(cgroup, membership)
     if memory_mb is None:
         return 128
     return max(128, min(SHARED_BUFFERS_CAP_MB, memory_mb // 4))
 
 
-def memory_mb_available(
-    cgroup: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")
-) -> int | None:
+def memory_mb_available(cgroup: Path = CGROUP_ROOT, membership: Path = CGROUP_MEMBERSHIP) -> int | None:
     """The machine's RAM, or this process's container memory limit when that is lower: in a container the machine's
     RAM is the host's, and a quarter of a 64 GB host in a 2 GB container would get the server killed as its cache
     fills. None when neither can be read."""
