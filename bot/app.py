@@ -64,11 +64,11 @@ def configured_adapters(context: BotContext) -> list[Adapter]:
     adapters: list[Adapter] = []
     platforms = context.settings.chat_platforms
     if "slack" in platforms:
-        from bot.slack import SlackAdapter
+        from bot.slack.adapter import SlackAdapter
 
         adapters.append(SlackAdapter(context))
     if "discord" in platforms:
-        from bot.discord_bot import DiscordAdapter  # issue 7
+        from bot.discord.adapter import DiscordAdapter  # issue 7
 
         adapters.append(DiscordAdapter(context))
     return adapters
@@ -166,7 +166,7 @@ def build_app(
     (a deployment that runs `ragbot scheduler` as its own process)."""
     app = BotApp(settings, knowledge_settings, database_settings)
     if settings.run_scheduler:
-        from knowledge.scheduler import SchedulerService
+        from knowledge.ingest.schedule import SchedulerService
 
         app.services.append(SchedulerService(lambda: app.kb))  # type: ignore[arg-type, return-value]
     return app
@@ -180,7 +180,7 @@ def run(settings: BotSettings | None = None, runner: Callable[..., object] | Non
 
     settings = settings or BotSettings()
     if not settings.chat_platforms:
-        from bot.cli import chat
+        from bot.cli.main import chat
 
         chat(principals=None, sources=None)
         return

@@ -1,7 +1,7 @@
 """Typed errors the knowledge core raises.
 
 Their messages describe the problem in plain words and never name a CLI flag: the same errors are shown in the
-terminal, in Slack and in Discord. Each surface adds its own wording (the CLI's lives in bot/cli.py).
+terminal, in Slack and in Discord. Each surface adds its own wording (the CLI's lives in bot/cli/main.py).
 """
 
 from __future__ import annotations
