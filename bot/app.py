@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from aiohttp import web
 
+from bot.context import BotContext
 from bot.server import BotMetrics, build_web_app, start_web_server
 from bot.settings import BotSettings
 
@@ -48,15 +49,6 @@ class Service(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
-
-
-@dataclass
-class BotContext:
-    """What every adapter gets: built once, shared."""
-
-    kb: "KnowledgeBase"
-    settings: BotSettings
-    metrics: BotMetrics
 
 
 def configured_adapters(context: BotContext) -> list[Adapter]:

@@ -1,9 +1,9 @@
 """The Discord adapter: `/ask`, `@ragbot` mentions answered in threads, DMs, `/kb` admin commands, 👍/👎 feedback.
 
 discord.py does the platform work (gateway, slash command tree, rate limits, persistent components); this module
-turns Discord events into question + audience + conversation, calls `KnowledgeBase.answer`, and renders the answer
-within Discord's limits. Who may see what, the admin actions, feedback storage and text splitting are the
-platform-neutral parts in `bot/chat/access.py`, `bot/chat/admin.py`, `bot/chat/feedback.py` and `bot/chat/render.py`, shared with Slack.
+turns Discord events into an `Ask` for the shared chat flow (`bot.chat.flow`) and renders the answer within
+Discord's limits (`ProgressiveReply` is the flow's `Reply`). Claiming events, audiences, the answer itself, errors,
+admin actions and feedback are the flow's, shared with Slack.
 
 Audiences (Discord has no email, so a person's documents come from the identity map an admin maintains):
 - a shared channel, a thread in it, or `/ask` there: `everyone` plus the principals granted to that channel;
@@ -15,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import secrets
 import shlex
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
@@ -25,14 +23,16 @@ import discord
 import yarl
 from discord import app_commands
 
-from bot.chat import access, admin, feedback
+from bot.chat import access, admin
+from bot.chat.errors import new_error_id
+from bot.chat.flow import Ask, ChatFlow, OnText
 from bot.chat.render import SourceEntry, sources_list, split_text
+from bot.chat.sanitize import quote_safe
 from bot.settings import BotSettings
 from knowledge.answer.memory import ChatMessage
-from bot.chat.sanitize import quote_safe
 
 if TYPE_CHECKING:
-    from bot.app import BotContext
+    from bot.context import BotContext
     from bot.server import BotMetrics
     from knowledge.answer.answering import Answer
     from knowledge.kb import KnowledgeBase
@@ -64,14 +64,6 @@ def configure_gateway_url(url: str | None) -> None:
     the class attribute `DiscordWebSocket.DEFAULT_GATEWAY`, without asking the REST API)."""
     if url:
         discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(url)
-
-
-def new_error_id() -> str:
-    return secrets.token_hex(4)
-
-
-def apology(error_id: str) -> str:
-    return f"Sorry, something went wrong while answering. Please try again (error id `{error_id}`)."
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------------
@@ -219,12 +211,23 @@ class ProgressiveReply:
         self._done = False
         self._task: asyncio.Task[None] | None = None
         self.message: Any = None
-        self.first_text_at: float | None = None
+
+    # The chat flow's `Reply`: the text is shown as it streams, then replaced by the final answer.
+
+    async def begin(self) -> None:
+        return None
+
+    async def open(self) -> OnText:
+        return self.on_text
+
+    async def end(self) -> None:
+        return None
+
+    async def deliver(self, answer: "Answer", answer_id: int) -> None:
+        await self.finish(render_answer(answer), feedback_view(answer_id))
 
     async def on_text(self, delta: str) -> None:
         self._text += delta
-        if self.first_text_at is None:
-            self.first_text_at = time.perf_counter()
         self._changed.set()
         if self._task is None:
             self._task = asyncio.create_task(self._show_loop(), name="ragbot-discord-stream")
@@ -293,6 +296,7 @@ class RagbotDiscord(discord.Client):
         self.kb = kb
         self.settings = settings
         self.metrics = metrics
+        self.flow = ChatFlow(kb, PLATFORM, metrics)
         self.tree = app_commands.CommandTree(self)
         self.tree.on_error = self._on_command_error  # type: ignore[method-assign]
         self.background: set[asyncio.Task[Any]] = set()  # reindex jobs still running
@@ -341,44 +345,15 @@ class RagbotDiscord(discord.Client):
 
     # ---- answering ------------------------------------------------------------------------------------------------
 
-    def _count(self, what: str, *labels: str) -> None:
-        if self.metrics is not None:
-            getattr(self.metrics, what).labels(PLATFORM, *labels).inc()
-
-    async def answer_into(self, send: Send, question: str, audience: access.Audience, conversation_id: str,
-                          prior: Sequence[Any] | None = None) -> "Answer | None":
-        """Answer `question` for `audience` and post it through `send`: progressively while Claude writes, then
-        the final answer split within Discord's limits, its sources and 👍/👎 buttons. A failure anywhere becomes
-        a short message with an error id (the same id is in the log with the traceback)."""
-        started = time.perf_counter()
-        self._count("questions")
+    async def answer_into(self, send: Send, question: str, audience: "Callable[[], Awaitable[access.Audience]]",
+                          conversation_id: str, asker: str,
+                          history: "Callable[[], Awaitable[list[ChatMessage]]] | None" = None) -> "Answer | None":
+        """Answer `question` through the shared chat flow and post it through `send`: progressively while Claude
+        writes, then the final answer split within Discord's limits, its sources and 👍/👎 buttons. A failure
+        anywhere becomes a short message with an error id (the same id is in the log with the traceback)."""
         reply = ProgressiveReply(send, self.settings.discord_edit_interval_seconds)
-        stage = "answer"
-        try:
-            answer = await self.kb.answer(
-                question, list(audience.principals), conversation_id, asker=audience.asker,
-                prior_messages=prior or None, on_text=reply.on_text,
-            )
-            stage = "post"
-            answer_id = await feedback.remember_answer(
-                self.kb, platform=PLATFORM, conversation_id=conversation_id, asker=audience.asker,
-                question=question, answer=answer,
-            )
-            await reply.finish(render_answer(answer), feedback_view(answer_id))
-        except Exception:
-            error_id = new_error_id()
-            logger.exception("discord: answering failed at %s (error id %s)", stage, error_id)
-            self._count("errors", stage)
-            try:
-                await reply.fail(apology(error_id))
-            except Exception:
-                logger.exception("discord: could not post the apology for error id %s", error_id)
-            return None
-        if self.metrics is not None:
-            self.metrics.observe_answer(PLATFORM, answer, time.perf_counter() - started)
-            if reply.first_text_at is not None:
-                self.metrics.stage_seconds.labels("first_text").observe(reply.first_text_at - started)
-        return answer
+        ask = Ask(question, conversation_id, asker, audience, history)
+        return await self.flow.answer(ask, reply)
 
     def question_from(self, message: discord.Message) -> str:
         """The message text without the bot's mention (`<@id>` or `<@!id>`)."""
@@ -388,10 +363,7 @@ class RagbotDiscord(discord.Client):
     async def claim(self, message: discord.Message) -> bool:
         """True the first time: a replayed gateway event or a second replica of the bot never answers twice.
         Only messages the bot acts on are recorded (with the Message Content intent it sees every message)."""
-        if await self.kb.claim_event(f"{PLATFORM}:message:{message.id}"):
-            return True
-        self._count("duplicate_events")
-        return False
+        return await self.flow.claim(f"{PLATFORM}:message:{message.id}")
 
     async def on_message(self, message: discord.Message) -> None:
         if message.author.bot or self.user is None or message.author.id == self.user.id:
@@ -402,8 +374,8 @@ class RagbotDiscord(discord.Client):
         mentioned = any(user.id == self.user.id for user in message.mentions)  # not via @everyone
         if message.guild is None:  # a DM: answered as the asker
             if question and await self.claim(message):
-                audience = await self.private_audience(message.author)
-                await self.answer_into(message.channel.send, question, audience, f"{PLATFORM}:dm:{message.channel.id}")
+                await self.answer_into(message.channel.send, question, lambda: self.private_audience(message.author),
+                                       f"{PLATFORM}:dm:{message.channel.id}", self.identity(message.author))
             return
         guild_id, channel = message.guild.id, message.channel
         # A thread (or a channel discord.py has not cached, which may be one): replies there are follow-ups when
@@ -412,13 +384,15 @@ class RagbotDiscord(discord.Client):
             if not question:
                 return
             conversation = f"{PLATFORM}:{guild_id}:{channel.id}"
-            followup = await self.kb.bot_answered_in(conversation)
+            followup = await self.flow.answered_in(conversation)
             if not (mentioned or followup) or not await self.claim(message):
                 return
             parent = channel.parent_id if isinstance(channel, discord.Thread) else None
-            audience = await self.shared_audience(message.author, guild_id, parent or channel.id)
-            prior = None if followup else await self.thread_history(channel, before=message)
-            await self.answer_into(channel.send, question, audience, conversation, prior)
+            await self.answer_into(
+                channel.send, question, lambda: self.shared_audience(message.author, guild_id, parent or channel.id),
+                conversation, self.identity(message.author),
+                None if followup else (lambda: self.thread_history(channel, before=message)),
+            )
             return
         if not mentioned or not await self.claim(message):
             return
@@ -431,12 +405,12 @@ class RagbotDiscord(discord.Client):
         except discord.HTTPException:
             error_id = new_error_id()
             logger.exception("discord: could not open a thread (error id %s)", error_id)
-            self._count("errors", "thread")
+            self.flow.count("errors", "thread")
             await message.reply("I couldn't open a thread for the answer here: do I have the Create Public Threads "
                                 f"permission in this channel? (error id `{error_id}`)", allowed_mentions=NO_PINGS)
             return
-        audience = await self.shared_audience(message.author, guild_id, channel.id)
-        await self.answer_into(thread.send, question, audience, f"{PLATFORM}:{guild_id}:{thread.id}")
+        await self.answer_into(thread.send, question, lambda: self.shared_audience(message.author, guild_id, channel.id),
+                               f"{PLATFORM}:{guild_id}:{thread.id}", self.identity(message.author))
 
     async def thread_history(self, thread: Any, before: discord.Message) -> list[ChatMessage]:
         """The messages of a thread the bot is mentioned in for the first time, oldest first, as history."""
@@ -452,17 +426,7 @@ class RagbotDiscord(discord.Client):
     # ---- feedback -----------------------------------------------------------------------------------------------
 
     async def record_feedback(self, interaction: discord.Interaction, answer_id: int, vote: str) -> None:
-        try:
-            ack = await feedback.record_click(self.kb, answer_id, self.identity(interaction.user), vote)  # type: ignore[arg-type]
-        except Exception:
-            error_id = new_error_id()
-            logger.exception("discord: storing feedback failed (error id %s)", error_id)
-            self._count("errors", "feedback")
-            await interaction.response.send_message(f"Sorry, I couldn't save that (error id `{error_id}`).",
-                                                    ephemeral=True)
-            return
-        if ack.stored is not None:
-            self._count("feedback", vote)
+        ack = await self.flow.feedback(answer_id, self.identity(interaction.user), vote)  # type: ignore[arg-type]
         await interaction.response.send_message(ack.text, ephemeral=True, allowed_mentions=NO_PINGS)
 
     # ---- errors -------------------------------------------------------------------------------------------------
@@ -473,10 +437,7 @@ class RagbotDiscord(discord.Client):
             command = interaction.command.qualified_name if interaction.command else "kb"
             text = ADMIN_REFUSAL.format(command=command)
         else:
-            error_id = new_error_id()
-            logger.error("discord: command failed (error id %s)", error_id, exc_info=error)
-            self._count("errors", "command")
-            text = f"Sorry, that failed (error id `{error_id}`)."
+            text = self.flow.failure("command", error, doing="running that command")
         if interaction.response.is_done():
             await interaction.followup.send(text, ephemeral=True, allowed_mentions=NO_PINGS)
         else:
@@ -519,15 +480,15 @@ def _register_commands(bot: RagbotDiscord) -> None:
     async def ask(interaction: discord.Interaction, question: str, private: bool = False) -> None:
         await interaction.response.defer(thinking=True, ephemeral=private)  # first, within Discord's 3 seconds
         conversation = f"{PLATFORM}:{interaction.guild_id or 'dm'}:{interaction.channel_id}:ask:{interaction.id}"
-        if private or interaction.guild_id is None:
-            audience = await bot.private_audience(interaction.user)
-        else:
-            audience = await bot.shared_audience(interaction.user, interaction.guild_id, interaction.channel_id or 0)
+        async def audience() -> access.Audience:
+            if private or interaction.guild_id is None:
+                return await bot.private_audience(interaction.user)
+            return await bot.shared_audience(interaction.user, interaction.guild_id, interaction.channel_id or 0)
 
         async def send(**kwargs: Any) -> Any:
             return await interaction.followup.send(wait=True, ephemeral=private, **kwargs)
 
-        await bot.answer_into(send, question, audience, conversation)
+        await bot.answer_into(send, question, audience, conversation, bot.identity(interaction.user))
 
     kb = app_commands.Group(name="kb", description="Knowledge base administration (admins)",
                             default_permissions=discord.Permissions(manage_guild=True))
@@ -542,7 +503,7 @@ def _register_commands(bot: RagbotDiscord) -> None:
                               _interaction_channel_key(interaction))
         if defer:
             await interaction.response.defer(ephemeral=True, thinking=True)
-        result = await admin.run_command(bot.kb, shlex.join(words), caller)
+        result = await bot.flow.command(shlex.join(words), caller)
         pieces = split_text(result.text, MESSAGE_LIMIT) or ["Done."]
         if not interaction.response.is_done():
             await interaction.response.send_message(pieces.pop(0), ephemeral=True, allowed_mentions=NO_PINGS)
@@ -553,7 +514,7 @@ def _register_commands(bot: RagbotDiscord) -> None:
 
             async def report() -> None:
                 try:
-                    for piece in split_text(await job(), MESSAGE_LIMIT):
+                    for piece in split_text(await bot.flow.followup(job), MESSAGE_LIMIT):
                         await interaction.followup.send(piece, ephemeral=True, allowed_mentions=NO_PINGS)
                 except Exception:  # e.g. the interaction's 15 minutes ran out during a long sync
                     logger.exception("discord: could not report the result of /kb %s", " ".join(words))

@@ -1,10 +1,10 @@
 """The Slack adapter: slack-bolt's AsyncApp in HTTP mode (POST /slack/events on PORT, signed requests) or Socket
 Mode (SLACK_APP_TOKEN).
 
-A question walks: Slack event → claim it in Postgres (exactly once) → who will read the answer (`bot.chat.access`) →
-`KnowledgeBase.answer` → the answer streamed into the thread (Claude) or a placeholder replaced by it → Sources
-list and feedback buttons. What is Slack-specific lives here and in `bot/slack/format.py`; the rest is shared with
-the Discord bot (`bot/chat/access.py`, `bot/chat/admin.py`, `bot/chat/feedback.py`, `bot/chat/render.py`).
+A Slack event becomes an `Ask` for the shared chat flow (`bot.chat.flow`: claim → audience → history → answer →
+deliver, errors, `/kb`, feedback); `SlackReply` is the flow's `Reply` for Slack: the answer streamed into the thread
+(Claude) or a placeholder replaced by it, then the Sources list and feedback buttons. What is Slack-specific lives
+here and in `bot/slack/format.py`.
 
 Events handled: `app_mention` (answer in the thread, starting one under the mention), `message.im` (answer in the
 DM), replies in a thread the bot already answered in (a follow-up without a re-mention, `SLACK_THREAD_FOLLOWUPS`),
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -33,7 +32,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.chat import admin
 from bot.chat.access import Audience, private_audience, shared_audience
-from bot.chat.feedback import parse_button_value, record_click, remember_answer
+from bot.chat.errors import new_error_id
+from bot.chat.feedback import parse_button_value
+from bot.chat.flow import Ask, ChatFlow, OnText
 from bot.chat.render import sources_list
 from knowledge.answer.memory import ChatMessage
 from bot.slack.format import (
@@ -42,7 +43,7 @@ from bot.slack.format import (
 )
 
 if TYPE_CHECKING:
-    from bot.app import BotContext
+    from bot.context import BotContext
     from knowledge.answer.answering import Answer
 
 logger = logging.getLogger(__name__)
@@ -59,15 +60,6 @@ SUGGESTED_PROMPTS = [
 NOTE_OFFLINE = "Composed answers are unavailable right now, so these are excerpts from the documents."
 STATUS_SEARCHING = "is searching the documents…"
 PRIOR_MESSAGES_LIMIT = 30
-
-
-def error_id() -> str:
-    return uuid.uuid4().hex[:10]
-
-
-def apology(reference: str) -> str:
-    return (f"Sorry, something went wrong while answering (error id `{reference}`). Please try again in a moment; "
-            "whoever runs ragbot can find this id in its logs.")
 
 
 @dataclass(frozen=True)
@@ -135,6 +127,7 @@ class SlackAdapter:
         self.kb = context.kb
         self.settings = context.settings
         self.metrics = context.metrics
+        self.flow = ChatFlow(self.kb, PLATFORM, self.metrics)
         token = self.settings.slack_bot_token.get_secret_value() if self.settings.slack_bot_token else None
         self.client = client or AsyncWebClient(
             token=token,
@@ -193,7 +186,7 @@ class SlackAdapter:
             bolt_request = await to_bolt_request(request)
             bolt_response = await self.app.async_dispatch(bolt_request)
         except Exception:
-            reference = error_id()
+            reference = new_error_id()
             logger.exception("Slack: could not handle a request (error id %s)", reference)
             return web.json_response({"error": "malformed request", "error_id": reference}, status=400,
                                      headers={"X-Slack-No-Retry": "1"})
@@ -266,7 +259,7 @@ class SlackAdapter:
                 or (self.bot_user_id and f"<@{self.bot_user_id}" in text)):  # a mention arrives as app_mention
             return
         where = Where(self._team(body, event), event["channel"], thread_ts, event["ts"], event["user"], private=False)
-        if not await self.kb.bot_answered_in(where.conversation_id):
+        if not await self.flow.answered_in(where.conversation_id):
             return
         await self._question(body, event, where)
 
@@ -293,78 +286,26 @@ class SlackAdapter:
             keys.append(f"slack:event:{body['event_id']}")
         if event is not None:
             keys.append(f"slack:msg:{self._team(body, event)}:{event['channel']}:{event['ts']}")
-        for key in keys:
-            if not await self.kb.claim_event(key):
-                self.metrics.duplicate_events.labels(PLATFORM).inc()
-                logger.info("Slack: ignoring duplicate delivery %s", key)
-                return False
-        return bool(keys)
+        return await self.flow.claim(*keys)
 
     # Answering.
 
     async def _question(self, body: dict[str, Any], event: dict[str, Any], where: Where, mid_thread: bool = False) -> None:
+        reply = SlackReply(self, where)
         try:
             if not await self._claim(body, event):
                 return
         except Exception as exc:  # the database is down: say so rather than stay silent
-            reference = error_id()
-            logger.error("Slack: could not record event (error id %s): %s", reference, exc, exc_info=exc)
-            self.metrics.errors.labels(PLATFORM, "claim").inc()
-            await self._show_apology(where, reference, None, None)
+            await reply.fail(self.flow.failure("claim", exc, where=where.conversation_id))
             return
         question = question_text(event.get("text") or "", self.bot_user_id)
         if not question:
             await self._post(where, SlackMessage("Ask me a question about your documents, e.g. "
                                                  "_How many vacation days do I get?_"))
             return
-        self.metrics.questions.labels(PLATFORM).inc()
-        started = time.perf_counter()
-        placeholder_ts: str | None = None
-        stream: _AnswerStream | None = None
-        try:
-            if where.assistant:
-                await self._set_status(where, STATUS_SEARCHING)
-            audience = await self._audience(where)
-            prior = await self._prior_messages(where, event) if mid_thread else None
-            streaming = (self.settings.slack_stream_answers and where.thread_ts is not None
-                         and self.kb.answer_mode == "llm")
-            if streaming:
-                stream = _AnswerStream(self, where)
-            else:
-                placeholder_ts = await self._post(where, SlackMessage(PLACEHOLDER))
-            answer = await self._answer(question, audience, where, prior, stream.on_text if stream else None)
-            if stream is not None and stream.refused and placeholder_ts is None:
-                placeholder_ts = stream.placeholder_ts
-        except Exception as exc:
-            reference = error_id()
-            logger.error("Slack: answering failed (error id %s) in %s: %s", reference, where.conversation_id,
-                         exc, exc_info=exc)
-            self.metrics.errors.labels(PLATFORM, "answer").inc()
-            await self._show_apology(where, reference, placeholder_ts, stream)
-            return
-        finally:
-            if where.assistant:
-                await self._set_status(where, "")
-        try:
-            answer_id = await remember_answer(self.kb, platform=PLATFORM, conversation_id=where.conversation_id,
-                                              asker=f"slack:{where.user}", question=question, answer=answer)
-            sources = sources_list(answer.citations)
-            note = NOTE_OFFLINE if answer.note else None
-            if stream is not None and stream.started:
-                await stream.finish(answer, sources, answer_id, note)
-            else:
-                await self._deliver(where, answer_messages(answer.text, sources, answer_id, note), placeholder_ts)
-            self.metrics.observe_answer(PLATFORM, answer, time.perf_counter() - started)
-        except Exception as exc:
-            reference = error_id()
-            logger.error("Slack: posting the answer failed (error id %s): %s", reference, exc, exc_info=exc)
-            self.metrics.errors.labels(PLATFORM, "post").inc()
-            await self._show_apology(where, reference, placeholder_ts, stream)
-
-    async def _answer(self, question: str, audience: Audience, where: Where, prior: list[ChatMessage] | None,
-                      on_text: Callable[[str], Awaitable[None]] | None) -> "Answer":
-        return await self.kb.answer(question, audience.principals, where.conversation_id, asker=f"slack:{where.user}",
-                                    prior_messages=prior, on_text=on_text)
+        history = (lambda: self._prior_messages(where, event)) if mid_thread else None
+        ask = Ask(question, where.conversation_id, f"slack:{where.user}", lambda: self._audience(where), history)
+        await self.flow.answer(ask, reply)
 
     async def _audience(self, where: Where) -> Audience:
         identity = f"slack:{where.user}"
@@ -375,7 +316,7 @@ class SlackAdapter:
 
     async def _prior_messages(self, where: Where, event: dict[str, Any]) -> list[ChatMessage] | None:
         """Mentioned mid-thread: the thread's earlier messages (which the bot never saw) become the history."""
-        if await self.kb.bot_answered_in(where.conversation_id):
+        if await self.flow.answered_in(where.conversation_id):
             return None
         try:
             response = await self.client.conversations_replies(channel=where.channel, ts=where.thread_ts,
@@ -413,20 +354,6 @@ class SlackAdapter:
         for message in rest:
             await self._post(where, message)
 
-    async def _show_apology(self, where: Where, reference: str, placeholder_ts: str | None,
-                            stream: "_AnswerStream | None") -> None:
-        text = apology(reference)
-        try:
-            if stream is not None and stream.started:
-                await stream.abort(text)
-            elif placeholder_ts or (stream is not None and stream.placeholder_ts):
-                await self.client.chat_update(channel=where.channel, ts=placeholder_ts or stream.placeholder_ts,  # type: ignore[union-attr]
-                                              text=text, blocks=[])
-            else:
-                await self._post(where, SlackMessage(text))
-        except SlackClientError:
-            logger.exception("Slack: could not even post the apology (error id %s)", reference)
-
     async def _set_status(self, where: Where, status: str) -> None:
         try:
             await self.client.assistant_threads_setStatus(channel_id=where.channel, thread_ts=where.thread_ts,
@@ -444,25 +371,13 @@ class SlackAdapter:
         is_admin = bool(user and user.is_admin) or self.settings.is_listed_admin(PLATFORM, user_id)
         caller = admin.Caller(f"slack:{user_id}", is_admin,
                               channel_key=None if channel.startswith("D") or not channel else f"slack:{team}:{channel}")
-        try:
-            result = await admin.run_command(self.kb, command.get("text") or "", caller)
-        except Exception as exc:
-            reference = error_id()
-            logger.error("Slack: /kb %s failed (error id %s)", command.get("text"), reference, exc_info=exc)
-            self.metrics.errors.labels(PLATFORM, "command").inc()
-            await ack(response_type="ephemeral", text=apology(reference))
-            return
+        result = await self.flow.command(command.get("text") or "", caller)
         await ack(response_type="ephemeral", text=to_mrkdwn(result.text))
         if result.followup is not None:
             self._spawn(self._run_followup(result.followup, respond, channel, user_id))
 
     async def _run_followup(self, job: Callable[[], Awaitable[str]], respond: Any, channel: str, user_id: str) -> None:
-        try:
-            text = await job()
-        except Exception as exc:
-            reference = error_id()
-            logger.error("Slack: /kb job failed (error id %s)", reference, exc_info=exc)
-            text = apology(reference)
+        text = await self.flow.followup(job)
         try:
             await respond(response_type="ephemeral", text=to_mrkdwn(text), replace_original=False)
         except Exception:  # the response_url lasts 30 minutes: fall back to an ephemeral message
@@ -475,9 +390,7 @@ class SlackAdapter:
         if parsed is None or not user_id:
             return
         rating, answer_id = parsed
-        result = await record_click(self.kb, answer_id, f"slack:{user_id}", rating)
-        if result.stored is not None:
-            self.metrics.feedback.labels(PLATFORM, rating).inc()
+        result = await self.flow.feedback(answer_id, f"slack:{user_id}", rating)
         channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id")
         message = body.get("message") or {}
         if channel:
@@ -486,6 +399,59 @@ class SlackAdapter:
                                                      thread_ts=message.get("thread_ts") or message.get("ts"))
             except SlackClientError as exc:
                 logger.info("Slack: could not acknowledge feedback: %s", exc)
+
+
+class SlackReply:
+    """The chat flow's `Reply` for Slack: an assistant-thread status while searching, then the answer streamed into
+    the thread (Claude, SLACK_STREAM_ANSWERS) or a placeholder that the answer replaces; an apology replaces
+    whichever of them was posted."""
+
+    def __init__(self, adapter: "SlackAdapter", where: Where) -> None:
+        self.adapter = adapter
+        self.where = where
+        self.placeholder_ts: str | None = None
+        self.stream: _AnswerStream | None = None
+
+    async def begin(self) -> None:
+        if self.where.assistant:
+            await self.adapter._set_status(self.where, STATUS_SEARCHING)
+
+    async def open(self) -> OnText | None:
+        streaming = (self.adapter.settings.slack_stream_answers and self.where.thread_ts is not None
+                     and self.adapter.kb.answer_mode == "llm")
+        if streaming:
+            self.stream = _AnswerStream(self.adapter, self.where)
+            return self.stream.on_text
+        self.placeholder_ts = await self.adapter._post(self.where, SlackMessage(PLACEHOLDER))
+        return None
+
+    async def end(self) -> None:
+        if self.stream is not None and self.stream.refused and self.placeholder_ts is None:
+            self.placeholder_ts = self.stream.placeholder_ts
+        if self.where.assistant:
+            await self.adapter._set_status(self.where, "")
+
+    async def deliver(self, answer: "Answer", answer_id: int) -> None:
+        sources = sources_list(answer.citations)
+        note = NOTE_OFFLINE if answer.note else None
+        if self.stream is not None and self.stream.started:
+            await self.stream.finish(answer, sources, answer_id, note)
+        else:
+            await self.adapter._deliver(self.where, answer_messages(answer.text, sources, answer_id, note),
+                                        self.placeholder_ts)
+
+    async def fail(self, text: str) -> None:
+        stream, client, where = self.stream, self.adapter.client, self.where
+        try:
+            if stream is not None and stream.started:
+                await stream.abort(text)
+            elif self.placeholder_ts or (stream is not None and stream.placeholder_ts):
+                await client.chat_update(channel=where.channel, ts=self.placeholder_ts or stream.placeholder_ts,  # type: ignore[union-attr]
+                                         text=text, blocks=[])
+            else:
+                await self.adapter._post(where, SlackMessage(text))
+        except SlackClientError:
+            logger.exception("Slack: could not even post the apology")
 
 
 class _AnswerStream:
