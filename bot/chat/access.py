@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-EVERYONE = "everyone"
+from knowledge.access import EVERYONE
 
 
 class BotStateReader(Protocol):

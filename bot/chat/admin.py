@@ -14,8 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-from bot.chat.state import InvalidPrincipal
-from knowledge.errors import KnowledgeError
+from knowledge.errors import InvalidPrincipal, KnowledgeError
 
 if TYPE_CHECKING:
     from knowledge.kb import KnowledgeBase

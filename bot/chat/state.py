@@ -16,25 +16,9 @@ from typing import Literal, Sequence
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from knowledge.access import InvalidPrincipal, check_principal
+
 Rating = Literal["up", "down"]
-
-# A principal as documents carry them: `everyone`, or `kind:value` (user:a@example.com, group:eng, role:hr).
-_PRINCIPAL = re.compile(r"^(everyone|[a-z][a-z0-9_-]*:\S+)$")
-
-
-class InvalidPrincipal(ValueError):
-    pass
-
-
-def check_principal(principal: str) -> str:
-    """The principal, stripped; a clear error for anything that could never match a document's access list."""
-    principal = principal.strip()
-    if not _PRINCIPAL.match(principal):
-        raise InvalidPrincipal(
-            f"{principal!r} is not a principal: use everyone, user:<email>, group:<name> (kind:value, no spaces)"
-        )
-    return principal
-
 
 @dataclass(frozen=True)
 class ChannelGrant:

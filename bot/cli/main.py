@@ -315,13 +315,12 @@ def status(as_json: JsonOption = False) -> None:
         render_status(result)
 
 
-@app.command("remove-source")
+@app.command("remove-source", hidden=True)
 def remove_source(name: Annotated[str, typer.Argument(help="The source to forget.")]) -> None:
-    """Remove a source and everything indexed from it (the files themselves are not touched)."""
-    removed = with_kb(lambda kb: kb.remove_source(name))
-    from bot.cli.terminal import shown
+    """The old spelling of `ragbot source remove NAME`, kept hidden so existing scripts keep working."""
+    from bot.cli.sources import remove
 
-    console.print(f"Removed source {shown(name)} and its {removed} documents.")
+    remove(name)
 
 
 @app.command()

@@ -16,6 +16,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
+from knowledge.errors import EmbeddingModelError
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -43,10 +45,6 @@ def resolve_model_path(name: str) -> str:
 
 def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-class EmbeddingModelError(RuntimeError):
-    pass
 
 
 class Embedder:

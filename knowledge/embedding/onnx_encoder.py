@@ -32,6 +32,7 @@ from typing import Literal
 import numpy as np
 
 from knowledge.embedding.numpy_encoder import BertTextEncoder, mean_pooled
+from knowledge.errors import OnnxBuildError
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +44,6 @@ PRECISIONS: tuple[Precision, ...] = ("fp32", "int8")
 CHECK_TEXT = "How many PTO days do I get in my first year?"
 CHECK_MIN_COSINE = 0.9999
 OPSET = 17
-
-
-class OnnxBuildError(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)

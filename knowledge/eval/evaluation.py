@@ -25,6 +25,7 @@ from typing import Iterable, Sequence
 
 from knowledge.eval.judging import AnswerJudge, Judgement, JudgeError
 from knowledge.answer.memory import ChatMessage
+from knowledge.errors import EvalFileError
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@100", "precision@5", "recall@10")
@@ -40,10 +41,6 @@ class EvalQuestion:
     kind: str = ""  # free-form label from the file, e.g. "paraphrased", "off_topic", "near_miss"
     history: tuple[ChatMessage, ...] = ()  # the conversation before the question, oldest first
     facts: tuple[str, ...] = ()  # what a right answer must state, e.g. ("15 days",): scored by `--answers`
-
-
-class EvalFileError(ValueError):
-    pass
 
 
 def load_jsonl_questions(path: Path) -> list[EvalQuestion]:

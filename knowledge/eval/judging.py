@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from knowledge.errors import JudgeError
 from knowledge.settings import KnowledgeSettings
 
 JUDGE_SYSTEM = """You grade one answer of a question-answering assistant that must answer only from the given \
@@ -33,10 +34,6 @@ Reply with one JSON object and nothing else:
 
 A claim is supported only if a passage states it or it follows directly from one. Citation markers like [1] are \
 not claims. If the answer makes no factual claim, "claims" is []."""
-
-
-class JudgeError(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)

@@ -15,18 +15,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from knowledge.errors import CorruptDocument, UnsupportedFormat
+
 # pypdf logs every oddity of a damaged file; the sync reports unreadable files itself.
 logging.getLogger("pypdf").setLevel(logging.ERROR)
 
 SUPPORTED_SUFFIXES = (".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".docx", ".csv", ".xlsx")
-
-
-class UnsupportedFormat(ValueError):
-    """The file's type is not one ragbot reads."""
-
-
-class CorruptDocument(ValueError):
-    """The file claims a supported type but could not be read."""
 
 
 @dataclass(frozen=True)

@@ -480,7 +480,7 @@ class Indexer:
             # An empty listing is far more often an unmounted drive or a wrong path than a deliberate purge.
             report.warnings.append(
                 f"the listing is empty, so none of the {len(in_scope)} indexed documents were deleted; "
-                f"check the path, or run `ragbot remove-source {source.spec.name}` to drop it on purpose"
+                f"check the path, or run `ragbot source remove {source.spec.name}` to drop it on purpose"
             )
             return
         if "" not in unlisted:

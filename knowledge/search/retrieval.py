@@ -33,7 +33,7 @@ from db.models import BM25_SPARSE_DIM
 from knowledge.embedding.encoder import Embedder
 from knowledge.search.fusion import Candidate, Fused, Fusion, LexicalCandidates
 from knowledge.settings import KnowledgeSettings
-from knowledge.sources.base import EVERYONE
+from knowledge.access import EVERYONE
 from knowledge.storage.documents import as_vector
 
 Mode = Literal["hybrid", "dense", "lexical"]

@@ -64,7 +64,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Literal, Mapping, Protocol, Sequence, Union
 
-EVERYONE = "everyone"
+from knowledge.access import EVERYONE
+
 
 ReadResult = Union[bytes, Awaitable[bytes]]
 

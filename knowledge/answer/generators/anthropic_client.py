@@ -9,15 +9,12 @@ from __future__ import annotations
 import logging
 from typing import Awaitable, Callable
 
+from knowledge.errors import GenerationError
 from knowledge.settings import KnowledgeSettings
 
 logger = logging.getLogger(__name__)
 
 TextCallback = Callable[[str], Awaitable[None]]
-
-
-class GenerationError(RuntimeError):
-    """The model could not be reached or refused; the message says what to do, never the API key."""
 
 
 class AnthropicGenerator:
