@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 
 from fakes.confluence_api import FakeConfluence
-from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable
+from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable, SourceError
 from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.confluence import storage_to_markdown
 
@@ -83,8 +83,10 @@ async def test_first_sync_indexes_pages_blogposts_and_attachments_as_markdown(fr
     assert "| 5+ | 28 |" in all_text and "Carry-over" in all_text and "carry over to March" in all_text
     assert (await top(fresh_kb, "how do I restart the billing worker"))[0] == ids["runbook"]
     assert ids["draft"] not in await top(fresh_kb, "launch codeword pineapple")
-    # Cloud's search paged only by cursor: several pages were followed.
-    assert sum("cursor=" in r for r in wiki.requests if "/content/search" in r) >= 2
+    # Cloud's search paged only by cursor, relative to `_links.base`: three pages of three were followed.
+    searches = [r for r in wiki.requests if "/content/search" in r]
+    assert len(searches) == 3 and all("cursor=" in r for r in searches[1:]) and "start=" not in "".join(searches)
+    assert all(r.startswith("/wiki/rest/api/") for r in searches)
 
 
 async def test_an_edit_re_indexes_one_page_and_fetches_and_embeds_nothing_else(fresh_kb, wiki):
@@ -252,12 +254,13 @@ async def test_data_center_bearer_token_context_path_and_start_paging(fresh_kb, 
     with FakeConfluence(edition="dc", token="pat-123") as wiki:
         wiki.add_space("OPS", "Operations", readers=[("group", "ops"), ("user", "dave")])
         wiki.add_user("dave", "Dave", None)
-        ids = [wiki.add_page("OPS", f"Runbook {n}", f"<p>Runbook {n} restarts service {n}.</p>") for n in range(5)]
+        ids = [wiki.add_page("OPS", f"Runbook {n}", f"<p>Runbook {n} restarts service {n}.</p>") for n in range(8)]
         wiki.restrict(ids[0], users=["dave"])
         await fresh_kb.add_source("ops", "confluence", {"url": wiki.base_url, "spaces": ["OPS"], "token_env": "DC_PAT"})
         report = await fresh_kb.sync_source("ops")
         assert sorted(report.added) == sorted(ids)
-        assert any("start=3" in r for r in wiki.requests)  # Data Center pages by start
+        searches = [r for r in wiki.requests if "/content/search" in r]
+        assert len(searches) == 3 and "start=3" in searches[1] and "start=6" in searches[2]  # pages by start
         assert all(r.startswith("/confluence/") for r in wiki.requests)
         docs = await documents(fresh_kb)
         assert docs[ids[0]][1] == ["user:confluence:dave"]
@@ -286,3 +289,89 @@ async def _text_of(kb, external_id: str) -> str:
             "SELECT c.text FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.external_id = :e "
             "ORDER BY c.ordinal"), {"e": external_id})
         return "\n".join(r.text for r in rows)
+
+
+# --- paging and HTTP failures, against the shapes of Atlassian's documented examples (issue 29) ---------------
+
+
+async def test_v2_space_permissions_follow_site_relative_next_links_across_three_pages(fresh_kb, wiki):
+    """Issue 29: v2's `_links.next` (and `Link` header) starts with /wiki and is relative to the SITE, while the
+    same answer's `_links.base` is https://SITE/wiki. Joining them asked for /wiki/wiki/... and failed the sync."""
+    readers = [("group", f"team-{n}") for n in range(5)] + [("user", "acc-erin"), ("user", "acc-finn")]
+    wiki.add_space("HR", "People team", readers=readers)  # 7 read assignments + 1 administer: 3 pages of 3
+    wiki.add_user("acc-erin", "Erin", "erin@acme.example")
+    wiki.add_user("acc-finn", "Finn", None)
+    wiki.add_page("HR", "Salary bands", "<p>Band L3 pays 120k to 150k.</p>")
+    await fresh_kb.add_source("wiki", "confluence", {"url": wiki.base_url, "spaces": ["HR"], "email": wiki.email})
+    report = await fresh_kb.sync_source("wiki")
+    assert len(report.added) == 1 and report.failed == []
+    assert wiki.v2_pages == 3
+    assert not any("/wiki/wiki/" in r for r in wiki.requests)
+    ((title, access),) = (await documents(fresh_kb)).values()
+    assert access == sorted([f"group:team-{n}" for n in range(5)] + ["user:erin@acme.example",
+                                                                      "user:confluence:acc-finn"])
+
+
+async def test_long_restriction_lists_are_paged_by_start(fresh_kb, wiki):
+    ids = handbook(wiki)
+    people = [f"acc-{n}" for n in range(7)]
+    wiki.restrict(ids["vpn"], users=people)  # byOperation cuts the list at its limit (3): the rest by start
+    await fresh_kb.add_source("wiki", "confluence", cloud_config(wiki))
+    await fresh_kb.sync_source("wiki")
+    assert (await documents(fresh_kb))[ids["vpn"]][1] == sorted(f"user:confluence:{p}" for p in people)
+    assert [start for page, paged, start in wiki.restriction_requests if page == ids["vpn"] and paged] == [0, 3, 6]
+
+
+async def test_one_failing_space_keeps_the_others_and_names_source_space_and_path(fresh_kb, wiki):
+    handbook(wiki)
+    wiki.add_space("HR", "People team", readers=[("group", "hr")])
+    salary = wiki.add_page("HR", "Salary bands", "<p>Band L3 pays 120k to 150k.</p>")
+    hr_id = wiki.spaces["HR"]["id"]
+    wiki.broken[rf"/api/v2/spaces/{hr_id}/permissions"] = 404
+    await fresh_kb.add_source("wiki", "confluence", {**cloud_config(wiki), "spaces": ["HR", "ENG"]})
+    with pytest.raises(SourceConfigError) as caught:
+        await fresh_kb.sync_source("wiki")
+    message = str(caught.value)
+    assert "\n" not in message and "NotFound" not in message and "Error" not in message
+    assert message.startswith("source 'wiki', space 'HR': Confluence answered 404 for "
+                              f"/wiki/api/v2/spaces/{hr_id}/permissions")
+    assert "space key" in message
+    assert len(await documents(fresh_kb)) == 6 and salary not in await documents(fresh_kb)  # ENG was synced
+    run = (await fresh_kb.sync_runs("wiki"))[0]
+    assert run.status == "failed" and run.error == message and run.added == 6
+
+    del wiki.broken[rf"/api/v2/spaces/{hr_id}/permissions"]
+    report = await fresh_kb.sync_source("wiki")
+    assert report.added == [salary] and report.unchanged == 6  # ENG's checkpoint was kept, HR's was not moved
+
+
+async def test_items_gone_mid_sync_are_skipped_and_recorded_and_the_run_goes_on(fresh_kb, wiki):
+    ids = handbook(wiki)
+    wiki.broken[rf"/rest/api/content/{ids['oncall']}/child/attachment/{ids['runbook']}/download"] = 404
+    wiki.broken[rf"/rest/api/content/{ids['leave']}/restriction/byOperation"] = 404
+    await fresh_kb.add_source("wiki", "confluence", cloud_config(wiki))
+    report = await fresh_kb.sync_source("wiki")
+    failed = dict(report.failed)
+    assert set(failed) == {ids["runbook"], ids["leave"]}
+    assert "deleted during the sync" in failed[ids["runbook"]]
+    assert "deleted during the sync" in failed[ids["leave"]] and "restriction" in failed[ids["leave"]]
+    assert set(report.added) == {ids[k] for k in ("root", "vpn", "oncall", "blog")}
+    assert (await fresh_kb.sync_runs("wiki"))[0].status == "ok"
+
+
+@pytest.mark.parametrize("status, expected", [
+    (403, "denied access (403) to /wiki/rest/api/content/search; give the account"),
+    (404, "answered 404 for /wiki/rest/api/content/search; check the space key"),
+    (400, "refused the request (400) for /wiki/rest/api/content/search"),
+    (500, "answered 500 (a server error) for /wiki/rest/api/content/search"),
+    (502, "retry later"),
+])
+async def test_every_http_failure_of_a_listing_is_one_line_naming_the_fix(fresh_kb, wiki, status, expected):
+    handbook(wiki)
+    await fresh_kb.add_source("wiki", "confluence", cloud_config(wiki))
+    wiki.broken[r"/rest/api/content/search"] = status
+    with pytest.raises(SourceError) as caught:
+        await fresh_kb.sync_source("wiki")
+    message = str(caught.value)
+    assert message.startswith("source 'wiki', space 'ENG': ") and expected in message and "\n" not in message
+    assert "Error" not in message and "Confluence" in message

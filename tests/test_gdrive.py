@@ -531,3 +531,77 @@ def test_cli_source_add_gdrive_refuses_a_broken_source_and_saves_a_working_one(d
         [company["leave"], company["vpn"], company["wifi"]])
     hits = json.loads(cli("search", "install the VPN", "--as", "user:bob@northwind.example", "--json").stdout)
     assert hits["results"][0]["document"]["url"] == f"https://drive.google.com/file/d/{company['vpn']}/view?usp=drivesdk"
+
+
+# --- paging and change logs against the shapes of Google's Drive v3 reference (issue 29) -----------------------
+
+
+async def test_a_shared_drive_is_kept_fresh_from_its_own_change_log_across_pages(kb_factory, drive):
+    """Issue 29: each shared drive has its own change log (changes.list with driveId); the user's log does not
+    carry its file events, so reading only that one missed every edit, trash and sharing change."""
+    shared = drive.add_shared_drive("Engineering", [drive.group("eng@northwind.example")])
+    folder = drive.add_folder("Runbooks", shared)
+    docs = [drive.add_doc(f"Runbook {n}", folder, html=f"<h1>Runbook {n}</h1><p>Service {n} restarts with "
+                                                       f"systemctl restart svc{n}.</p>") for n in range(4)]
+    kb = await kb_factory()
+    sync = await DriveSync.add(kb, "eng", shared_drives=(shared,))
+    assert len((await sync.run()).added) == 4
+    starts = drive.calls("changes.getStartPageToken")
+    assert starts and all(r.query.get("driveId") == shared and r.query["supportsAllDrives"] == "true" for r in starts)
+
+    drive.changes_page_size = 3  # the fake's smallest page: 7 changes below come in 3 pages
+    drive.edit_doc(docs[0], "<h1>Runbook 0</h1><p>Service 0 now restarts with the zebra command.</p>")
+    drive.trash(docs[1])
+    drive.set_permissions(docs[2], [drive.user("dana@northwind.example")])
+    for n in range(4):
+        drive.rename(folder, f"Runbooks v{n}") if n == 3 else drive.add_doc(
+            f"Extra {n}", folder, html=f"<p>Extra note {n} about the quokka rota.</p>")
+    before = len(drive.calls("changes.list"))
+    report = await sync.run()
+    pages = drive.calls("changes.list")[before:]
+    assert len(pages) >= 3
+    assert all(r.query.get("driveId") == shared and r.query["supportsAllDrives"] == "true"
+               and r.query["includeItemsFromAllDrives"] == "true" and r.query["includeRemoved"] == "true"
+               for r in pages)
+    assert report.deleted == [docs[1]] and docs[0] in report.updated and docs[2] in report.metadata_updated
+    assert len(report.added) == 3
+    assert (await found(kb, "zebra command restarts", "group:eng@northwind.example"))[0] == docs[0]
+    state = json.loads(await sync.checkpoint())
+    assert state["tokens"] == {shared: str(len(drive.change_log) + 1)}  # the last page's newStartPageToken
+    assert (await document(kb, docs[3]))["path"] == "Engineering/Runbooks v3/Runbook 3"
+
+
+async def test_a_checkpoint_without_the_shared_drive_token_lists_the_drive_again(kb_factory, drive):
+    shared = drive.add_shared_drive("Engineering", [drive.group("eng@northwind.example")])
+    doc = drive.add_doc("Runbook", shared, html="<p>Restart with systemctl.</p>")
+    kb = await kb_factory()
+    sync = await DriveSync.add(kb, "eng", shared_drives=(shared,))
+    await sync.run()
+    state = json.loads(await sync.checkpoint())
+    old = {"token": "1", "folders": state["folders"], "files": state["files"], "shortcuts": state["shortcuts"]}
+    async with kb.engine.begin() as conn:  # a checkpoint written before per-drive change logs
+        source = await sources_store.get_source(conn, "eng")
+        await sources_store.save_checkpoint(conn, source.id, json.dumps(old))
+    drive.edit_doc(doc, "<p>Restart with the walrus switch.</p>")
+    report = await sync.run()
+    assert report.updated == [doc]
+    assert shared in json.loads(await sync.checkpoint())["tokens"]
+
+
+async def test_files_and_permissions_are_listed_across_three_pages(kb_factory, drive):
+    drive.list_page_size = 3
+    drive.permissions_page_size = 3
+    root = drive.add_folder("Notes")
+    people = [drive.user(f"p{n}@northwind.example") for n in range(7)]
+    notes = [drive.add_file(f"note{n}.txt", root, f"Note {n} is about the capybara rota.".encode(), "text/plain",
+                            permissions=people if n == 0 else [drive.anyone()]) for n in range(8)]
+    kb = await kb_factory()
+    report = await (await DriveSync.add(kb, folders=(root,))).run()
+    assert sorted(report.added) == sorted(notes)
+    listing = [r for r in drive.calls("files.list") if f"'{root}' in parents" in r.query.get("q", "")]
+    assert len(listing) == 3 and [r.query.get("pageToken") for r in listing] == [None, "3", "6"]
+    permission_pages = [r for r in drive.calls("permissions.list") if f"/files/{notes[0]}/" in r.path]
+    assert len(permission_pages) == 3 and all(r.query["supportsAllDrives"] == "true" for r in permission_pages)
+    owner = "user:owner@example.com"
+    assert sorted((await document(kb, notes[0]))["access"]) == sorted(
+        [owner] + [f"user:p{n}@northwind.example" for n in range(7)])

@@ -522,11 +522,17 @@ class Indexer:
                 progress.advance(item.external_id)
             else:
                 need.append(item)
-        need = [
-            dataclasses.replace(item, access=tuple(await item.resolve_access()), resolve_access=None)
-            if item.resolve_access is not None else item
-            for item in need
-        ]
+        resolved = []
+        for item in need:
+            if item.resolve_access is not None:
+                try:
+                    item = dataclasses.replace(item, access=tuple(await item.resolve_access()), resolve_access=None)
+                except ItemUnavailable as exc:  # e.g. deleted mid-sync: this item is recorded, the run goes on
+                    report.failed.append((item.external_id, f"could not read: {exc}"))
+                    progress.advance(item.external_id)
+                    continue
+            resolved.append(item)
+        need = resolved
         fetched = await asyncio.gather(*(self._fetch(item) for item in need))
         prepared = []
         for item, result in zip(need, fetched, strict=True):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import os
 import random
@@ -44,7 +45,7 @@ import httpx
 from bs4 import BeautifulSoup, NavigableString
 from markdownify import markdownify
 
-from knowledge.errors import ItemUnavailable, SourceAuthError, SourceConfigError, SourceUnavailable
+from knowledge.errors import ItemUnavailable, SourceAuthError, SourceConfigError, SourceUnavailable, SourceError
 from knowledge.access import EVERYONE
 from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 
@@ -53,6 +54,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOKEN_ENV = "CONFLUENCE_API_TOKEN"
 DEFAULT_EVERYONE_GROUP = "confluence-users"
 PAGE_SIZE = 25
+RESTRICTION_PAGE = 100
 CONTENT_EXPAND = "body.storage,version,ancestors,space,metadata.labels,history,container"
 INVENTORY_EXPAND = "version,ancestors,space,metadata.labels,container"
 CHECKPOINT_OVERLAP = timedelta(days=1)
@@ -133,15 +135,100 @@ class RetryPolicy:
         return min(max(wait, 0.0), self.max_wait)
 
 
+class ConfluenceHTTPError(SourceError):
+    """An HTTP failure of one request, with its status and URL path. The message is one line naming the source,
+    the path and the fix; `status` and `path` let callers decide how far it reaches (`space_scoped`: it concerns
+    one space's listings, so the other spaces of the run go on)."""
+
+    def __init__(self, message: str, *, status: int | None, path: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.path = path
+
+    @property
+    def space_scoped(self) -> bool:
+        return self.status is not None and self.status != 401
+
+
+class ConfluenceNotFound(ConfluenceHTTPError, SourceConfigError):
+    """404: a space, page or listing that does not exist (or is invisible to the account)."""
+
+
+class ConfluenceAuthError(ConfluenceHTTPError, SourceAuthError):
+    """401 (credentials refused: the whole run stops) or 403 (this listing is forbidden to the account)."""
+
+
+class ConfluenceUnavailable(ConfluenceHTTPError, SourceUnavailable):
+    """Unreachable, 5xx, or 429/503 past the retry bound."""
+
+
+class ConfluenceBadRequest(ConfluenceHTTPError, SourceConfigError):
+    """400 and other 4xx: Confluence refused the request itself (usually the extra CQL)."""
+
+
+def _error_detail(response: httpx.Response) -> str:
+    """The `message` of Confluence's documented error body `{"statusCode", "message", ...}`, first line, short."""
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    message = body.get("message") if isinstance(body, dict) else None
+    if not message and isinstance(body, dict) and isinstance(body.get("errors"), list) and body["errors"]:
+        first = body["errors"][0]  # v2: {"errors": [{"status", "code", "title", "detail"}]}
+        message = isinstance(first, dict) and (first.get("title") or first.get("detail"))
+    return str(message or "").splitlines()[0][:200] if message else ""
+
+
+def _truncated(block: Mapping[str, Any]) -> bool:
+    """A restriction list that holds only the first part of its subjects."""
+    size, limit = block.get("size"), block.get("limit")
+    total = block.get("totalSize")
+    return bool((block.get("_links") or {}).get("next")) or (total is not None and size is not None and total > size) \
+        or (size is not None and bool(limit) and size >= limit)
+
+
+_LINK_NEXT = re.compile(r'<([^>]+)>\s*;[^,]*\brel="?next"?')
+
+
+def next_link(response: httpx.Response, data: Mapping[str, Any], site: str, base: str) -> str | None:
+    """The absolute URL of the next page of a paged Confluence answer, or None on the last page.
+
+    - v2 (Cloud, `/wiki/api/v2/...`): the `Link: <...>; rel="next"` header, else `_links.next`; both are relative
+      to the SITE and already start with `/wiki` (Atlassian's REST v2 reference, "Pagination"), while the same
+      answer's `_links.base` is `https://SITE/wiki`: joining onto the base would ask for `/wiki/wiki/...`.
+    - v1 (Cloud and Data Center, `/rest/api/...`): `_links.next` is relative to `_links.base`, which already holds
+      the context path (`/wiki`, or Data Center's own such as `/confluence`); Cloud's next carries a cursor, Data
+      Center's a `start`.
+    An absolute next URL is used as it is. A short page is never taken as the end: only a missing next is.
+    `site` is scheme://host[:port]; `base` is the configured wiki URL (site + context path)."""
+    header = response.headers.get("link")
+    if header:
+        match = _LINK_NEXT.search(header)
+        if match:
+            return urljoin(site + "/", match.group(1))
+    links = data.get("_links") if isinstance(data, Mapping) else None
+    following = (links or {}).get("next")
+    if not following:
+        return None
+    if following.startswith(("http://", "https://")):
+        return following
+    if "/api/v2/" in urlsplit(following).path:
+        return site + following if following.startswith("/") else urljoin(site + "/", following)
+    root = str((links or {}).get("base") or base).rstrip("/")
+    return root + following if following.startswith("/") else root + "/" + following
+
+
 class ConfluenceClient:
     """The handful of REST v1 (and Cloud v2) calls the source needs. Errors become typed `SourceError`s whose
-    messages name the source and the fix."""
+    messages name the source, the URL path and the fix."""
 
     def __init__(self, source_name: str, config: ConfluenceConfig, token: str, *,
                  retry: RetryPolicy | None = None, max_connections: int = 4) -> None:
         self.name = source_name
         self.config = config
         self.base = config.url
+        parts = urlsplit(config.url)
+        self.site = f"{parts.scheme}://{parts.netloc}"
         self.retry = retry or RetryPolicy()
         auth: httpx.Auth | None = None
         headers = {"Accept": "application/json", "User-Agent": "ragbot"}
@@ -158,64 +245,83 @@ class ConfluenceClient:
         await self.http.aclose()
 
     def url(self, path: str) -> str:
+        """Absolute URLs as they are; `/api/v2/...` and `/rest/api/...` under the wiki's base URL."""
         return path if path.startswith(("http://", "https://")) else self.base + path
 
-    async def get(self, path: str, params: Mapping[str, Any] | None = None, *, raw: bool = False) -> Any:
+    async def request(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
+        """GET with the retry policy (429/503: Retry-After), every other failure a typed one-line error."""
         url = self.url(path)
+        shown = urlsplit(url).path
         for attempt in range(self.retry.attempts):
             try:
                 response = await self.http.get(url, params=params)
             except httpx.TransportError as exc:
-                raise SourceUnavailable(
-                    f"source {self.name!r}: cannot reach Confluence at {self.base} ({type(exc).__name__}: {exc}); "
-                    "check --url and the network; the next sync retries"
-                ) from exc
-            if response.status_code in (429, 503):
+                raise ConfluenceUnavailable(
+                    f"source {self.name!r}: cannot reach Confluence at {self.base} ({type(exc).__name__}); "
+                    "check the wiki URL and the network; the next sync retries", status=None, path=shown,
+                ) from None
+            status = response.status_code
+            if status in (429, 503):
                 if attempt + 1 < self.retry.attempts:
                     wait = self.retry.wait_for(response, attempt)
-                    logger.info("%s: Confluence answered %s; retrying in %.1fs", self.name, response.status_code, wait)
+                    logger.info("%s: Confluence answered %s; retrying in %.1fs", self.name, status, wait)
                     await asyncio.sleep(wait)
                     continue
-                raise SourceUnavailable(
-                    f"source {self.name!r}: Confluence kept answering {response.status_code} (rate limited or "
-                    f"unavailable) after {self.retry.attempts} attempts; the next sync retries"
+                raise ConfluenceUnavailable(
+                    f"source {self.name!r}: Confluence kept answering {status} (rate limited or unavailable) for "
+                    f"{shown} after {self.retry.attempts} attempts, honouring Retry-After; the next sync retries",
+                    status=status, path=shown,
                 )
-            if response.status_code in (401, 403) and not raw:
-                raise SourceAuthError(self._auth_message(response.status_code))
-            if response.status_code == 404:
-                raise _NotFound(url)
-            if response.status_code >= 400:
-                raise SourceUnavailable(
-                    f"source {self.name!r}: Confluence answered {response.status_code} for {urlsplit(url).path}"
-                )
-            return response if raw else response.json()
+            if status < 400:
+                return response
+            raise self._error(response, shown)
         raise AssertionError("unreachable")
 
-    def _auth_message(self, status: int) -> str:
+    def _error(self, response: httpx.Response, path: str) -> ConfluenceHTTPError:
+        status = response.status_code
+        detail = _error_detail(response)
+        said = f" ({detail})" if detail else ""
+        if status in (401, 403):
+            return ConfluenceAuthError(self._auth_message(status, path), status=status, path=path)
+        if status == 404:
+            return ConfluenceNotFound(
+                f"source {self.name!r}: Confluence answered 404 for {path}; check the space key (the KEY, not its "
+                f"name) and the wiki URL, and that the account can see it", status=status, path=path)
+        if status >= 500:
+            return ConfluenceUnavailable(
+                f"source {self.name!r}: Confluence answered {status} (a server error) for {path}{said}; retry "
+                f"later (the next sync retries)", status=status, path=path)
+        fix = "check the source's extra CQL" if "search" in path and self.config.cql else "check the source's settings"
+        return ConfluenceBadRequest(
+            f"source {self.name!r}: Confluence refused the request ({status}) for {path}{said}; {fix}",
+            status=status, path=path)
+
+    async def get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
+        return (await self.request(path, params)).json()
+
+    def _auth_message(self, status: int, path: str) -> str:
+        if status == 403:
+            return (f"source {self.name!r}: Confluence denied access (403) to {path}; give the account "
+                    f"{self.config.email or 'of the token'} permission to view the space (and its permissions), "
+                    "or remove the space from the source")
         if self.config.cloud:
             fix = (f"check that {self.config.token_env} holds a current API token of {self.config.email} "
                    "(id.atlassian.com → Security → API tokens)")
         else:
             fix = (f"check that {self.config.token_env} holds a valid personal access token "
-                   "(Profile → Personal Access Tokens); for Cloud, add --email")
-        what = "refused the credentials" if status == 401 else "denied access"
-        return f"source {self.name!r}: Confluence {what} ({status}); {fix}"
+                   "(Profile → Personal Access Tokens); for Cloud, add the account's email")
+        return f"source {self.name!r}: Confluence refused the credentials (401); {fix}"
 
     async def paged(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Follow `_links.next` (v1: relative to `_links.base`; v2: relative to the site) until there is none.
-        A short page is not the end: only a missing `next` is."""
-        data = await self.get(path, params)
+        """Each page of a paged listing, following the next link (see `next_link`) until there is none."""
+        response = await self.request(path, params)
         while True:
+            data = response.json()
             yield data
-            links = data.get("_links") or {}
-            following = links.get("next")
+            following = next_link(response, data, self.site, self.base)
             if not following:
                 return
-            if following.startswith("/") and links.get("base"):
-                following = links["base"].rstrip("/") + following
-            else:
-                following = urljoin(self.base + "/", following)
-            data = await self.get(following)
+            response = await self.request(following)
 
     async def search(self, cql: str, expand: str, limit: int = PAGE_SIZE) -> AsyncIterator[dict[str, Any]]:
         async for page in self.paged("/rest/api/content/search", {"cql": cql, "expand": expand, "limit": limit}):
@@ -228,22 +334,40 @@ class ConfluenceClient:
         return await self.get(f"/rest/api/content/{content_id}", {"expand": expand})
 
     async def read_restrictions(self, content_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        data = await self.get(f"/rest/api/content/{content_id}/restriction/byOperation",
-                              {"expand": "read.restrictions.user,read.restrictions.group"})
+        """The read restrictions (users, groups) of one page. `/restriction/byOperation` has no paging of its own;
+        when either list there is cut at its `limit` (or `totalSize` says more), the complete lists come from
+        `/restriction/byOperation/read`, which pages users and groups together by `start`/`limit` (Atlassian's
+        REST v1 reference, "Content restrictions": Get restrictions by operation / for operation)."""
+        path = f"/rest/api/content/{content_id}/restriction/byOperation"
+        data = await self.get(path, {"expand": "read.restrictions.user,read.restrictions.group"})
         restrictions = (data.get("read") or {}).get("restrictions") or {}
-        users = (restrictions.get("user") or {}).get("results") or []
-        groups = (restrictions.get("group") or {}).get("results") or []
-        return users, groups
+        users = list((restrictions.get("user") or {}).get("results") or [])
+        groups = list((restrictions.get("group") or {}).get("results") or [])
+        if not any(_truncated(restrictions.get(kind) or {}) for kind in ("user", "group")):
+            return users, groups
+        users, groups, start = [], [], 0
+        while True:
+            page = await self.get(f"{path}/read", {"expand": "restrictions.user,restrictions.group",
+                                                   "start": start, "limit": RESTRICTION_PAGE})
+            blocks = page.get("restrictions") or {}
+            got_users = (blocks.get("user") or {}).get("results") or []
+            got_groups = (blocks.get("group") or {}).get("results") or []
+            users.extend(got_users)
+            groups.extend(got_groups)
+            step = int((blocks.get("user") or {}).get("limit") or RESTRICTION_PAGE)
+            if len(got_users) < step and len(got_groups) < step:
+                return users, groups
+            start += step
 
     async def download(self, path: str) -> bytes:
-        response = await self.get(path, raw=True)
-        if response.status_code in (401, 403):
-            raise ItemUnavailable(f"download refused ({response.status_code})")
-        return response.content
-
-
-class _NotFound(Exception):
-    pass
+        try:
+            return (await self.request(path)).content
+        except ConfluenceNotFound:
+            raise ItemUnavailable("the attachment was deleted during the sync") from None
+        except ConfluenceAuthError as exc:
+            if exc.status == 401:
+                raise
+            raise ItemUnavailable(f"download refused ({exc.status})") from None
 
 
 # --- storage format → Markdown -------------------------------------------------------------------------------
@@ -354,7 +478,7 @@ class ConfluenceSource:
         for key in self.config.spaces:
             try:
                 await self.client.space(key)
-            except _NotFound:
+            except ConfluenceNotFound:
                 raise SourceConfigError(
                     f"source {self.spec.name!r}: space {key!r} was not found at {self.config.url} or this account "
                     "cannot see it; check --space (the space KEY, not its name) and the account's permissions"
@@ -362,9 +486,9 @@ class ConfluenceSource:
 
     # -- changes --
 
-    def _cql(self, since: datetime | None) -> str:
-        spaces = ", ".join(f'"{key}"' for key in self.config.spaces)
-        parts = [f"space in ({spaces})", "type in (page, blogpost, attachment)"]
+    def _cql(self, since: datetime | None, spaces: Sequence[str] | None = None) -> str:
+        keys = ", ".join(f'"{key}"' for key in (spaces if spaces is not None else self.config.spaces))
+        parts = [f"space in ({keys})", "type in (page, blogpost, attachment)"]
         if self.config.cql:
             parts.insert(0, f"({self.config.cql})")
         if since is not None:
@@ -372,13 +496,39 @@ class ConfluenceSource:
         return " AND ".join(parts) + " ORDER BY lastmodified ASC"
 
     async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[ChangeBatch]:
+        """Space by space, each from its own checkpoint. A space whose listing fails (404, 403, a server error,
+        a rate-limit storm past the bound) is reported at the end, in one line naming the source, the space and
+        the URL path, after the other spaces are synced; its checkpoint stays where its committed work is. A 401
+        or an unreachable host stops the run at once."""
         self._cache = _RunCache()
-        since = None if full or not checkpoint else datetime.fromisoformat(checkpoint) - CHECKPOINT_OVERLAP
-        latest = datetime.fromisoformat(checkpoint) if checkpoint and not full else None
+        marks = {} if full else _space_checkpoints(checkpoint, self.config.spaces)
+        failures: list[ConfluenceHTTPError] = []
+        single = len(self.config.spaces) == 1
+        for key in self.config.spaces:
+            try:
+                if self._checks_permissions:
+                    await self._space_access(key)  # a listing that fails here fails this space only
+                async for batch in self._space_changes(key, marks, total=single):
+                    yield batch
+            except ConfluenceHTTPError as exc:
+                if not exc.space_scoped:
+                    raise
+                failures.append(_for_space(exc, self.spec.name, key))
+                logger.warning("%s", failures[-1])
+        if failures:
+            first = failures[0]
+            more = f" (and {len(failures) - 1} more space(s) failed)" \
+                if len(failures) > 1 else ""
+            raise type(first)(str(first) + more, status=first.status, path=first.path)
+
+    async def _space_changes(self, key: str, marks: dict[str, str], *, total: bool) -> AsyncIterator[ChangeBatch]:
+        mark = marks.get(key)
+        since = datetime.fromisoformat(mark) - CHECKPOINT_OVERLAP if mark else None
+        latest = datetime.fromisoformat(mark) if mark else None
         first = True
-        async for page in self.client.search(self._cql(since), CONTENT_EXPAND):
+        async for page in self.client.search(self._cql(since, [key]), CONTENT_EXPAND):
             base = ((page.get("_links") or {}).get("base") or self.config.url).rstrip("/")
-            batch = ChangeBatch(total=page.get("totalSize") if first else None)
+            batch = ChangeBatch(total=page.get("totalSize") if first and total else None)
             first = False
             for content in page.get("results") or []:
                 when = _when(content)
@@ -393,7 +543,9 @@ class ConfluenceSource:
                     batch.deleted.append(str(content["id"]))
                     continue
                 batch.items.append(self._page_item(content, base))
-            batch.checkpoint = latest.isoformat() if latest else None
+            if latest is not None:
+                marks[key] = latest.isoformat()
+                batch.checkpoint = json.dumps({"spaces": marks}, sort_keys=True)
             yield batch
 
     def _excluded(self, content: Mapping[str, Any]) -> bool:
@@ -416,7 +568,7 @@ class ConfluenceSource:
             author=_author(content),
             updated_at=_when(content),
             access=(),
-            resolve_access=lambda: self.access_for(content),
+            resolve_access=lambda: self._item_access(content),
             version=str((content.get("version") or {}).get("number", "")) or None,
         )
 
@@ -424,7 +576,10 @@ class ConfluenceSource:
         filename = content.get("title") or ""
         if PurePosixPath(filename).suffix.lower() not in ATTACHMENT_SUFFIXES:
             return None
-        page = await self._container(content)
+        try:
+            page = await self._container(content)
+        except ConfluenceNotFound as exc:
+            return _unavailable_item(content, f"its page was deleted during the sync (404 for {exc.path})")
         if page is None or self._excluded(page):
             return None
         attachment_id = str(content["id"])
@@ -433,10 +588,7 @@ class ConfluenceSource:
         client = self.client
 
         async def fetch() -> bytes:
-            try:
-                return await client.download(download)
-            except _NotFound:
-                raise ItemUnavailable("the attachment was deleted during the sync") from None
+            return await client.download(download)  # 404 / 403: ItemUnavailable, the item is recorded
 
         return SourceItem(
             external_id=attachment_id,
@@ -448,7 +600,7 @@ class ConfluenceSource:
             author=_author(content),
             updated_at=_when(content),
             access=(),
-            resolve_access=lambda: self.access_for(page),
+            resolve_access=lambda: self._item_access(page),
             version=str((content.get("version") or {}).get("number", "")) or None,
             parent_id=page_id,
         )
@@ -458,12 +610,9 @@ class ConfluenceSource:
         page_id = str(container.get("id") or "")
         if not page_id:
             return None
-        if page_id not in self._cache.containers:
-            try:
-                self._cache.containers[page_id] = await self.client.content(
-                    page_id, "ancestors,space,metadata.labels,version")
-            except _NotFound:
-                return None
+        if page_id not in self._cache.containers:  # a 404 propagates: the caller records the attachment
+            self._cache.containers[page_id] = await self.client.content(
+                page_id, "ancestors,space,metadata.labels,version")
         return self._cache.containers[page_id]
 
     def _breadcrumb(self, content: Mapping[str, Any]) -> str:
@@ -480,6 +629,12 @@ class ConfluenceSource:
         refs: list[ItemRef] = []
         attachments: list[dict[str, Any]] = []
         pages: dict[str, dict[str, Any]] = {}
+        if self._checks_permissions:
+            for key in self.config.spaces:
+                try:
+                    await self._space_access(key)
+                except ConfluenceHTTPError as exc:  # the run fails and nothing is pruned; the message names the space
+                    raise _for_space(exc, self.spec.name, key) from None
         async for page in self.client.search(self._cql(None), INVENTORY_EXPAND, limit=100):
             for content in page.get("results") or []:
                 if content.get("type") == "attachment":
@@ -487,14 +642,18 @@ class ConfluenceSource:
                         attachments.append(content)
                 elif not self._excluded(content):
                     pages[str(content["id"])] = content
+        access: dict[str, tuple[str, ...] | None] = {}
         for page_id, content in pages.items():
-            refs.append(ItemRef(page_id, await self.access_for(content) if self._checks_permissions else None))
+            try:
+                access[page_id] = await self.access_for(content) if self._checks_permissions else None
+            except ConfluenceNotFound:  # deleted since the listing: left out, so the prune removes it
+                continue
+            refs.append(ItemRef(page_id, access[page_id]))
         for content in attachments:
             container_id = str((content.get("container") or {}).get("id") or "")
-            page = pages.get(container_id)
-            if page is None:
-                continue  # its page is out of scope or excluded: the attachment goes too
-            refs.append(ItemRef(str(content["id"]), await self.access_for(page) if self._checks_permissions else None))
+            if container_id not in access:
+                continue  # its page is out of scope, excluded or gone: the attachment goes too
+            refs.append(ItemRef(str(content["id"]), access[container_id]))
         return refs
 
     # -- permissions --
@@ -502,6 +661,14 @@ class ConfluenceSource:
     @property
     def _checks_permissions(self) -> bool:
         return self.config.visibility == "permissions"
+
+    async def _item_access(self, content: Mapping[str, Any]) -> tuple[str, ...]:
+        """`access_for` for an item being indexed: a 404 on the way means the page went away mid-sync, so the item
+        is skipped and recorded (ItemUnavailable), not the run."""
+        try:
+            return await self.access_for(content)
+        except ConfluenceNotFound as exc:
+            raise ItemUnavailable(f"deleted during the sync (404 for {exc.path})") from None
 
     async def access_for(self, content: Mapping[str, Any]) -> tuple[str, ...]:
         if not self._checks_permissions:
@@ -516,11 +683,7 @@ class ConfluenceSource:
 
     async def _restrictions(self, content_id: str) -> tuple[str, ...] | None:
         if content_id not in self._cache.restrictions:
-            try:
-                users, groups = await self.client.read_restrictions(content_id)
-            except _NotFound:  # gone mid-sync: restricted to nobody until the next run settles it
-                self._cache.restrictions[content_id] = ()
-                return ()
+            users, groups = await self.client.read_restrictions(content_id)  # 404: gone, the caller decides
             if not users and not groups:
                 self._cache.restrictions[content_id] = None
             else:
@@ -569,7 +732,10 @@ class ConfluenceSource:
 
     async def _group_name(self, group_id: str) -> str:
         if group_id not in self._cache.groups:
-            data = await self.client.get("/rest/api/group/by-id", {"id": group_id})
+            try:
+                data = await self.client.get("/rest/api/group/by-id", {"id": group_id})
+            except ConfluenceNotFound:  # deleted group: its id matches nobody, so access stays closed
+                data = {}
             self._cache.groups[group_id] = data.get("name") or group_id
         return self._cache.groups[group_id]
 
@@ -583,7 +749,7 @@ class ConfluenceSource:
                 {"key": key} if user.get("userKey") else {"username": key})
             try:
                 found = await self.client.get("/rest/api/user", params)
-            except _NotFound:
+            except ConfluenceNotFound:
                 found = {}
             if found.get("email"):
                 self._cache.users[key] = f"user:{str(found['email']).lower()}"
@@ -591,6 +757,35 @@ class ConfluenceSource:
                 ident = found.get("accountId") or found.get("username") or user.get("username") or key
                 self._cache.users[key] = f"user:confluence:{ident}"
         return self._cache.users[key]
+
+
+def _unavailable_item(content: Mapping[str, Any], reason: str) -> SourceItem:
+    """An item that cannot be indexed this run: the sync records it as failed with `reason` and goes on."""
+
+    async def read() -> bytes:
+        raise ItemUnavailable(reason)
+
+    return SourceItem(external_id=str(content["id"]), filename=content.get("title") or f"{content['id']}.txt",
+                      read=read, title=content.get("title"), access=(), version=None)
+
+
+def _space_checkpoints(checkpoint: str | None, spaces: Sequence[str]) -> dict[str, str]:
+    """The per-space checkpoints: `{"spaces": {KEY: iso time}}`; an older single time applies to every space."""
+    if not checkpoint:
+        return {}
+    if checkpoint.lstrip().startswith("{"):
+        data = json.loads(checkpoint)
+        return {str(k): str(v) for k, v in (data.get("spaces") or {}).items() if k in spaces}
+    return {key: checkpoint for key in spaces}
+
+
+def _for_space(exc: ConfluenceHTTPError, source: str, key: str) -> ConfluenceHTTPError:
+    """The same error, its message naming the space: "source 'wiki', space 'HR': Confluence answered ..."."""
+    message = str(exc)
+    prefix = f"source {source!r}: "
+    message = (f"source {source!r}, space {key!r}: " + message[len(prefix):]) if message.startswith(prefix) \
+        else f"source {source!r}, space {key!r}: {message}"
+    return type(exc)(message, status=exc.status, path=exc.path)
 
 
 def _intersect(allowed: Sequence[str], restricted: Sequence[str]) -> tuple[str, ...]:

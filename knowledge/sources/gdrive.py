@@ -1,11 +1,13 @@
 """Google Drive: folders (recursively) and whole shared drives, kept fresh through Drive's Changes API.
 
 How a sync goes:
-- The first (or a full) sync takes `changes.getStartPageToken` *before* walking the scope, then lists every folder
+- The first (or a full) sync takes `changes.getStartPageToken` *before* walking the scope (one token per change log
+  the scope lives in: the user's for My Drive folders, and each shared drive's own, read with `driveId`), then lists every folder
   of the scope with `files.list` (shared drives need `supportsAllDrives` and `includeItemsFromAllDrives`), following
   shortcuts to their targets once. The checkpoint stores that token and the scope's shape: which folders are in it
   (with their breadcrumb), which folder each file sits in, and which shortcuts point where.
-- Later syncs walk `changes.list` from the stored token and keep only changes inside the scope: a file moved out
+- Later syncs walk `changes.list` from each stored token (following `nextPageToken` until a page carries
+  `newStartPageToken`, which is stored) and keep only changes inside the scope: a file moved out
   leaves the index, one moved in joins it, trashed or removed files are deleted, and a folder moved, renamed,
   trashed or lost takes its whole subtree with it.
 - A file's version is its `md5Checksum` (binary files) or `modifiedTime` (Google Docs, Sheets, Slides), with its
@@ -306,15 +308,23 @@ class DriveClient:
             if not token:
                 return found
 
-    async def start_page_token(self) -> str:
-        reply = await self.call(lambda s: s.changes().getStartPageToken(supportsAllDrives=True))
+    async def start_page_token(self, drive_id: str | None = None) -> str:
+        """The token of "now" in one change log: the user's (`drive_id` None) or a shared drive's own. Each shared
+        drive keeps its own log, and Google says apps must not rely on shared-drive file events appearing in the
+        user's ("Retrieve changes", developers.google.com/workspace/drive/api/guides/manage-changes)."""
+        extra = {"driveId": drive_id} if drive_id else {}
+        reply = await self.call(lambda s: s.changes().getStartPageToken(supportsAllDrives=True, **extra))
         return reply["startPageToken"]
 
-    async def changes_page(self, token: str) -> dict[str, Any]:
+    async def changes_page(self, token: str, drive_id: str | None = None) -> dict[str, Any]:
+        """One page of a change log: `nextPageToken` while more pages follow, `newStartPageToken` on the last
+        (changes.list reference). `drive_id` reads that shared drive's log."""
+        extra: dict[str, Any] = {"driveId": drive_id} if drive_id else {"spaces": "drive"}
         return await self.call(lambda s: s.changes().list(
             pageToken=token, pageSize=1000, includeRemoved=True, supportsAllDrives=True,
-            includeItemsFromAllDrives=True, spaces="drive",
-            fields=f"nextPageToken,newStartPageToken,changes(changeType,removed,fileId,time,file({FILE_FIELDS}))",
+            includeItemsFromAllDrives=True, **extra,
+            fields=f"nextPageToken,newStartPageToken,changes(changeType,removed,fileId,driveId,time,"
+                   f"file({FILE_FIELDS}))",
         ))
 
     async def permissions(self, file_id: str) -> list[dict[str, Any]]:
@@ -431,13 +441,15 @@ class ScopeState:
     shortcuts: shortcut id -> target id
     """
 
-    token: str = ""
+    token: str = ""  # before issue 29: the user's change log only (read as tokens[""])
     folders: dict[str, list[Any]] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     shortcuts: dict[str, str] = field(default_factory=dict)
+    # One changes token per change log the scope needs: "" = the user's (My Drive roots), else a shared drive id.
+    tokens: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps({"token": self.token, "folders": self.folders, "files": self.files,
+        return json.dumps({"tokens": self.tokens, "folders": self.folders, "files": self.files,
                            "shortcuts": self.shortcuts}, separators=(",", ":"))
 
     @classmethod
@@ -445,7 +457,12 @@ class ScopeState:
         if not text:
             return None
         data = json.loads(text)
-        return cls(data.get("token", ""), data.get("folders", {}), data.get("files", {}), data.get("shortcuts", {}))
+        tokens = data.get("tokens") or ({"": data["token"]} if data.get("token") else {})
+        return cls("", data.get("folders", {}), data.get("files", {}), data.get("shortcuts", {}), dict(tokens))
+
+    def logs(self) -> set[str]:
+        """The change logs the scope's roots live in: "" for My Drive, the shared drive id otherwise."""
+        return {drive or "" for _fid, (parent, _path, drive) in self.folders.items() if parent is None}
 
     def subtree(self, folder_id: str) -> set[str]:
         """The folder and every folder below it."""
@@ -517,9 +534,10 @@ class DriveScope:
 
     async def scan(self) -> ScanResult:
         """List the whole scope. The changes token is taken first, so nothing changed meanwhile is missed."""
-        token = await self.client.start_page_token()
-        state = ScopeState(token=token)
         roots = await self.roots()
+        state = ScopeState()
+        for log in sorted({drive_id or "" for _f, _n, drive_id in roots}):  # before the walk: nothing is missed
+            state.tokens[log] = await self.client.start_page_token(log or None)
         entries: dict[str, DriveEntry] = {}
         skipped: list[tuple[str, str]] = []
         for folder_id, name, drive_id in roots:
@@ -584,26 +602,29 @@ class DriveScope:
         return []
 
     async def changes(self, state: ScopeState) -> AsyncIterator[ScanResult]:
-        """Walk `changes.list` from the stored token, one result per page of changes: the in-scope files to
-        (re)consider, the ids that left the scope, and the state after that page (its token is the next page's, or
-        the `newStartPageToken` after the last), so a run stopped between pages resumes after the last one done."""
-        state = ScopeState(state.token, {k: list(v) for k, v in state.folders.items()}, dict(state.files),
-                           dict(state.shortcuts))
+        """Walk each change log of the scope (the user's and/or each shared drive's) from its stored token, one
+        result per page of changes: the in-scope files to (re)consider, the ids that left the scope, and the state
+        after that page (its log's token is the next page's, or the `newStartPageToken` after the last), so a run
+        stopped between pages resumes after the last one done. `nextPageToken` is followed until a page carries
+        `newStartPageToken` (changes.list reference: exactly one of the two is set)."""
+        state = ScopeState("", {k: list(v) for k, v in state.folders.items()}, dict(state.files),
+                           dict(state.shortcuts), dict(state.tokens))
         roots = {fid for fid, (parent, _p, _d) in state.folders.items() if parent is None}
-        while True:
-            page = await self.client.changes_page(state.token)
-            entries: dict[str, DriveEntry] = {}
-            deleted: set[str] = set()
-            skipped: list[tuple[str, str]] = []
-            for change in page.get("changes", []):
-                if change.get("changeType", "file") == "file":
-                    await self._apply_change(change, state, roots, entries, deleted, skipped)
-            following = page.get("nextPageToken")
-            state.token = following or page.get("newStartPageToken") or state.token
-            deleted -= set(state.files)
-            yield ScanResult([e for e in entries.values() if e.id not in deleted], deleted, state, skipped)
-            if not following:
-                return
+        for log in sorted(state.tokens):
+            while True:
+                page = await self.client.changes_page(state.tokens[log], log or None)
+                entries: dict[str, DriveEntry] = {}
+                deleted: set[str] = set()
+                skipped: list[tuple[str, str]] = []
+                for change in page.get("changes", []):
+                    if change.get("changeType", "file") == "file":
+                        await self._apply_change(change, state, roots, entries, deleted, skipped)
+                following = page.get("nextPageToken")
+                state.tokens[log] = following or page.get("newStartPageToken") or state.tokens[log]
+                deleted -= set(state.files)
+                yield ScanResult([e for e in entries.values() if e.id not in deleted], deleted, state, skipped)
+                if not following:
+                    break
 
     async def _apply_change(self, change: dict[str, Any], state: ScopeState, roots: set[str],
                             entries: dict[str, DriveEntry], deleted: set[str], skipped: list[tuple[str, str]]) -> None:
@@ -877,8 +898,10 @@ class GoogleDriveSource:
             yield ChangeBatch(items=items, deleted=sorted(result.deleted), checkpoint=result.state.to_json())
 
     def _roots_changed(self, state: ScopeState) -> bool:
+        """The scope's roots changed, or the state lacks the token of a change log they need (a checkpoint from
+        before per-drive change logs held only the user's): list the scope again."""
         roots = {fid for fid, (parent, _p, _d) in state.folders.items() if parent is None}
-        return roots != set(self.config.folders) | set(self.config.shared_drives)
+        return roots != set(self.config.folders) | set(self.config.shared_drives) or state.logs() != set(state.tokens)
 
     async def inventory(self) -> Any:
         """Every file in scope (a walk of folders, no content, no permission calls)."""

@@ -1,8 +1,20 @@
 """A fake Confluence (Cloud or Data Center): a real HTTP server on 127.0.0.1 speaking REST v1 JSON shapes.
 
-It serves what the Confluence source calls, with the real paging rules: Cloud's CQL search ignores `start` and
-pages by an opaque cursor in `_links.next` (relative to `_links.base`, which includes `/wiki`); Data Center pages
-by `start` under a context path. Auth is checked like the real thing (Cloud: Basic email:token; Data Center:
+It serves what the Confluence source calls, with the real paging rules, each shape taken from Atlassian's
+documented examples (the page is named next to each shape below):
+- v1 CQL search (Cloud): ignores `start`, pages by an opaque cursor in `_links.next`, which is relative to
+  `_links.base` (`https://SITE/wiki`) - "Upcoming changes to Confluence Cloud REST APIs to modernize search"
+  (developer.atlassian.com/cloud/confluence/change-notice-moderize-search-rest-apis/) and the REST v1 reference,
+  "Search content by CQL".
+- v1 on Data Center: pages by `start`/`limit`, `_links.next` relative to `_links.base` under a context path
+  (`/confluence`) - Confluence Data Center REST API, "Pagination" (developer.atlassian.com/server/confluence/pagination-in-the-rest-api/).
+- v2 (Cloud): `_links.next` relative to the SITE (it starts with `/wiki/api/v2/`), the same URL in a
+  `Link: <...>; rel="next"` header, and `_links.base` = `https://SITE/wiki` - REST v2 reference, "Using the REST
+  API: Pagination" (developer.atlassian.com/cloud/confluence/rest/v2/intro/#about) and "Space Permissions: Get
+  space permissions assignments" (developer.atlassian.com/cloud/confluence/rest/v2/api-group-space-permissions/).
+- Errors: v1 `{"statusCode", "data": {...}, "message"}`; v2 `{"errors": [{"status", "code", "title", "detail"}]}`
+  - REST v1 / v2 reference, "Status codes" of each operation.
+The smallest page size of every listing is `page_size` (3 by default), whatever `limit` asks for. Auth is checked like the real thing (Cloud: Basic email:token; Data Center:
 Bearer PAT) and answered with 401. Tests script 429/503 storms with Retry-After, and can hold a request until
 released (to kill a sync midway).
 
@@ -76,7 +88,10 @@ class FakeConfluence:
         self.users: dict[str, User] = {}
         self.groups: dict[str, str] = {}  # id -> name
         self.requests: list[str] = []
+        self.v2_pages = 0  # v2 permission pages served
+        self.restriction_requests: list[tuple[str, bool, int]] = []  # (page id, paged form?, start)
         self.scripted: deque[tuple[int, dict[str, str]]] = deque()
+        self.broken: dict[str, int] = {}  # regex on the path (after the context path) -> status it always answers
         self.hold: threading.Event | None = None  # when set up, a search request with a cursor/start waits for it
         self.held = threading.Event()
         self.search_delay = 0.0  # seconds each CQL search request takes (a slow wiki)
@@ -283,17 +298,21 @@ class FakeConfluence:
                     status, headers = fake.scripted.popleft()
                     return self._send(status, {"statusCode": status, "message": "Rate limit exceeded"}, headers)
                 if not self._authorised():
-                    return self._send(401, {"statusCode": 401, "message": "Client must be authenticated"})
+                    return self._send(401, error_body(401, "Client must be authenticated to access this resource.", v2=False))
                 parts = urlsplit(self.path)
                 path = parts.path
                 if not path.startswith(fake.context):
-                    return self._send(404, {"statusCode": 404, "message": "not under the context path"})
+                    return self._send(404, error_body(404, f"null for uri: {path}", v2=False))
                 path = path[len(fake.context):]
+                v2 = path.startswith("/api/v2/")
+                for pattern, status in fake.broken.items():
+                    if re.fullmatch(pattern, path):
+                        return self._send(status, error_body(status, "scripted failure", v2=v2))
                 query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
                 try:
                     fake_route(fake, self, path, query)
-                except KeyError as exc:
-                    self._send(404, {"statusCode": 404, "message": f"No content found: {exc}"})
+                except (KeyError, StopIteration) as exc:
+                    self._send(404, error_body(404, f"No content found with id: {exc}", v2=v2))
 
             def _authorised(self) -> bool:
                 header = self.headers.get("Authorization", "")
@@ -312,8 +331,8 @@ class FakeConfluence:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            def send_json(self, body: Any) -> None:
-                self._send(200, body)
+            def send_json(self, body: Any, headers: dict[str, str] | None = None) -> None:
+                self._send(200, body, headers)
 
             def send_bytes(self, data: bytes, media_type: str) -> None:
                 self.send_response(200)
@@ -331,9 +350,37 @@ class FakeConfluence:
         return Handler
 
 
+_TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 429: "Too Many Requests",
+           500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable"}
+
+
+def error_body(status: int, message: str, *, v2: bool) -> dict[str, Any]:
+    """Confluence's documented error bodies: v1 `{"statusCode", "data", "message"}` (REST v1 reference, e.g. "Get
+    content by ID" → 404); v2 `{"errors": [{"status", "code", "title", "detail"}]}` (REST v2 reference, e.g. "Get
+    space permissions assignments" → 404)."""
+    title = _TITLES.get(status, "Error")
+    if v2:
+        return {"errors": [{"status": status, "code": title.upper().replace(" ", "_"), "title": title,
+                            "detail": message}]}
+    return {"statusCode": status, "data": {"authorized": status not in (401, 403), "valid": True, "errors": [],
+                                           "successful": False}, "message": message}
+
+
+def _encode_cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"offset:{offset}".encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> int:
+    return int(base64.urlsafe_b64decode(cursor.encode()).decode().split(":", 1)[1])
+
+
 def fake_route(fake: FakeConfluence, handler: Any, path: str, query: dict[str, str]) -> None:
     expand = set((query.get("expand") or "").split(","))
     if path == "/rest/api/content/search":
+        # REST v1 "Search content by CQL": {"results": [content], "start", "limit", "size", "totalSize" (Cloud),
+        # "_links": {"base": "https://SITE/wiki", "context": "/wiki", "next": "/rest/api/content/search?...cursor=...",
+        # "self"}}; Cloud pages only by the cursor (change notice "modernize search REST APIs"), Data Center by
+        # `start` (Data Center REST API, "Pagination"): `next` is relative to `_links.base` in both.
         if fake.search_delay:
             time.sleep(fake.search_delay)
         cql = query["cql"]
@@ -381,6 +428,10 @@ def fake_route(fake: FakeConfluence, handler: Any, path: str, query: dict[str, s
         return handler.send_json(out)
     match = re.fullmatch(r"/api/v2/spaces/(\d+)/permissions", path)
     if match and fake.edition == "cloud":
+        # REST v2 "Get space permissions assignments": MultiEntityResult<SpacePermissionAssignment> =
+        # {"results": [{"id", "principal": {"type": "user"|"group"|"role", "id"}, "operation": {"key",
+        # "targetType"}}], "_links": {"next": "/wiki/api/v2/...?cursor=...", "base": "https://SITE/wiki"}}, and
+        # the next page also in `Link: </wiki/api/v2/...>; rel="next"` (REST v2 intro, "Pagination").
         space = next(s for s in fake.spaces.values() if s["id"] == int(match.group(1)))
         group_ids = {name: gid for gid, name in fake.groups.items()}
         results = []
@@ -389,13 +440,17 @@ def fake_route(fake: FakeConfluence, handler: Any, path: str, query: dict[str, s
             results.append({"id": str(i), "principal": principal, "operation": {"key": "read", "targetType": "space"}})
         results.append({"id": "99", "principal": {"type": "group", "id": "g-admins"},
                         "operation": {"key": "administer", "targetType": "space"}})
-        # Two results per page, so the cursor is followed.
-        start = int(query.get("cursor", "0"))
-        page = results[start : start + 2]
-        links = {}
-        if start + 2 < len(results):
-            links["next"] = f"/wiki/api/v2/spaces/{space['id']}/permissions?cursor={start + 2}&limit=2"
-        return handler.send_json({"results": page, "_links": links})
+        limit = min(int(query.get("limit", 25)), fake.page_size)
+        start = _decode_cursor(query["cursor"]) if "cursor" in query else 0
+        body: dict[str, Any] = {"results": results[start : start + limit], "_links": {"base": fake.base_url}}
+        headers = {}
+        if start + limit < len(results):
+            following = (f"{fake.context}/api/v2/spaces/{space['id']}/permissions?"
+                         + urlencode({"limit": limit, "cursor": _encode_cursor(start + limit)}))
+            body["_links"]["next"] = following
+            headers["Link"] = f'<{following}>; rel="next"'
+        fake.v2_pages += 1
+        return handler.send_json(body, headers)
     if path == "/rest/api/group/by-id":
         gid = query["id"]
         return handler.send_json({"type": "group", "name": fake.groups[gid], "id": gid})
@@ -404,18 +459,29 @@ def fake_route(fake: FakeConfluence, handler: Any, path: str, query: dict[str, s
         if ident not in fake.users:
             raise KeyError(ident)
         return handler.send_json(fake._user_json(ident))
-    match = re.fullmatch(r"/rest/api/content/([^/]+)/restriction/byOperation", path)
+    match = re.fullmatch(r"/rest/api/content/([^/]+)/restriction/byOperation(/read)?", path)
     if match:
+        # REST v1 "Content restrictions": Get restrictions by operation → {"read": {"operation": "read",
+        # "restrictions": {"user": {"results", "start", "limit", "size"}, "group": {...}}, "_links"}, "update": {...}};
+        # each list holds at most `limit` subjects. Get restrictions for operation (`.../byOperation/read`) pages
+        # users and groups together with `start`/`limit` and answers {"operation", "restrictions": {...}}.
         page = fake.pages[match.group(1)]
-        users = [fake._user_json(u) for u in page.read_users]
-        groups = [{"type": "group", "name": g, "id": f"id-{g}"} for g in page.read_groups]
+        start = int(query.get("start", 0)) if match.group(2) else 0
+        limit = min(int(query.get("limit", 100)), fake.page_size)
+        users = [fake._user_json(u) for u in page.read_users][start : start + limit]
+        groups = [{"type": "group", "name": g, "id": f"id-{g}"} for g in page.read_groups][start : start + limit]
+        fake.restriction_requests.append((page.id, bool(match.group(2)), start))
+        read = {"operation": "read", "restrictions": {
+            "user": {"results": users, "start": start, "limit": limit, "size": len(users)},
+            "group": {"results": groups, "start": start, "limit": limit, "size": len(groups)}},
+            "_links": {"self": f"{fake.base_url}/rest/api/content/{page.id}/restriction/byOperation/read"}}
+        if match.group(2):
+            return handler.send_json(read)
         return handler.send_json({
-            "read": {"operation": "read", "restrictions": {
-                "user": {"results": users, "start": 0, "limit": 200, "size": len(users)},
-                "group": {"results": groups, "start": 0, "limit": 200, "size": len(groups)}},
-                "_links": {"self": f"{fake.base_url}/rest/api/content/{page.id}/restriction/byOperation/read"}},
-            "update": {"operation": "update", "restrictions": {"user": {"results": [], "size": 0},
-                                                               "group": {"results": [], "size": 0}}},
+            "read": read,
+            "update": {"operation": "update", "restrictions": {"user": {"results": [], "start": 0, "limit": limit, "size": 0},
+                                                               "group": {"results": [], "start": 0, "limit": limit, "size": 0}}},
+            "_links": {"base": fake.base_url, "context": fake.context},
         })
     match = re.fullmatch(r"/rest/api/content/([^/]+)/child/attachment/([^/]+)/download", path)
     if match:

@@ -220,8 +220,13 @@ class FakeDiscordAPI:
         for scripted in self._scripted:
             if scripted.method == call.method and scripted.path_contains in path:
                 self._scripted.remove(scripted)
+                # Discord "Rate Limits": 429 with `Retry-After` (seconds), `X-RateLimit-Scope`, `X-RateLimit-Global`
+                # when global, and the JSON body {"message", "retry_after", "global"}; Cloudflare adds `Via`.
                 headers = {"Via": "1.1 google"} if scripted.via else {}
                 headers["X-RateLimit-Scope"] = "global" if scripted.is_global else "user"
+                headers["Retry-After"] = str(scripted.retry_after)
+                if scripted.is_global:
+                    headers["X-RateLimit-Global"] = "true"
                 return _json(
                     {"message": "You are being rate limited.", "retry_after": scripted.retry_after,
                      "global": scripted.is_global},

@@ -16,9 +16,24 @@ Implemented: files.list (`q` with `'<id>' in parents`, `trashed = true|false`, `
 supportsAllDrives + includeItemsFromAllDrives), files.get (metadata; `alt=media` downloads binary content and
 refuses Google-native files with 403 fileNotDownloadable), files.export (Docs → text/html, text/markdown,
 text/plain; Sheets → text/csv (first sheet) and xlsx; Slides → text/plain; over 10 MB → 403
-exportSizeLimitExceeded), changes.getStartPageToken / changes.list, permissions.list (shared-drive members
-included as inherited permissions), drives.get, the `fields` partial-response mask, an OAuth token endpoint for
+exportSizeLimitExceeded), changes.getStartPageToken / changes.list (one change log per shared drive, read with
+`driveId`; the user's log holds My Drive items only), permissions.list (paged by nextPageToken; shared-drive
+members included as inherited permissions), drives.get, the `fields` partial-response mask, an OAuth token endpoint for
 service-account JWTs, 401 without a valid token when `require_auth` is set, and 429 / 403 rate-limit storms.
+
+Shapes, each from Google's Drive v3 reference (developers.google.com/workspace/drive/api/reference/rest/v3/...):
+- files.list → `{"kind": "drive#fileList", "nextPageToken"?, "incompleteSearch", "files": [...]}` (files/list).
+- changes.getStartPageToken → `{"kind": "drive#startPageToken", "startPageToken"}`; `driveId` picks a shared
+  drive's own log (changes/getStartPageToken).
+- changes.list → `{"kind": "drive#changeList", "nextPageToken" | "newStartPageToken", "changes": [{"kind":
+  "drive#change", "changeType": "file", "fileId", "time", "removed", "file"?, "driveId"?}]}`: exactly one of the
+  two tokens; a removed change has no `file` (changes/list, and the guide "Retrieve changes": each shared drive has
+  its own change log, and apps must not rely on shared-drive file events in the user's log).
+- permissions.list → `{"kind": "drive#permissionList", "nextPageToken"?, "permissions": [...]}`, pageSize ≤ 100
+  (permissions/list).
+- Errors → `{"error": {"code", "message", "errors": [{"domain", "reason", "message"}]}}`; rate limits are 429 or
+  403 `rateLimitExceeded` / `userRateLimitExceeded` (guide "Resolve errors").
+Every listing's smallest page size is settable (`list_page_size`, `changes_page_size`, `permissions_page_size`).
 """
 
 from __future__ import annotations
@@ -161,6 +176,9 @@ class FakeDrive:
         self.permission_errors: dict[str, DriveError] = {}  # file id -> error on permissions.list
         self.oldest_token = 1  # page tokens older than this are refused (Drive forgot them)
         self.list_page_size = 100
+        self.changes_page_size = 1000
+        self.permissions_page_size = 100
+        self.log_of: dict[str, str] = {}  # file id -> its change log: "" (the user's) or its shared drive id
         self.latency_seconds = 0.0  # added to every API answer (benchmarks: Drive's round trips are not free)
         self._ids = itertools.count(1)
         self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=timezone.utc)
@@ -205,6 +223,9 @@ class FakeDrive:
         return self._clock
 
     def _changed(self, file_id: str) -> None:
+        file = self.files.get(file_id)
+        if file is not None:
+            self.log_of[file_id] = file.drive_id or ""
         self.change_log.append((file_id, self._tick()))
 
     @staticmethod
@@ -376,6 +397,7 @@ class FakeDrive:
             if parts[0] == "files" and parts[2:] == ["permissions"]:
                 return _json(self._permissions(parts[1], params))
             if parts == ["changes", "startPageToken"]:
+                self._check_drive_param(params)
                 return _json({"kind": "drive#startPageToken", "startPageToken": str(len(self.change_log) + 1)})
             if parts == ["changes"]:
                 return _json(self._changes(params))
@@ -463,14 +485,32 @@ class FakeDrive:
                 ]
             elif file.owner:
                 permissions.insert(0, self.user(file.owner, "owner"))
-        return _masked({"kind": "drive#permissionList", "permissions": permissions}, params.get("fields"))
+        size = min(int(params.get("pageSize", 100)), 100, self.permissions_page_size)
+        start = int(params.get("pageToken") or 0)
+        body: dict[str, Any] = {"kind": "drive#permissionList", "permissions": permissions[start : start + size]}
+        if start + size < len(permissions):
+            body["nextPageToken"] = str(start + size)
+        return _masked(body, params.get("fields"))
+
+    def _check_drive_param(self, params: dict[str, str]) -> str | None:
+        """`driveId` reads that shared drive's change log and needs supportsAllDrives (changes.list reference)."""
+        drive_id = params.get("driveId")
+        if drive_id is None:
+            return None
+        if not _flag(params, "supportsAllDrives"):
+            raise DriveError(403, "teamDrivesParameterNotSupported",
+                             "The driveId parameter is only supported when supportsAllDrives is set to true.")
+        if drive_id not in self.drives:
+            raise DriveError(404, "notFound", f"Shared drive not found: {drive_id}")
+        return drive_id
 
     def _changes(self, params: dict[str, str]) -> dict[str, Any]:
         token = params.get("pageToken")
         if not token or not token.isdigit() or not self.oldest_token <= int(token) <= len(self.change_log) + 1:
             raise DriveError(400, "invalid", f"Invalid Value: pageToken {token!r}")
         all_drives = _flag(params, "includeItemsFromAllDrives") and _flag(params, "supportsAllDrives")
-        page_size = min(int(params.get("pageSize", 100)), 1000)
+        drive_id = self._check_drive_param(params)
+        page_size = min(int(params.get("pageSize", 100)), 1000, self.changes_page_size)
         start = int(token) - 1
         changes = []
         position = start
@@ -478,6 +518,8 @@ class FakeDrive:
             file_id, when = self.change_log[position]
             position += 1
             file = self.files.get(file_id)
+            if self.log_of.get(file_id, "") != (drive_id or ""):
+                continue  # another change log's event: each shared drive has its own, the user's has My Drive's
             if file is not None and file.drive_id and not all_drives:
                 continue
             change: dict[str, Any] = {"kind": "drive#change", "changeType": "file", "fileId": file_id,

@@ -11,6 +11,14 @@ messages that were posted, updated and streamed, so tests can assert what a Slac
         fake.calls_to("chat.update")               # recorded calls, args parsed (form or JSON)
         fake.thread("C1", "1700.1")                # the visible messages of a thread, in order
         await fake.socket_send(envelope)           # Socket Mode: push an envelope to the connected app
+
+Shapes from Slack's documentation (api.slack.com): every method answers `{"ok": true, ...}` or `{"ok": false,
+"error"}` with HTTP 200 ("Web API basics"); a rate limit is HTTP 429 with a `Retry-After` header and
+`{"ok": false, "error": "ratelimited"}` ("Rate limits"); cursor paging ("Pagination") gives at most `limit` items
+and, while more follow, `response_metadata.next_cursor` (an empty string on the last page) — served here by
+conversations.replies (`has_more` too; messages oldest first, the parent first), users.list and
+conversations.members, each capped at `page_size` items whatever `limit` asks. Methods accept GET with a query
+string (slack_sdk sends users.info that way) and POST with a form or JSON body.
 """
 
 from __future__ import annotations
@@ -110,6 +118,8 @@ class FakeSlackAPI:
         self._sockets: list[web.WebSocketResponse] = []
         self.port = 0
         self.connections_opened = 0
+        self.page_size = 1000  # the most items any paged method returns in one page
+        self.members: dict[str, list[str]] = {}  # channel -> member user ids (conversations.members)
 
     # Set-up and scripting.
 
@@ -352,14 +362,40 @@ class FakeSlackAPI:
         return {"ok": True, "channel": message.channel, "ts": message.ts,
                 "message": {"text": "".join(message.streamed), "blocks": message.blocks}}
 
+    def _page(self, items: list[Any], args: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """Cursor paging ("Pagination"): `limit` (capped at page_size) items from the opaque `cursor`; the next
+        cursor in `response_metadata.next_cursor`, "" on the last page."""
+        limit = min(int(args.get("limit") or 100) or 100, self.page_size)
+        cursor = str(args.get("cursor") or "")
+        start = int(cursor.removeprefix("dXNlcjpV").split("_", 1)[-1]) if cursor else 0
+        following = f"dXNlcjpV_{start + limit}" if start + limit < len(items) else ""
+        return items[start : start + limit], {"next_cursor": following}
+
     def _m_conversations_replies(self, args: dict[str, Any]) -> dict[str, Any]:
+        # conversations.replies: {"messages": [parent, replies oldest first], "has_more", "ok",
+        # "response_metadata": {"next_cursor"}}.
         channel, ts = args.get("channel", ""), args.get("ts", "")
         with self._lock:
             found = [m.to_api() for m in self.messages
                      if m.channel == channel and (m.ts == ts or m.thread_ts == ts)]
         if not found:
             return {"ok": False, "error": "thread_not_found"}
-        return {"ok": True, "messages": found, "has_more": False}
+        page, metadata = self._page(found, args)
+        return {"ok": True, "messages": page, "has_more": bool(metadata["next_cursor"]),
+                "response_metadata": metadata}
+
+    def _m_users_list(self, args: dict[str, Any]) -> dict[str, Any]:
+        # users.list: {"ok", "members": [user], "cache_ts", "response_metadata": {"next_cursor"}}.
+        page, metadata = self._page(list(self.users.values()), args)
+        return {"ok": True, "members": page, "cache_ts": int(time.time()), "response_metadata": metadata}
+
+    def _m_conversations_members(self, args: dict[str, Any]) -> dict[str, Any]:
+        # conversations.members: {"ok", "members": ["U…"], "response_metadata": {"next_cursor"}}.
+        channel = args.get("channel", "")
+        if channel not in self.members:
+            return {"ok": False, "error": "channel_not_found"}
+        page, metadata = self._page(self.members[channel], args)
+        return {"ok": True, "members": page, "response_metadata": metadata}
 
     def _m_assistant_threads_setStatus(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True}
