@@ -239,3 +239,27 @@ def test_cli_search_ask_as_expand_groups_and_access_explain_says_why(fresh_datab
     assert "May not see Architecture" in " ".join(text(refused).split())
     status = ok_json("access", "groups")["directories"]
     assert status[0]["source"] == "drive" and status[0]["memberships"] == 7 and status[0]["error"] is None
+
+
+async def test_the_scheduler_refreshes_group_membership_on_its_own_schedule(fresh_kb, monkeypatch):
+    import asyncio
+
+    from knowledge.scheduler import start_scheduler
+
+    monkeypatch.setenv("CONFLUENCE_API_TOKEN", "good-token")
+    with FakeConfluence(edition="cloud") as wiki:
+        people_wiki(wiki)
+        await fresh_kb.add_source("wiki", "confluence", {"url": wiki.base_url, "spaces": ["HR", "ENG"],
+                                                         "email": wiki.email, "groups_every_seconds": 1})
+        handle = await start_scheduler(fresh_kb, refresh_seconds=0.5)
+        try:
+            assert handle.jobs() == ["groups:wiki"]  # no sync schedule, but its groups refresh on theirs
+            for _ in range(100):
+                states = await fresh_kb.group_directories()
+                if states and states[0].generation >= 2:
+                    break
+                await asyncio.sleep(0.1)
+            assert states[0].memberships == 5 and states[0].error is None  # hr's members (no documents yet)
+            assert states[0].generation >= 2  # refreshed at least twice
+        finally:
+            await handle.stop()
