@@ -14,3 +14,5 @@ SOURCE_SYNC_CLASS = 727274100
 # (class, hash of source id and external id): one writer at a time per document, so two concurrent writes of one
 # document (two syncs of a folder) cannot both insert its chunks.
 DOCUMENT_WRITE_CLASS = 727274101
+# (class, source id): one writer at a time of a source's group directory (knowledge.storage.directory).
+DIRECTORY_REFRESH_CLASS = 727274102

@@ -9,7 +9,7 @@ import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -19,6 +19,7 @@ from db.settings import DatabaseSettings, redact_url
 from knowledge.answer.answering import Answer, Answerer, AnswerSettings, make_generator
 from bot.chat.state import BotStateMethods
 from knowledge.embedding.encoder import Embedder, get_embedder
+from knowledge.access import AccessResolver, DocumentVerdict, Person, ResolvedPrincipals, verdict
 from knowledge.errors import UnknownSource
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.answer.memory import ChatMessage, ConversationMemory, MemorySettings
@@ -28,6 +29,10 @@ from knowledge.storage import documents as store
 from knowledge.sources.base import Source, SourceInfo, SyncRun
 from knowledge.sources.folder import FolderSource
 from knowledge.ingest.runs import SyncRunner
+
+if TYPE_CHECKING:
+    from knowledge.ingest.groups import DirectoryReport
+    from knowledge.storage.directory import DirectoryState
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,10 @@ class KnowledgeBase(BotStateMethods):
         self.answerer = Answerer(self.retriever, self.memory, self.generator, embedder.count_tokens_many,
                                  AnswerSettings.from_settings(settings), embedder)
         self.syncs = SyncRunner(engine, self.indexer)
+        # Who a person is, in principals (knowledge.access): the one resolver every surface uses.
+        self.access = AccessResolver(self.search_engine, ttl_seconds=settings.group_membership_ttl_seconds,
+                                     cache_seconds=settings.access_cache_seconds,
+                                     identity_lookup=self.identity_principals)
         self._embedding_space_ready = False
 
     @classmethod
@@ -287,3 +296,42 @@ class KnowledgeBase(BotStateMethods):
             vocabulary=counts.vocabulary,
             avg_chunk_length=counts.total_length / counts.chunks if counts.chunks else 0.0,
         )
+
+    # --- who sees what (knowledge.access, knowledge.ingest.groups) ---
+
+    async def principals_for(self, person: "str | Person | Sequence[str]") -> ResolvedPrincipals:
+        """A person's principals (given, admin-mapped, every synced group containing them, `everyone`), each with
+        where it came from. `person`: "user:alice@acme.com", a platform identity "slack:U1", or several."""
+        return await self.access.principals_for(person)
+
+    async def refresh_groups(self, name: str) -> "DirectoryReport":
+        """Fetch the source's group membership now (the scheduler does it every `groups_every_seconds`). Raises
+        UnknownSource, SourceConfigError (no directory), SourceAuthError / SourceUnavailable (the last good
+        membership is kept, for at most GROUP_MEMBERSHIP_TTL_SECONDS)."""
+        from knowledge.ingest.groups import refresh_directory
+
+        try:
+            return await refresh_directory(self.engine, name)
+        finally:
+            self.access.invalidate()
+
+    async def group_directories(self) -> list["DirectoryState"]:
+        """Every source's directory: last good refresh, last attempt and error, counts."""
+        from knowledge.storage import directory as directory_store
+
+        async with self.engine.connect() as conn:
+            return await directory_store.list_states(conn)
+
+    async def explain_access(
+        self, person: "str | Person | Sequence[str]", document: str | None = None,
+    ) -> tuple[ResolvedPrincipals, list[DocumentVerdict]]:
+        """A person's principals with their origins and, for the documents `document` names (an id, URL,
+        `SOURCE:ID` or title), whether they may see each and which of its principals matched."""
+        from knowledge.storage import directory as directory_store
+
+        resolved = await self.access.principals_for(person)
+        if document is None:
+            return resolved, []
+        async with self.engine.connect() as conn:
+            found = await directory_store.find_documents(conn, document)
+        return resolved, [verdict(resolved, d) for d in found]

@@ -71,3 +71,9 @@ class KnowledgeSettings(BaseSettings):
     # Abstain when the best chunk's cosine similarity to the question is below this (measured on the handbook
     # eval set; see the README's "Retrieval quality" section).
     abstain_below_similarity: float = 0.20
+
+    # Group membership (knowledge.access). A source's synced groups grant access for at most this long after its
+    # last successful directory refresh; past it they grant nothing (fail closed) until a refresh succeeds.
+    group_membership_ttl_seconds: int = Field(default=7200, ge=1)
+    # A person's resolved principals are reused for this long (and the directories' versions re-read this often).
+    access_cache_seconds: float = Field(default=60.0, ge=0.0)

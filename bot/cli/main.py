@@ -95,13 +95,16 @@ T = TypeVar("T")
 
 AsOption = Annotated[
     Optional[list[str]],
-    typer.Option("--as", metavar="PRINCIPAL", help="Search as this principal (repeatable), e.g. user:alice@example.com or group:eng. "
+    typer.Option("--as", metavar="PRINCIPAL", help="Search as this principal (repeatable), e.g. user:alice@example.com or group:eng; the "
+                              "groups containing it (synced from the sources) are added unless --no-expand. "
                               "Documents shared with 'everyone' are always included."),
 ]
 SourceOption = Annotated[
     Optional[list[str]], typer.Option("--source", metavar="SOURCE", help="Only this source (repeatable).")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+NoExpandOption = Annotated[bool, typer.Option("--no-expand", help="Search exactly the --as principals, without "
+                                                                 "adding the groups that contain them.")]
 
 
 def fail(message: str) -> None:
@@ -234,6 +237,7 @@ def search(
     k: Annotated[int, typer.Option("-k", metavar="N", help="How many results.", min=1, max=200)] = 10,
     mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense or lexical.")] = "hybrid",
     principals: AsOption = None,
+    no_expand: NoExpandOption = False,
     sources: SourceOption = None,
     updated_after: Annotated[
         Optional[datetime], typer.Option("--updated-after", metavar="DATE", help="Only documents updated on or after this date (YYYY-MM-DD).")
@@ -251,7 +255,10 @@ def search(
     async def run_search(kb: KnowledgeBase) -> SearchResults:
         await kb.check_sources(sources)
         since = updated_after.replace(tzinfo=updated_after.tzinfo or timezone.utc) if updated_after else None
-        filters = SearchFilters(tuple(principals or ()), tuple(sources) if sources else None, since)
+        from bot.cli_access import as_principals
+
+        filters = SearchFilters(tuple(await as_principals(kb, principals, no_expand)),
+                                tuple(sources) if sources else None, since)
         return await kb.search(query, filters, k=k, mode=mode)  # type: ignore[arg-type]
 
     results = with_kb(run_search)
@@ -265,6 +272,7 @@ def search(
 def ask(
     question: Annotated[str, typer.Argument(help="Your question.")],
     principals: AsOption = None,
+    no_expand: NoExpandOption = False,
     sources: SourceOption = None,
     conversation: Annotated[
         Optional[str],
@@ -280,7 +288,10 @@ def ask(
 
     async def run_ask(kb: KnowledgeBase) -> Answer:
         await kb.check_sources(sources)
-        return await kb.answer(question, principals or ["everyone"], conversation_id, sources=sources, asker="cli")
+        from bot.cli_access import as_principals
+
+        return await kb.answer(question, await as_principals(kb, principals, no_expand), conversation_id,
+                               sources=sources, asker="cli")
 
     answer = with_kb(run_ask)
     if as_json:
@@ -425,6 +436,10 @@ _register_admin_commands(app)
 from bot.cli.sources import register_source_commands  # noqa: E402  (source, sync, sync-runs, scheduler)
 
 register_source_commands(app)
+
+from bot.cli_access import register_access_commands  # noqa: E402  (access explain|groups|refresh)
+
+register_access_commands(app)
 
 if __name__ == "__main__":
     sys.exit(app())

@@ -33,6 +33,10 @@ EveryOption = Annotated[
 PruneOption = Annotated[
     str, typer.Option("--prune-every", help="Look for deleted items (and re-check permissions) this often.")
 ]
+GroupsOption = Annotated[
+    str, typer.Option("--groups-every", help="Refresh the source's group membership (who is in which group) this "
+                                             "often; a removal from a group takes effect within one interval.")
+]
 
 
 def register_source_commands(app: typer.Typer) -> None:
@@ -101,11 +105,13 @@ def add_confluence(
     visibility: Annotated[str, typer.Option("--visibility", help="permissions: honour space permissions and page "
                                                                  "restrictions; everyone: index everything for everyone.")] = "permissions",
     prune_every: PruneOption = "1d",
+    groups_every: GroupsOption = "1h",
 ) -> None:
     """Confluence Cloud or Data Center spaces (REST API v1), with permissions."""
     seconds, prune = _intervals(every, prune_every)
     config = {"url": url.rstrip("/"), "spaces": space, "cql": cql, "email": email, "token_env": token_env,
-              "exclude_labels": exclude_label or [], "everyone_group": everyone_group, "visibility": visibility}
+              "exclude_labels": exclude_label or [], "everyone_group": everyone_group, "visibility": visibility,
+              "groups_every_seconds": _intervals(None, groups_every)[1]}
     _save(name, "confluence", config, seconds, prune)
 
 
@@ -122,6 +128,11 @@ def add_gdrive(
                                                                            "the key file).")] = "GOOGLE_SERVICE_ACCOUNT_JSON",
     subject: Annotated[Optional[str], typer.Option("--subject", help="Read as this user (domain-wide "
                                                                      "delegation).")] = None,
+    admin_email: Annotated[Optional[str], typer.Option("--admin-email", help="A Workspace admin the service account "
+                                                                             "acts as to read Google Groups and their "
+                                                                             "members (domain-wide delegation of "
+                                                                             "admin.directory.group.readonly).")] = None,
+    groups_every: GroupsOption = "1h",
     every: EveryOption = None,
     visibility: Annotated[str, typer.Option("--visibility", help="permissions: each file's sharing decides who "
                                                                  "sees it; everyone: index everything for "
@@ -143,9 +154,13 @@ def add_gdrive(
         fail(str(exc))
         raise AssertionError("unreachable") from exc
     seconds, prune = _intervals(every, prune_every)
+    if admin_email is not None and ("@" not in admin_email or " " in admin_email.strip()):
+        fail(f"--admin-email must be a Workspace admin's email address, not {admin_email!r}")
     config = GoogleDriveConfig(folders=folders, shared_drives=drives, credentials_env=credentials_env,
-                               subject=subject, visibility=visibility)  # type: ignore[arg-type]
-    _save(name, "gdrive", config.to_dict(), seconds, prune)
+                               subject=subject, visibility=visibility,  # type: ignore[arg-type]
+                               admin_email=admin_email.strip().lower() if admin_email else None)
+    _save(name, "gdrive", {**config.to_dict(), "groups_every_seconds": _intervals(None, groups_every)[1]}, seconds,
+          prune)
 
 
 @source_app.command("list")
@@ -224,6 +239,9 @@ def sync(
             if not as_json:
                 render_sync_report(report)
             reports.append(report)
+            from bot.cli_access import refresh_groups_after_sync  # a sync also refreshes group membership
+
+            await refresh_groups_after_sync(kb, source, quiet=as_json)
         await prepare_query_encoder(kb, as_json)
         return reports, errors
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import re
+from datetime import datetime, timedelta, timezone
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -22,6 +24,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from knowledge.errors import KnowledgeError, SourceBusy
+from knowledge.ingest.groups import groups_seconds
 
 if TYPE_CHECKING:
     from knowledge.kb import KnowledgeBase
@@ -63,6 +66,7 @@ class SchedulerHandle:
     refresh_seconds: float
     jitter_fraction: float
     _signatures: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
+    _groups: dict[str, int] = field(default_factory=dict)  # source -> group directory refresh interval
     _refresher: asyncio.Task[None] | None = None
     _running: set[asyncio.Task[object]] = field(default_factory=set)
 
@@ -83,6 +87,32 @@ class SchedulerHandle:
             if prune_every:
                 self._add_job(f"prune:{name}", name, prune_every, prune=True)
             self._signatures[name] = (every, prune_every)
+        self._refresh_group_jobs({s.name: groups_seconds(s.kind, s.config) for s in sources})
+
+    def _refresh_group_jobs(self, wanted: dict[str, int | None]) -> None:
+        """One `groups:NAME` job per source with a group directory, every `--groups-every` (knowledge.ingest.groups);
+        its first run comes soon after start, so a new replica or source does not wait a whole interval."""
+        for name in [n for n, every in self._groups.items() if wanted.get(n) != every]:
+            if self.scheduler.get_job(f"groups:{name}"):
+                self.scheduler.remove_job(f"groups:{name}")
+            del self._groups[name]
+        for name, every in wanted.items():
+            if every and name not in self._groups:
+                first = datetime.now(timezone.utc) + timedelta(seconds=random.uniform(1, 1 + every * self.jitter_fraction))
+                self.scheduler.add_job(
+                    self._run_groups, IntervalTrigger(seconds=every, jitter=every * self.jitter_fraction or None),
+                    args=[name], id=f"groups:{name}", name=f"groups:{name}", coalesce=True, max_instances=1,
+                    misfire_grace_time=every, replace_existing=True, next_run_time=first)
+                self._groups[name] = every
+
+    async def _run_groups(self, name: str) -> None:
+        try:
+            report = await self.kb.refresh_groups(name)
+            logger.info("group directory of %s: %d groups, %d memberships", name, report.groups, report.memberships)
+        except KnowledgeError as exc:  # recorded on the directory; the last good membership is kept
+            logger.warning("group directory refresh of %s failed: %s", name, exc)
+        except Exception:
+            logger.exception("group directory refresh of %s failed", name)
 
     def _add_job(self, job_id: str, name: str, every: int | None, prune: bool | None) -> None:
         assert every

@@ -725,6 +725,14 @@ class ConfluenceSource:
             self._cache.space_access[key] = (EVERYONE,) if EVERYONE in principals else tuple(sorted(principals))
         return self._cache.space_access[key]
 
+    async def space_groups(self, key: str) -> dict[str, str | None]:
+        """The groups with read permission on a space (name → Cloud group id, None on Data Center): whose members
+        the group directory fetches (knowledge.sources.confluence_groups)."""
+        access = await self._space_access(key)
+        ids = {name: group_id for group_id, name in self._cache.groups.items()}
+        names = [p.removeprefix("group:") for p in access if p.startswith("group:")]
+        return {name: ids.get(name) for name in names}
+
     def _group_principal(self, name: str) -> str:
         if name.lower() == self.config.everyone_group.lower():
             return EVERYONE

@@ -116,17 +116,20 @@ class GoogleDriveConfig:
     credentials_env: str = DEFAULT_CREDENTIALS_ENV
     subject: str | None = None
     visibility: Literal["permissions", "everyone"] = "permissions"
+    # A Workspace admin the service account acts as to read groups (knowledge.sources.google_directory).
+    admin_email: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"folders": list(self.folders), "shared_drives": list(self.shared_drives),
-                "credentials_env": self.credentials_env, "subject": self.subject, "visibility": self.visibility}
+                "credentials_env": self.credentials_env, "subject": self.subject, "visibility": self.visibility,
+                "admin_email": self.admin_email}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "GoogleDriveConfig":
         return cls(
             folders=tuple(data.get("folders") or ()), shared_drives=tuple(data.get("shared_drives") or ()),
             credentials_env=data.get("credentials_env") or DEFAULT_CREDENTIALS_ENV, subject=data.get("subject"),
-            visibility=data.get("visibility") or "permissions",
+            visibility=data.get("visibility") or "permissions", admin_email=data.get("admin_email") or None,
         )
 
 

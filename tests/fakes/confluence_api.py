@@ -87,6 +87,7 @@ class FakeConfluence:
         self.attachments: dict[str, Attachment] = {}
         self.users: dict[str, User] = {}
         self.groups: dict[str, str] = {}  # id -> name
+        self.group_members: dict[str, list[str]] = {}  # group name -> user ids (accountId / username)
         self.requests: list[str] = []
         self.v2_pages = 0  # v2 permission pages served
         self.restriction_requests: list[tuple[str, bool, int]] = []  # (page id, paged form?, start)
@@ -140,6 +141,13 @@ class FakeConfluence:
 
     def add_user(self, ident: str, display_name: str, email: str | None) -> None:
         self.users[ident] = User(ident, display_name, email)
+
+    def set_group_members(self, name: str, members: list[str]) -> None:
+        """Create the group if needed and make `members` (user ids) exactly its members."""
+        with self._lock:
+            if name not in self.groups.values():
+                self.groups[f"g-{len(self.groups) + 1}"] = name
+            self.group_members[name] = list(members)
 
     def add_page(self, space: str, title: str, body: str, parent: str | None = None, labels: list[str] | None = None,
                  type: str = "page") -> str:
@@ -451,6 +459,39 @@ def fake_route(fake: FakeConfluence, handler: Any, path: str, query: dict[str, s
             headers["Link"] = f'<{following}>; rel="next"'
         fake.v2_pages += 1
         return handler.send_json(body, headers)
+    # Group members, paged by start/limit with `_links.next` relative to `_links.base`. Cloud: "Get group members"
+    # (GET /wiki/rest/api/group/member?groupId=, REST v1 reference, Group) and "Get group" by name
+    # (GET /wiki/rest/api/group/by-name?name=); Data Center: "Get members of group"
+    # (GET /rest/api/group/{groupName}/member, Confluence Data Center REST API, Group). Results are User objects
+    # (UserArray: results, start, limit, size, _links).
+    if path == "/rest/api/group/by-name" and fake.edition == "cloud":
+        name = query["name"]
+        gid = next(g for g, n in fake.groups.items() if n == name)
+        return handler.send_json({"type": "group", "name": name, "id": gid,
+                                  "_links": {"self": f"{fake.base_url}/rest/api/group/by-id?id={gid}"}})
+    member_path = None
+    if path == "/rest/api/group/member" and fake.edition == "cloud":
+        name = fake.groups[query["groupId"]]
+        member_path = f"/rest/api/group/member?groupId={query['groupId']}"
+    else:
+        match = re.fullmatch(r"/rest/api/group/([^/]+)/member", path)
+        if match:
+            from urllib.parse import unquote
+
+            name = unquote(match.group(1))
+            member_path = f"/rest/api/group/{quote(name, safe='')}/member?"
+    if member_path is not None:
+        if name not in fake.group_members:
+            raise KeyError(name)
+        members = fake.group_members[name]
+        start, limit = int(query.get("start", 0)), min(int(query.get("limit", 200)), fake.page_size)
+        window = members[start : start + limit]
+        links = {"base": fake.base_url, "context": fake.context, "self": f"{fake.base_url}{member_path}"}
+        if start + limit < len(members):
+            joiner = "&" if not member_path.endswith("?") else ""
+            links["next"] = f"{member_path}{joiner}start={start + limit}&limit={limit}"
+        return handler.send_json({"results": [fake._user_json(m) for m in window], "start": start, "limit": limit,
+                                  "size": len(window), "_links": links})
     if path == "/rest/api/group/by-id":
         gid = query["id"]
         return handler.send_json({"type": "group", "name": fake.groups[gid], "id": gid})

@@ -179,6 +179,9 @@ class FakeDrive:
         self.changes_page_size = 1000
         self.permissions_page_size = 100
         self.log_of: dict[str, str] = {}  # file id -> its change log: "" (the user's) or its shared drive id
+        from fakes.directory_api import FakeDirectory
+
+        self.directory = FakeDirectory()  # Google Workspace groups, served under /admin/directory/v1/
         self.latency_seconds = 0.0  # added to every API answer (benchmarks: Drive's round trips are not free)
         self._ids = itertools.count(1)
         self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=timezone.utc)
@@ -379,9 +382,11 @@ class FakeDrive:
                 return self._token(params)
             if self.require_auth and headers.get("authorization") != f"Bearer {ACCESS_TOKEN}":
                 raise DriveError(401, "authError", "Request had invalid authentication credentials.")
+            parts = path.strip("/").split("/")
+            if parts[:3] == ["admin", "directory", "v1"]:  # the Directory API (fakes/directory_api.py)
+                return _json(self.directory.handle(parts[3:], params))
             if self.storm:
                 raise self.storm.pop(0)
-            parts = path.strip("/").split("/")
             if parts[:2] != ["drive", "v3"]:
                 raise DriveError(404, "notFound", f"Not Found: {path}")
             parts = parts[2:]
@@ -413,7 +418,7 @@ class FakeDrive:
         if params.get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer" or not params.get("assertion"):
             return 400, {"Content-Type": "application/json"}, json.dumps({"error": "invalid_grant"}).encode()
         claims = json.loads(base64.urlsafe_b64decode(params["assertion"].split(".")[1] + "==="))
-        if "drive" not in claims.get("scope", ""):
+        if "drive" not in claims.get("scope", "") and "admin.directory" not in claims.get("scope", ""):
             return 400, {"Content-Type": "application/json"}, json.dumps(
                 {"error": "invalid_scope", "error_description": "no Drive scope"}).encode()
         return _json({"access_token": ACCESS_TOKEN, "expires_in": 3600, "token_type": "Bearer"})

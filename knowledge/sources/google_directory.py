@@ -1,0 +1,212 @@
+"""Google Workspace groups and their members, from the Admin SDK Directory API (issue 33). No SQL here.
+
+With a service account that has domain-wide delegation and an admin to act as (`source add gdrive …
+--admin-email admin@acme.com`), a refresh lists every group of the customer (`groups.list(customer="my_customer")`)
+and each group's direct members (`members.list(groupKey)`), following `nextPageToken` to the end (Admin SDK
+Directory API reference, "Method: groups.list" and "Method: members.list"). Members are stored as direct edges as
+documents carry principals: `group:<group email>` ∋ `user:<email>` (type USER), `group:<email>` (type GROUP: a
+nested group, expanded by the resolver with cycle protection) or `customer:` (type CUSTOMER: everyone in the
+Workspace, i.e. every person whose email is in one of its domains). Suspended members grant nothing.
+
+google-api-python-client is synchronous: each request runs in a worker thread with its own httplib2 connection,
+under a semaphore. 429, 403 rate-limit reasons and 5xx back off (Retry-After honoured) a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable
+from knowledge.sources.gdrive import _reason, _retry_after, _retryable, _short, load_credentials
+
+logger = logging.getLogger(__name__)
+
+DIRECTORY_SCOPE = "https://www.googleapis.com/auth/admin.directory.group.readonly"
+CUSTOMER = "customer:"  # the member a CUSTOMER-type membership becomes
+
+
+class GoogleDirectorySettings(BaseSettings):
+    """Settings of every Google directory refresh (per-source options live in the stored source config)."""
+
+    model_config = SettingsConfigDict(env_prefix="GDRIVE_DIRECTORY_", env_file=".env", extra="ignore")
+
+    # Another API root (a proxy, or a local fake in tests); unset means Google's (https://admin.googleapis.com/).
+    api_endpoint: str | None = None
+    # Results per groups.list / members.list page (the API allows at most 200).
+    page_size: int = Field(default=200, ge=1, le=200)
+    # Requests in flight at once.
+    concurrency: int = Field(default=4, ge=1, le=32)
+    # Rate limits and server errors: retries per request, first wait, longest wait (seconds).
+    max_retries: int = Field(default=6, ge=0)
+    backoff_seconds: float = Field(default=1.0, ge=0)
+    max_backoff_seconds: float = Field(default=64.0, ge=0)
+
+
+@dataclass
+class GoogleDirectory:
+    edges: list[tuple[str, str]] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    domains: set[str] = field(default_factory=set)
+    api_calls: int = 0
+    retries: int = 0
+
+
+def directory_credentials(credentials_env: str, admin_email: str) -> Any:
+    """The source's service-account key, scoped to read groups, acting as the admin (domain-wide delegation)."""
+    from knowledge.sources.gdrive import DriveSourceError
+
+    try:
+        base = load_credentials(credentials_env, None)
+    except DriveSourceError as error:
+        raise SourceAuthError(str(error)) from None
+    return base.with_scopes([DIRECTORY_SCOPE]).with_subject(admin_email)
+
+
+class DirectoryClient:
+    """Admin SDK Directory v1 through google-api-python-client, async, bounded, with rate-limit backoff.
+    `credentials=None` talks without authentication (only useful against a local fake)."""
+
+    def __init__(self, source_name: str, credentials: Any, settings: GoogleDirectorySettings | None = None) -> None:
+        import httplib2
+        from googleapiclient.discovery import build
+
+        self.name = source_name
+        self.settings = settings or GoogleDirectorySettings()
+        self.credentials = credentials
+        options = {"api_endpoint": self.settings.api_endpoint} if self.settings.api_endpoint else None
+        self.service = build("admin", "directory_v1", http=httplib2.Http(), static_discovery=True,
+                             client_options=options, cache_discovery=False)
+        self._local = threading.local()
+        self._semaphore = asyncio.Semaphore(self.settings.concurrency)
+        self.calls = 0
+        self.retries = 0
+
+    def _http(self) -> Any:
+        http = getattr(self._local, "http", None)
+        if http is None:
+            import httplib2
+
+            http = httplib2.Http(timeout=120)
+            if self.credentials is not None:
+                import google_auth_httplib2
+
+                http = google_auth_httplib2.AuthorizedHttp(self.credentials, http=http)
+            self._local.http = http
+        return http
+
+    def _execute(self, make_request: Callable[[Any], Any]) -> Any:
+        return make_request(self.service).execute(http=self._http(), num_retries=0)
+
+    async def call(self, make_request: Callable[[Any], Any]) -> Any:
+        import httplib2
+        from google.auth.exceptions import RefreshError, TransportError
+        from googleapiclient.errors import HttpError
+
+        attempt = 0
+        while True:
+            try:
+                async with self._semaphore:
+                    self.calls += 1
+                    return await asyncio.to_thread(self._execute, make_request)
+            except HttpError as error:
+                if _retryable(error) and attempt < self.settings.max_retries:
+                    delay = _retry_after(error)
+                    if delay is None:
+                        delay = min(self.settings.max_backoff_seconds, self.settings.backoff_seconds * 2**attempt)
+                        delay *= 0.5 + random.random() / 2
+                    attempt += 1
+                    self.retries += 1
+                    logger.info("Directory API %s; retry %d in %.2f s", _reason(error), attempt, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                if _retryable(error):
+                    raise SourceUnavailable(
+                        f"source {self.name!r}: the Google Directory API still answers {_reason(error)} after "
+                        f"{attempt} retries; the last good group membership is kept until it expires") from None
+                if error.status_code in (401, 403):
+                    raise SourceAuthError(
+                        f"source {self.name!r}: the Google Directory API refused to list groups ({_reason(error)}); "
+                        f"grant the service account domain-wide delegation of {DIRECTORY_SCOPE} and give an admin "
+                        "to act as") from None
+                raise SourceUnavailable(f"source {self.name!r}: the Google Directory API answered "
+                                        f"{_reason(error)}") from None
+            except RefreshError as error:
+                raise SourceAuthError(
+                    f"source {self.name!r}: Google refused the service account's token for the Directory API "
+                    f"({_short(error)}): check domain-wide delegation of {DIRECTORY_SCOPE} and the admin email"
+                ) from None
+            except (TransportError, OSError, httplib2.HttpLib2Error) as error:
+                raise SourceUnavailable(f"source {self.name!r}: cannot reach the Google Directory API "
+                                        f"({_short(error)}); check the network") from None
+
+
+def member_principal(member: dict[str, Any]) -> str | None:
+    """A Directory member as documents carry principals; None for members that grant nothing."""
+    if (member.get("status") or "ACTIVE").upper() == "SUSPENDED":
+        return None
+    kind = (member.get("type") or "").upper()
+    email = (member.get("email") or "").strip().lower()
+    if kind == "CUSTOMER":
+        return CUSTOMER
+    if kind == "USER" and email:
+        return f"user:{email}"
+    if kind == "GROUP" and email:
+        return f"group:{email}"
+    return None
+
+
+async def fetch_directory(client: DirectoryClient, admin_email: str) -> GoogleDirectory:
+    """Every group of the customer with its direct members (nesting is expanded by the resolver)."""
+    found = GoogleDirectory(domains={admin_email.rsplit("@", 1)[-1].lower()} if "@" in admin_email else set())
+    size = client.settings.page_size
+    groups: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        page = await client.call(lambda s, t=token: s.groups().list(customer="my_customer", maxResults=size,
+                                                                     pageToken=t))
+        groups += page.get("groups") or []
+        token = page.get("nextPageToken")
+        if not token:
+            break
+    if not groups:
+        logger.info("source %s: the Directory API lists no groups for %s", client.name, admin_email)
+
+    async def members_of(group: dict[str, Any]) -> None:
+        email = (group.get("email") or "").strip().lower()
+        if not email:
+            return
+        principal = f"group:{email}"
+        found.groups.append(principal)
+        found.domains.add(email.rsplit("@", 1)[-1])
+        key = group.get("id") or email
+        page_token: str | None = None
+        while True:
+            page = await client.call(lambda s, t=page_token: s.members().list(groupKey=key, maxResults=size,
+                                                                              pageToken=t))
+            for member in page.get("members") or []:
+                member_principal_ = member_principal(member)
+                if member_principal_ is not None and member_principal_ != principal:
+                    found.edges.append((principal, member_principal_))
+            page_token = page.get("nextPageToken")
+            if not page_token:
+                return
+
+    await asyncio.gather(*(members_of(group) for group in groups))
+    found.api_calls = client.calls
+    found.retries = client.retries
+    return found
+
+
+def check_admin_email(value: str) -> str:
+    value = value.strip()
+    if "@" not in value or " " in value:
+        raise SourceConfigError(f"--admin-email must be a Workspace admin's email address (got {value!r})")
+    return value.lower()

@@ -1,0 +1,265 @@
+"""Group membership synced from Confluence and Google Workspace, expanded by the one resolver (knowledge.access):
+group-shared pages and files reach members and only members (through `kb.search`/`kb.answer` as the resolver's
+principals, and through `ragbot search/ask --as`), nested Google groups expand, a cycle terminates, a removal takes
+effect at the next refresh, and an unreachable directory keeps its last good membership for one TTL, then fails
+closed. Real client libraries against the fakes in tests/fakes/, real Postgres."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fakes.confluence_api import FakeConfluence
+from fakes.drive_api import FakeDrive
+from knowledge.access import AccessResolver
+from knowledge.errors import SourceUnavailable
+from knowledge.search.retrieval import SearchFilters
+from test_cli import cli, ok, ok_json, text
+from test_gdrive import private_key_pem  # noqa: F401  (session fixture)
+
+HR_PAGE = "<p>Salary bands are reviewed every April by the people team.</p>"
+PAYROLL_PAGE = "<p>Payroll runs on the 25th; corrections go to the payroll desk before the 20th.</p>"
+HANDBOOK_PAGE = "<p>The office opens at 8am and the coffee machine is on the third floor.</p>"
+
+
+async def visible(kb, query: str, person: str, *, expand: bool = True, k: int = 5) -> list[str]:  # type: ignore[no-untyped-def]
+    principals = (await kb.principals_for(person)).principals if expand else (person,)
+    return [h.external_id for h in (await kb.search(query, SearchFilters(tuple(principals)), k=k)).hits]
+
+
+# --- Confluence -------------------------------------------------------------------------------------------------
+
+
+def people_wiki(wiki: FakeConfluence) -> dict[str, str]:
+    """HR space readable by group `hr` only; ENG open to all users, with a page restricted to group `payroll`.
+    Five members in `hr` (pages of 3), Bob's email hidden."""
+    for ident, email in [("alice", "Alice@Acme.example"), ("bob", None), ("carol", "carol@acme.example"),
+                         ("dan", "dan@acme.example"), ("eve", "eve@acme.example"), ("fay", "fay@acme.example")]:
+        wiki.add_user(ident, ident.title(), email)
+    wiki.set_group_members("hr", ["alice", "dan", "eve", "fay", "bob"])
+    wiki.set_group_members("payroll", ["bob", "carol"])
+    wiki.add_space("HR", "People", readers=[("group", "hr")])
+    wiki.add_space("ENG", "Engineering")
+    ids = {"bands": wiki.add_page("HR", "Salary bands", HR_PAGE)}
+    ids["handbook"] = wiki.add_page("ENG", "Office handbook", HANDBOOK_PAGE)
+    ids["payroll"] = wiki.add_page("ENG", "Payroll calendar", PAYROLL_PAGE, parent=ids["handbook"])
+    wiki.restrict(ids["payroll"], groups=["payroll"])
+    return ids
+
+
+@pytest.mark.parametrize("edition", ["cloud", "datacenter"])
+async def test_confluence_group_pages_reach_members_and_only_members(fresh_kb, monkeypatch, edition):
+    monkeypatch.setenv("CONFLUENCE_API_TOKEN", "good-token")
+    with FakeConfluence(edition=edition) as wiki:
+        ids = people_wiki(wiki)
+        config = {"url": wiki.base_url, "spaces": ["HR", "ENG"]}
+        if edition == "cloud":
+            config["email"] = wiki.email
+        await fresh_kb.add_source("wiki", "confluence", config)
+        await fresh_kb.sync_source("wiki")
+        wiki.fail_next(2, 429)  # the refresh survives a rate-limit burst
+        report = await fresh_kb.refresh_groups("wiki")
+        member_calls = [r for r in wiki.requests if "/member" in r]
+        assert report.groups == 2 and report.memberships == 7
+        assert len([r for r in member_calls if "start=3" in r]) >= 1  # hr's second page was followed
+
+        # Cloud shows emails (any case matches); Data Center does not: its people are `user:confluence:<name>`.
+        def who(ident: str, email: str) -> str:
+            return f"user:{email}" if edition == "cloud" else f"user:confluence:{ident}"
+
+        alice, carol = who("alice", "alice@acme.example"), who("carol", "carol@acme.example")
+        # Alice is in hr; Carol is not, and only sees the everyone page.
+        assert ids["bands"] in await visible(fresh_kb, "salary bands review", alice)
+        assert ids["bands"] not in await visible(fresh_kb, "salary bands review", carol)
+        if edition == "cloud":
+            assert ids["bands"] in await visible(fresh_kb, "salary bands review", "user:ALICE@acme.example")
+        # Carol is in payroll: the restricted page reaches her, not Alice; without expansion, not her either.
+        assert ids["payroll"] in await visible(fresh_kb, "when does payroll run", carol)
+        assert ids["payroll"] not in await visible(fresh_kb, "when does payroll run", alice)
+        assert ids["payroll"] not in await visible(fresh_kb, "when does payroll run", carol, expand=False)
+        # Bob's email is hidden on both: he is his `user:confluence:` principal, as documents would carry him, and
+        # an admin mapping of his chat identity to it brings his groups along.
+        await fresh_kb.map_identity("slack:UBOB", "user:confluence:bob")
+        bob = await fresh_kb.principals_for("slack:UBOB")
+        assert {"group:hr", "group:payroll"} <= set(bob.principals)
+        assert [o.describe() for o in bob.origins["user:confluence:bob"]] == ["admin mapping of slack:UBOB"]
+        assert ids["payroll"] in await visible(fresh_kb, "when does payroll run", "user:confluence:bob")
+
+        resolved, verdicts = await fresh_kb.explain_access(alice, "Salary bands")
+        (verdict,) = verdicts
+        assert verdict.visible and verdict.matched == ("group:hr",)
+        assert [o.describe() for o in resolved.origins["group:hr"]] == [f"wiki directory: {alice} ∈ group:hr"]
+        _, refused = await fresh_kb.explain_access(carol, "Salary bands")
+        assert not refused[0].visible and refused[0].access == ("group:hr",)
+
+
+# --- Google Workspace -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def drive(monkeypatch, private_key_pem):  # noqa: F811
+    with FakeDrive(require_auth=True) as fake:
+        monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_JSON", json.dumps({
+            "type": "service_account", "project_id": "ragbot-test", "private_key_id": "key1",
+            "private_key": private_key_pem, "client_email": "ragbot@ragbot-test.iam.gserviceaccount.com",
+            "client_id": "1234", "token_uri": fake.token_uri,
+        }))
+        monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+        monkeypatch.setenv("GDRIVE_API_ENDPOINT", fake.endpoint)
+        monkeypatch.setenv("GDRIVE_BACKOFF_SECONDS", "0.01")
+        monkeypatch.setenv("GDRIVE_DIRECTORY_API_ENDPOINT", fake.base_url + "/")
+        monkeypatch.setenv("GDRIVE_DIRECTORY_BACKOFF_SECONDS", "0.01")
+        monkeypatch.setenv("GDRIVE_DIRECTORY_MAX_RETRIES", "3")
+        yield fake
+
+
+def workspace(drive: FakeDrive) -> dict[str, str]:
+    """eng@ ∋ platform@ ∋ dave (nested), platform@ ∋ eng@ (a cycle), all@ ∋ the whole customer."""
+    directory = drive.directory
+    directory.add_group("eng@acme.example", ["erin@acme.example", ("group", "platform@acme.example")])
+    directory.add_group("platform@acme.example", ["Dave@acme.example", "gus@acme.example",
+                                                   ("group", "eng@acme.example")])
+    directory.add_group("all@acme.example", [("customer", "")])
+    directory.add_group("sales@acme.example", ["sam@acme.example"])
+    root = drive.add_folder("Company")
+    return {
+        "root": root,
+        "arch": drive.add_doc("Architecture", root, html="<p>The billing service talks to the ledger over gRPC.</p>",
+                              permissions=[drive.group("ENG@acme.example")]),
+        "party": drive.add_doc("Party", root, html="<p>The summer party is on the rooftop in June.</p>",
+                               permissions=[drive.group("all@acme.example")]),
+        "quota": drive.add_doc("Quota", root, html="<p>Sales quota is set per quarter by region.</p>",
+                               permissions=[drive.group("sales@acme.example")]),
+    }
+
+
+async def add_drive(kb, ids: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    await kb.add_source("drive", "gdrive", {"folders": [ids["root"]], "admin_email": "admin@acme.example"})
+    await kb.sync_source("drive")
+
+
+async def test_nested_google_groups_expand_and_a_cycle_terminates(kb_factory, drive):
+    kb = await kb_factory(access_cache_seconds=0)
+    ids = workspace(drive)
+    await add_drive(kb, ids)
+    drive.directory.rate_limit(2)  # 429s in the middle of the listing are retried
+    report = await kb.refresh_groups("drive")
+    assert report.groups == 4 and report.memberships == 7
+    paged = [r for r in drive.requests if r.path.startswith("/admin/directory/v1/") and "pageToken" in r.query]
+    assert any(r.path.endswith("/members") for r in paged) and any(r.path.endswith("/groups") for r in paged)
+    assert any(t.get("assertion") for t in drive.token_requests)
+
+    dave = await kb.principals_for("user:dave@acme.example")  # in platform@, so in eng@ (and eng@ ∋ platform@)
+    assert {"group:platform@acme.example", "group:eng@acme.example", "group:all@acme.example"} <= set(dave.principals)
+    assert "group:sales@acme.example" not in dave.principals
+    assert ids["arch"] in await visible(kb, "how does billing talk to the ledger", "user:dave@acme.example")
+    assert ids["arch"] not in await visible(kb, "how does billing talk to the ledger", "user:sam@acme.example")
+    assert ids["quota"] not in await visible(kb, "sales quota per region", "user:dave@acme.example")
+    # The whole customer: anyone in the Workspace's domains, nobody outside it.
+    assert ids["party"] in await visible(kb, "summer party rooftop", "user:sam@acme.example")
+    assert ids["party"] not in await visible(kb, "summer party rooftop", "user:mallory@elsewhere.example")
+    # Erin is a direct member of eng@: the cycle (eng@ ∋ platform@ ∋ eng@) gives her platform@ too, and ends.
+    erin = await kb.principals_for("user:erin@acme.example")
+    assert {"group:eng@acme.example", "group:platform@acme.example"} <= set(erin.principals)
+    # The answer path uses the same principals.
+    answer = await kb.answer("how does billing talk to the ledger?", dave.principals, "t:dave")
+    assert any(c.external_id == ids["arch"] for c in answer.citations)
+
+
+async def test_removal_from_a_group_stops_documents_within_one_refresh(kb_factory, drive):
+    kb = await kb_factory(access_cache_seconds=0)
+    ids = workspace(drive)
+    await add_drive(kb, ids)
+    await kb.refresh_groups("drive")
+    assert ids["arch"] in await visible(kb, "how does billing talk to the ledger", "user:gus@acme.example")
+    drive.directory.remove_member("platform@acme.example", "gus@acme.example")
+    await kb.refresh_groups("drive")
+    assert ids["arch"] not in await visible(kb, "how does billing talk to the ledger", "user:gus@acme.example")
+    assert ids["arch"] in await visible(kb, "how does billing talk to the ledger", "user:dave@acme.example")
+
+
+async def test_an_unreachable_directory_keeps_the_last_membership_for_one_ttl_then_fails_closed(kb_factory, drive):
+    kb = await kb_factory()
+    ids = workspace(drive)
+    await add_drive(kb, ids)
+    await kb.refresh_groups("drive")
+    drive.directory.down = True
+    with pytest.raises(SourceUnavailable, match="Directory API"):
+        await kb.refresh_groups("drive")
+    (state,) = await kb.group_directories()
+    assert state.error and state.memberships == 7
+
+    now = [state.refreshed_at.timestamp() + 60]
+    resolver = AccessResolver(kb.search_engine, ttl_seconds=3600, cache_seconds=30, clock=lambda: now[0])
+    within = await resolver.principals_for("user:dave@acme.example")
+    assert "group:eng@acme.example" in within.principals and not within.expired
+    now[0] = state.refreshed_at.timestamp() + 3601  # one TTL after the last good refresh: the cache entry ends too
+    past = await resolver.principals_for("user:dave@acme.example")
+    assert past.principals == ("everyone", "user:dave@acme.example") and past.expired == ("drive",)
+    hits = await kb.search("how does billing talk to the ledger", SearchFilters(past.principals), k=5)
+    assert ids["arch"] not in [h.external_id for h in hits.hits]
+
+    drive.directory.down = False  # a refresh that succeeds again restores it
+    await kb.refresh_groups("drive")
+    resolver.invalidate()
+    now[0] = __import__("time").time()
+    assert "group:eng@acme.example" in (await resolver.principals_for("user:dave@acme.example")).principals
+
+
+# --- the command line --------------------------------------------------------------------------------------------
+
+
+def test_cli_search_ask_as_expand_groups_and_access_explain_says_why(fresh_database, monkeypatch, drive):
+    monkeypatch.setenv("DATABASE_URL", fresh_database())
+    ids = workspace(drive)
+    added = cli("source", "add", "gdrive", "drive", "--folder", ids["root"], "--admin-email", "admin@acme.example",
+                "--groups-every", "30m")
+    assert added.exit_code == 0, added.stderr
+    synced = ok("sync", "drive")
+    assert "Group membership of drive: 4 groups, 7 memberships" in text(synced)
+    (listed,) = ok_json("source", "list")["sources"]
+    assert listed["config"]["groups_every_seconds"] == 1800 and listed["config"]["admin_email"] == "admin@acme.example"
+
+    hits = ok_json("search", "how does billing talk to the ledger", "--as", "user:dave@acme.example")["results"]
+    assert ids["arch"] in [h["document"]["external_id"] for h in hits]
+    exact = ok_json("search", "how does billing talk to the ledger", "--as", "user:dave@acme.example",
+                    "--no-expand")["results"]
+    assert ids["arch"] not in [h["document"]["external_id"] for h in exact]
+    outsider = ok_json("ask", "how does billing talk to the ledger?", "--as", "user:sam@acme.example")
+    assert ids["arch"] not in [c["external_id"] for c in outsider.get("citations", [])]
+    insider = ok_json("ask", "how does billing talk to the ledger?", "--as", "user:dave@acme.example")
+    assert ids["arch"] in [c["external_id"] for c in insider.get("citations", [])]
+
+    explained = ok("access", "explain", "user:dave@acme.example", "Architecture")
+    out = " ".join(text(explained).split())
+    assert "group:eng@acme.example" in out and "drive directory" in out
+    assert "May see Architecture" in out and "shared with group:eng@acme.example" in out
+    refused = ok("access", "explain", "user:sam@acme.example", "Architecture")
+    assert "May not see Architecture" in " ".join(text(refused).split())
+    status = ok_json("access", "groups")["directories"]
+    assert status[0]["source"] == "drive" and status[0]["memberships"] == 7 and status[0]["error"] is None
+
+
+async def test_the_scheduler_refreshes_group_membership_on_its_own_schedule(fresh_kb, monkeypatch):
+    import asyncio
+
+    from knowledge.ingest.schedule import start_scheduler
+
+    monkeypatch.setenv("CONFLUENCE_API_TOKEN", "good-token")
+    with FakeConfluence(edition="cloud") as wiki:
+        people_wiki(wiki)
+        await fresh_kb.add_source("wiki", "confluence", {"url": wiki.base_url, "spaces": ["HR", "ENG"],
+                                                         "email": wiki.email, "groups_every_seconds": 1})
+        handle = await start_scheduler(fresh_kb, refresh_seconds=0.5)
+        try:
+            assert handle.jobs() == ["groups:wiki"]  # no sync schedule, but its groups refresh on theirs
+            for _ in range(100):
+                states = await fresh_kb.group_directories()
+                if states and states[0].generation >= 2:
+                    break
+                await asyncio.sleep(0.1)
+            assert states[0].memberships == 5 and states[0].error is None  # hr's members (no documents yet)
+            assert states[0].generation >= 2  # refreshed at least twice
+        finally:
+            await handle.stop()
