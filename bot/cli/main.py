@@ -255,7 +255,7 @@ def search(
     async def run_search(kb: KnowledgeBase) -> SearchResults:
         await kb.check_sources(sources)
         since = updated_after.replace(tzinfo=updated_after.tzinfo or timezone.utc) if updated_after else None
-        from bot.cli_access import as_principals
+        from bot.cli.access import as_principals
 
         filters = SearchFilters(tuple(await as_principals(kb, principals, no_expand)),
                                 tuple(sources) if sources else None, since)
@@ -288,7 +288,7 @@ def ask(
 
     async def run_ask(kb: KnowledgeBase) -> Answer:
         await kb.check_sources(sources)
-        from bot.cli_access import as_principals
+        from bot.cli.access import as_principals
 
         return await kb.answer(question, await as_principals(kb, principals, no_expand), conversation_id,
                                sources=sources, asker="cli")
@@ -437,7 +437,7 @@ from bot.cli.sources import register_source_commands  # noqa: E402  (source, syn
 
 register_source_commands(app)
 
-from bot.cli_access import register_access_commands  # noqa: E402  (access explain|groups|refresh)
+from bot.cli.access import register_access_commands  # noqa: E402  (access explain|groups|refresh)
 
 register_access_commands(app)
 

@@ -239,7 +239,7 @@ def sync(
             if not as_json:
                 render_sync_report(report)
             reports.append(report)
-            from bot.cli_access import refresh_groups_after_sync  # a sync also refreshes group membership
+            from bot.cli.access import refresh_groups_after_sync  # a sync also refreshes group membership
 
             await refresh_groups_after_sync(kb, source, quiet=as_json)
         await prepare_query_encoder(kb, as_json)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 from urllib.parse import quote
 
-from knowledge.sources.confluence import ConfluenceSource
+from knowledge.sources.confluence import ConfluenceNotFound, ConfluenceSource
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,6 @@ async def group_members(source: ConfluenceSource, extra_group_principals: Sequen
                         page_size: int = MEMBER_PAGE_SIZE) -> ConfluenceDirectory:
     """Members of every group that grants something in the source's spaces. Raises the source's typed errors
     (SourceUnavailable after the client's retries, SourceAuthError) so a failed refresh keeps the last good one."""
-    from knowledge.sources.confluence import _NotFound
-
     client = source.client
     found = ConfluenceDirectory()
     names: dict[str, str | None] = {}  # group name -> Cloud group id when known
@@ -84,7 +82,7 @@ async def group_members(source: ConfluenceSource, extra_group_principals: Sequen
                     principal = member_principal(member)
                     if principal is not None:
                         found.edges.append((group, principal))
-        except _NotFound:
+        except ConfluenceNotFound:
             logger.info("source %s: group %s no longer exists in Confluence; it grants nothing", source.spec.name, name)
             found.missing.append(group)
     return found
