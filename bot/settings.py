@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -32,6 +34,8 @@ class BotSettings(BaseSettings):
     host: str = "0.0.0.0"
     port: int = Field(default=3000, ge=0, le=65535)
     log_level: str = "WARNING"
+    # text (for a terminal) or json (one object per line: time, level, logger, message) for a log collector.
+    log_format: Literal["text", "json"] = "text"
 
     # Discord. DISCORD_TOKEN is the bot token from the Developer Portal (DISCORD_BOT_TOKEN is accepted too).
     discord_bot_token: SecretStr | None = Field(

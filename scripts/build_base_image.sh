@@ -16,8 +16,7 @@ MIRROR=${MIRROR:-http://deb.debian.org/debian}
 SECURITY_MIRROR=${SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 PACKAGES=${PACKAGES:-python3,python3-venv,tini,ca-certificates,tzdata}
 
-engine=${CONTAINER_ENGINE:-$(command -v podman || command -v docker || true)}
-[ -n "$engine" ] || { echo "error: neither podman nor docker is installed (apt-get install podman runc)" >&2; exit 1; }
+. "$(dirname "$0")/container_engine.sh"
 command -v mmdebstrap >/dev/null || { echo "error: mmdebstrap is missing (apt-get install mmdebstrap)" >&2; exit 1; }
 
 if [ "${REBUILD:-0}" != 1 ] && "$engine" image exists "$TAG" 2>/dev/null; then

@@ -17,11 +17,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-engine=${CONTAINER_ENGINE:-$(command -v docker || command -v podman || true)}
-if [ -z "$engine" ]; then
-    echo "error: neither docker nor podman is installed: install one (Debian: apt-get install podman runc)" >&2
-    exit 1
-fi
+# shellcheck source=scripts/container_engine.sh
+. scripts/container_engine.sh
 TAG=${TAG:-ragbot:local}
 args=(build -t "$TAG" -f "${DOCKERFILE:-Dockerfile}")
 [ -n "${BASE_IMAGE:-}" ] && args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
