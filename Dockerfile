@@ -68,6 +68,8 @@ RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=ca_bundle set -eu; \
 
 # Everything ragbot writes (the embedded database, the ONNX question encoder, caches) is under /data: the root file
 # system can be mounted read-only (docker run --read-only --tmpfs /tmp; podman run --read-only).
+# No chat token set: `ragbot run` serves /healthz, /metrics and the scheduler (no terminal chat on a closed stdin).
+ENV TERMINAL_CHAT=false
 USER ragbot
 VOLUME /data
 # Slack events (HTTP mode), /healthz and /metrics.

@@ -27,6 +27,10 @@ class BotSettings(BaseSettings):
     # How long a user's email and admin flag (users.info) are cached.
     user_cache_seconds: int = Field(default=600, ge=0)
 
+    # With no chat token set, `ragbot run` starts the terminal chat (true), or (false: a container, a server) serves
+    # only /healthz, /metrics and the sync scheduler, until stopped.
+    terminal_chat: bool = True
+
     # Run the sync scheduler inside `ragbot run` (turn off when `ragbot scheduler` runs as its own process).
     run_scheduler: bool = True
 
