@@ -75,8 +75,8 @@ PY
     done < "$secrets/volumes"
     echo "pip inside the build: $(tr '\n' ' ' < "$secrets/pip.conf"); CA: ${cert:-none}" >&2
 fi
-# Podman's build network: the host's (outbound to the package index only).
-[[ $engine == *podman ]] && args+=(--network host)
+# Podman: the build reaches the package index over the host's network; the docker image format keeps HEALTHCHECK.
+[[ $engine == *podman ]] && args+=(--network host --format docker)   # docker format: keeps HEALTHCHECK
 [[ $engine == *docker ]] && export DOCKER_BUILDKIT=1   # secrets need BuildKit
 
 started=$(date +%s)
