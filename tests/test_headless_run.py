@@ -32,7 +32,10 @@ def _get(url: str) -> tuple[int, str]:
 
 def test_run_without_a_chat_token_serves_health_and_metrics_then_stops_on_sigterm(handbook_url: str) -> None:
     port = _free_port()
+    # QUERY_ENCODER=numpy: no ONNX file is built in the background at start (a stop waits for such a build, which
+    # takes seconds on a busy machine; what is timed here is the shutdown itself).
     env = {**os.environ, "PYTHONPATH": str(REPO), "DATABASE_URL": handbook_url, "TERMINAL_CHAT": "false",
+           "QUERY_ENCODER": "numpy",
            "HOST": "127.0.0.1", "PORT": str(port), "SLACK_BOT_TOKEN": "", "DISCORD_TOKEN": "", "DISCORD_BOT_TOKEN": ""}
     process = subprocess.Popen([sys.executable, "-m", "bot.cli", "run"], env=env, stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
