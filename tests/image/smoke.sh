@@ -35,9 +35,10 @@ cleanup() {
     for v in "$P-data" "$P-data2" "$P-pgdata"; do "$engine" volume rm -f "$v" >/dev/null 2>&1 || true; done
     rm -rf "$work"
 }
-trap cleanup EXIT
+trap 'status=$?; [ "$status" = 0 ] || note "FAIL (exit $status) at line $LINENO"; cleanup' EXIT
 
-run_flags=(--read-only)
+# Postgres' parallel queries use POSIX shared memory in /dev/shm, 64 MB by default in a container: too small.
+run_flags=(--read-only --shm-size 1g)
 [[ $engine == *docker ]] && run_flags+=(--tmpfs /tmp)   # podman's --read-only mounts tmpfs on /tmp, /run itself
 
 http_get() {  # container path: fetch http://127.0.0.1:3000/path from inside the container's namespace
@@ -72,12 +73,8 @@ sigterm_and_wait() {  # container label: SIGTERM, then it must have exited with 
     local started code
     started=$(now)
     "$engine" kill --signal TERM "$1" >/dev/null
-    for _ in $(seq 1 100); do
-        [ "$("$engine" inspect -f '{{.State.Running}}' "$1")" = true ] || break
-        sleep 0.1
-    done
+    timeout 10 "$engine" wait "$1" >/dev/null || fail "$1 still running 10 s after SIGTERM"
     local took; took=$(since "$started")
-    [ "$("$engine" inspect -f '{{.State.Running}}' "$1")" = false ] || fail "$1 still running 10 s after SIGTERM"
     code=$("$engine" inspect -f '{{.State.ExitCode}}' "$1")
     [ "$code" = 0 ] || { "$engine" logs "$1" >&2; fail "$1 exited with $code after SIGTERM"; }
     measure "$2" "$took"
@@ -124,7 +121,7 @@ note "B. DATABASE_URL: Postgres + pgvector in $PG_IMAGE"
 "$engine" volume create "$P-pgdata" >/dev/null
 "$engine" volume create "$P-data2" >/dev/null
 t=$(now)
-"$engine" run -d --name "$P-pg" --network none -e POSTGRES_USER=ragbot -e POSTGRES_PASSWORD="$PGPASS" \
+"$engine" run -d --name "$P-pg" --network none --shm-size 1g -e POSTGRES_USER=ragbot -e POSTGRES_PASSWORD="$PGPASS" \
     -e POSTGRES_DB=ragbot -v "$P-pgdata:/var/lib/postgresql/data" "$PG_IMAGE" >/dev/null
 for _ in $(seq 1 120); do "$engine" exec "$P-pg" pg_isready -q -h 127.0.0.1 -U ragbot -d ragbot && break; sleep 0.5; done
 "$engine" exec "$P-pg" pg_isready -q -h 127.0.0.1 -U ragbot -d ragbot || { "$engine" logs "$P-pg" >&2; fail "Postgres not ready"; }
