@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup run test bench clean-db
+.PHONY: setup run test bench clean-db image image-base image-local image-test compose-config
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,3 +36,28 @@ bench: setup
 
 clean-db:
 	-$(BIN)/ragbot db stop
+
+# --- Container images (docs/operations.md). Not part of `make test`. -----------------------------------------------
+# `make image`: ./Dockerfile with docker or podman, FROM python:3.11-slim (BASE_IMAGE=... for another base).
+image:
+	scripts/build_image.sh
+
+# No image registry (this machine): a Debian base from Debian's packages (mmdebstrap), then both images on it, pip
+# inside the builds using this machine's package index and CA bundle (build secrets; HOST_PIP=1).
+LOCAL_BASE ?= localhost/ragbot-base:bookworm
+image-base:
+	scripts/build_base_image.sh
+
+image-local: image-base
+	BASE_IMAGE=$(LOCAL_BASE) HOST_PIP=1 TAG=ragbot:local scripts/build_image.sh
+	BASE_IMAGE=$(LOCAL_BASE) HOST_PIP=1 TAG=ragbot-postgres:local DOCKERFILE=Dockerfile.postgres scripts/build_image.sh
+
+# The images' smoke test (embedded database; external Postgres; backup and restore). Build them first.
+image-test:
+	tests/image/smoke.sh
+
+compose-config:
+	@if command -v podman-compose >/dev/null; then podman-compose -f compose.yaml -f compose.local.yaml config >/dev/null; \
+	elif docker compose version >/dev/null 2>&1; then docker compose -f compose.yaml -f compose.local.yaml config -q; \
+	else echo "error: install podman-compose (pip install podman-compose) or Docker's compose plugin" >&2; exit 1; fi
+	@echo "compose.yaml + compose.local.yaml: valid"

@@ -171,14 +171,14 @@ def run(settings: BotSettings | None = None, runner: Callable[..., object] | Non
     from knowledge.settings import KnowledgeSettings
 
     settings = settings or BotSettings()
-    if not settings.chat_platforms:
+    if not settings.chat_platforms and settings.terminal_chat:
         from bot.cli.main import chat
 
         chat(principals=None, sources=None)
         return
     app = build_app(settings, KnowledgeSettings(), DatabaseSettings())
-    print(f"ragbot: starting {' and '.join(settings.chat_platforms)} (health and metrics on port {settings.port})",
-          flush=True)
+    what = " and ".join(settings.chat_platforms) or "without a chat platform (no SLACK_BOT_TOKEN or DISCORD_TOKEN)"
+    print(f"ragbot: starting {what} (health and metrics on port {settings.port})", flush=True)
     if runner is None:
         asyncio.run(app.serve_forever())
     else:

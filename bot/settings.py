@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -25,6 +27,10 @@ class BotSettings(BaseSettings):
     # How long a user's email and admin flag (users.info) are cached.
     user_cache_seconds: int = Field(default=600, ge=0)
 
+    # With no chat token set, `ragbot run` starts the terminal chat (true), or (false: a container, a server) serves
+    # only /healthz, /metrics and the sync scheduler, until stopped.
+    terminal_chat: bool = True
+
     # Run the sync scheduler inside `ragbot run` (turn off when `ragbot scheduler` runs as its own process).
     run_scheduler: bool = True
 
@@ -32,6 +38,8 @@ class BotSettings(BaseSettings):
     host: str = "0.0.0.0"
     port: int = Field(default=3000, ge=0, le=65535)
     log_level: str = "WARNING"
+    # text (for a terminal) or json (one object per line: time, level, logger, message) for a log collector.
+    log_format: Literal["text", "json"] = "text"
 
     # Discord. DISCORD_TOKEN is the bot token from the Developer Portal (DISCORD_BOT_TOKEN is accepted too).
     discord_bot_token: SecretStr | None = Field(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
 import uuid
 from datetime import datetime, timezone
@@ -200,7 +199,22 @@ async def prepare_query_encoder(kb: "KnowledgeBase", quiet: bool) -> None:
 
 @app.callback()
 def main() -> None:
-    logging.basicConfig(level=BotSettings().log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    from pydantic import ValidationError
+
+    from bot.logs import configure_logging, secret_values
+    from db.settings import DatabaseSettings
+    from knowledge.settings import KnowledgeSettings
+
+    try:
+        settings = BotSettings()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        fail(f"{'.'.join(map(str, error['loc'])).upper()}: {error['msg']} (check the environment or .env)")
+    try:
+        secrets = secret_values(settings, KnowledgeSettings(), DatabaseSettings())
+    except ValueError:  # a bad setting is reported by the command that reads it, with its own clear message
+        secrets = secret_values(settings)
+    configure_logging(settings.log_level, settings.log_format, secrets)
 
 
 @app.command()
