@@ -522,7 +522,7 @@ def test_cli_source_add_gdrive_refuses_a_broken_source_and_saves_a_working_one(d
     source = json.loads(listed)["sources"][0]
     assert source["config"] == {"folders": [company["root"]], "shared_drives": [],
                                 "credentials_env": "GOOGLE_SERVICE_ACCOUNT_JSON", "subject": None,
-                                "visibility": "permissions"}
+                                "visibility": "permissions", "admin_email": None}
     assert source["schedule_seconds"] == 3600
 
     result = cli("sync", "handbook", "--json")

@@ -159,8 +159,10 @@ def add_gdrive(
     config = GoogleDriveConfig(folders=folders, shared_drives=drives, credentials_env=credentials_env,
                                subject=subject, visibility=visibility,  # type: ignore[arg-type]
                                admin_email=admin_email.strip().lower() if admin_email else None)
-    _save(name, "gdrive", {**config.to_dict(), "groups_every_seconds": _intervals(None, groups_every)[1]}, seconds,
-          prune)
+    stored = config.to_dict()
+    if admin_email:  # only a source with an admin to act as has a group directory to refresh
+        stored["groups_every_seconds"] = _intervals(None, groups_every)[1]
+    _save(name, "gdrive", stored, seconds, prune)
 
 
 @source_app.command("list")
