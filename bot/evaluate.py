@@ -60,7 +60,7 @@ async def require_an_index(kb: KnowledgeBase, file: Path, *, corpus_option: bool
         raise EvalFileError(
             f"the index is empty, so there is nothing to evaluate: first index the documents {file.name}'s "
             "questions are about (for the example handbook: ragbot ingest examples/handbook)"
-            + (", or pass --corpus FILE" if corpus_option else "")
+            + (", or pass --corpus with the documents (a folder or a corpus.jsonl)" if corpus_option else "")
         )
 
 
