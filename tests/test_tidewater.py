@@ -9,8 +9,8 @@ from collections import Counter
 
 from conftest import REPO
 
-from knowledge.evaluation import _plain, load_jsonl_questions
-from knowledge.parsing import SUPPORTED_SUFFIXES, parse_document
+from knowledge.eval.evaluation import _plain, load_jsonl_questions
+from knowledge.ingest.parsing import SUPPORTED_SUFFIXES, parse_document
 from knowledge.sources.folder import FolderSource
 
 TIDEWATER = REPO / "examples" / "tidewater"
