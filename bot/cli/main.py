@@ -363,11 +363,15 @@ def evaluate(
     beir: Annotated[Optional[Path], typer.Option("--beir", metavar="DIR", help="A BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.")] = None,
     corpus: Annotated[
         Optional[Path],
-        typer.Option("--corpus", metavar="FILE", help="A BEIR-style corpus.jsonl (\"_id\", \"title\", \"text\" per line) to "
-                                      "index and search for FILE's questions; its _ids are the relevant ids."),
+        typer.Option("--corpus", metavar="PATH", help="A folder of documents (ids: paths under it) or a BEIR-style "
+                                      "corpus.jsonl (\"_id\", \"title\", \"text\" per line; ids: _ids), indexed for "
+                                      "the eval only; FILE's questions are searched and answered within it."),
     ] = None,
     no_memory: Annotated[
         bool, typer.Option("--no-memory", help="Search each question alone, ignoring its history (the baseline).")
+    ] = False,
+    last_two: Annotated[
+        bool, typer.Option("--last-two", help="Search the last two user turns together (the other baseline).")
     ] = False,
     mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense, lexical, or all.")] = "all",
     principals: AsOption = None,
@@ -394,7 +398,7 @@ def evaluate(
             fail("--answers needs an eval FILE.jsonl with expected facts")
         from bot.cli.evaluate import render_answer_eval, run_answer_eval
 
-        summary = with_kb(lambda kb: run_answer_eval(kb, file, principals or ["everyone"], sources or []))
+        summary = with_kb(lambda kb: run_answer_eval(kb, file, principals or ["everyone"], sources or [], corpus=corpus))
         if as_json:
             print_json(summary)
         else:
@@ -404,8 +408,11 @@ def evaluate(
     if any(m not in ("dense", "lexical", "hybrid") for m in modes):
         fail("--mode must be one of hybrid, dense, lexical, all")
 
+    if no_memory and last_two:
+        fail("give --no-memory or --last-two, not both")
+    strategy = "last-two" if last_two else ("last" if no_memory else "memory")
     results = with_kb(lambda kb: run_eval(kb, file, beir, modes, principals or [], sources or [], corpus=corpus,
-                                          memory=not no_memory))
+                                          strategy=strategy))
     if as_json:
         print_json(results)
     else:
