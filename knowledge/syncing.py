@@ -115,9 +115,11 @@ class SyncRunner:
         counts = {
             "added": len(report.added), "updated": len(report.updated),
             "metadata_updated": len(report.metadata_updated), "deleted": len(report.deleted),
-            "unchanged": report.unchanged, "skipped": len(report.skipped), "failed": len(report.failed),
+            "unchanged": report.unchanged, "skipped": len(report.skipped) + len(report.over_limit),
+            "failed": len(report.failed),
         }
-        details = {"skipped": report.skipped[:200], "failed": report.failed[:200], "warnings": report.warnings}
+        details = {"skipped": report.skipped[:200], "failed": report.failed[:200], "warnings": report.warnings,
+                   "over_limit": report.over_limit[:200]}
         try:
             async with self.engine.begin() as conn:
                 await sources_store.finish_run(conn, report.run_id, status=status, counts=counts,
