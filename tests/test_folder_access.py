@@ -129,6 +129,10 @@ UNUSABLE_ACCESS_FILES = {
     "no-kind": (lambda p: p.write_text("hr\n"), "line 1 is not a principal"),
     "inline-comment": (lambda p: p.write_text("group:hr  # the HR team\n"), "line 1 is not a principal"),
     "huge": (lambda p: p.write_bytes(b"group:hr\n" * 10_000), "is larger than 64 KB"),
+    # Issue 30: a NUL used to reach Postgres as part of a principal and fail the document itself.
+    "nul-byte": (lambda p: p.write_bytes(b"group:hr\x00\n"), "contains a NUL byte"),
+    "nul-only": (lambda p: p.write_bytes(b"\x00"), "contains a NUL byte"),
+    "control-character": (lambda p: p.write_bytes(b"group:hr\x01x\n"), "line 1 is not a principal"),
 }
 
 
@@ -138,6 +142,7 @@ async def test_an_unusable_access_file_means_nobody_and_is_reported(fresh_kb, tr
         make_access(tree / name / ".access")
     report = await fresh_kb.sync(FolderSource(tree))
     assert len(report.added) == 3 + len(UNUSABLE_ACCESS_FILES)  # nothing aborted the sync
+    assert report.failed == []  # the access file is reported, not the document
     access = await access_of(fresh_kb)
     for name, (_, problem) in UNUSABLE_ACCESS_FILES.items():
         assert access[f"{name}/salaries.md"] == (), name

@@ -41,7 +41,8 @@ ACCESS_FILE = ".access"
 MAX_ACCESS_FILE_BYTES = 64 * 1024
 NOBODY: tuple[str, ...] = ()
 # everyone, or kind:value with no spaces, for the kinds ragbot's sources produce.
-_PRINCIPAL = re.compile(r"everyone|(?:user|group|domain):\S+")
+# Control characters (a NUL, which Postgres text cannot even hold) are never part of a principal.
+_PRINCIPAL = re.compile(r"everyone|(?:user|group|domain):[^\s\x00-\x1f\x7f]+")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ def read_access_file(path: Path) -> AccessFile:
         data = path.read_bytes()
     except OSError as exc:
         return AccessFile(NOBODY, f"cannot be read ({_reason(exc)})")
+    if b"\x00" in data:
+        return AccessFile(NOBODY, "contains a NUL byte (not a text file?)")
     try:
         content = data.decode("utf-8-sig")  # a byte-order mark must not become part of the first principal
     except UnicodeDecodeError:
