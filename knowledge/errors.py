@@ -58,6 +58,11 @@ class SourceBusy(SourceError):
     """Another process (or task) is syncing that source right now."""
 
 
+class RecentlySynced(SourceBusy):
+    """A scheduled run found that another replica already ran this source in this interval: skipped, as when the
+    source is busy."""
+
+
 class SourceConfigError(SourceError, ValueError):
     """A source's settings are invalid (bad URL, unknown kind, missing option, space not found)."""
 

@@ -151,6 +151,20 @@ def _run(row: Any) -> SyncRun:
                    row.pruned, row.error)
 
 
+async def ran_within(conn: AsyncConnection, source_id: int, trigger: str, seconds: float, *, pruned: bool) -> bool:
+    """Whether a run of this source with this trigger (a pruning one, if `pruned`) started in the last `seconds`,
+    by the database's clock (replicas' clocks may differ). Runs whose process died (still "running" or
+    "interrupted") do not count: their work is not done. Call while holding the source's lock."""
+    return bool((await conn.execute(
+        text(
+            "SELECT EXISTS (SELECT 1 FROM sync_runs WHERE source_id = :s AND trigger = :t "
+            "AND status NOT IN ('running', 'interrupted') AND (pruned OR NOT :p) "
+            "AND started_at > now() - make_interval(secs => :g))"
+        ),
+        {"s": source_id, "t": trigger, "p": pruned, "g": seconds},
+    )).scalar_one())
+
+
 async def start_run(conn: AsyncConnection, source_id: int, trigger: str, full: bool) -> int:
     """Record a run as running. Call while holding the source's lock: any other "running" row of this source is
     then a run whose process died, and is marked interrupted."""

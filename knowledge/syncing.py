@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from knowledge import sources_store, store
-from knowledge.errors import SourceBusy, SourceConfigError, SourceError, UnknownSource
+from knowledge.errors import RecentlySynced, SourceBusy, SourceConfigError, SourceError, UnknownSource
 from knowledge.indexing import Indexer, SyncProgress, SyncReport
 from knowledge.sources.base import Source, SourceInfo, SyncRun, as_source, build_source
 from knowledge.sources.folder import FolderSource
@@ -35,7 +35,12 @@ class SyncRunner:
 
     async def sync_stored(
         self, name: str, *, trigger: str, full: bool, progress: SyncProgress | None, prune: bool | None,
+        unless_ran_within: float | None = None,
     ) -> SyncReport:
+        """`unless_ran_within` (the scheduler: most of its interval): under the source's lock, skip with
+        RecentlySynced when a run with the same trigger (a pruning one, for a prune job) started that recently, so
+        N replicas on one database still run each source once per interval (the lock alone prevents overlap, not
+        repetition)."""
         async with self.engine.connect() as conn:
             row = await sources_store.get_source(conn, name)
         if row is None:
@@ -52,7 +57,7 @@ class SyncRunner:
         if prune is None and not full:
             prune = self._prune_due(row) or None
         return await self._run(source, row.id, trigger=trigger, full=full, progress=progress, prune=prune,
-                               checkpoint=row.checkpoint, save_checkpoints=True)
+                               checkpoint=row.checkpoint, save_checkpoints=True, unless_ran_within=unless_ran_within)
 
     async def sync_adhoc(self, source: Source, progress: SyncProgress | None, trigger: str = "cli") -> SyncReport:
         """A one-off sync of a source object (`ragbot ingest PATH`, BEIR corpora, tests): recorded and locked like
@@ -68,12 +73,18 @@ class SyncRunner:
     async def _run(
         self, source: Source, source_id: int, *, trigger: str, full: bool, progress: SyncProgress | None,
         prune: bool | None, checkpoint: str | None, save_checkpoints: bool, close: bool = True, wait: bool = False,
+        unless_ran_within: float | None = None,
     ) -> SyncReport:
         name = source.spec.name
         report = SyncReport(source=name, trigger=trigger)
         try:
             async with self.source_lock(source_id, name, wait=wait):
                 async with self.engine.begin() as conn:
+                    if unless_ran_within and await sources_store.ran_within(
+                        conn, source_id, trigger, unless_ran_within, pruned=bool(prune)
+                    ):
+                        raise RecentlySynced(f"source {name!r} was synced by another process in the last "
+                                             f"{unless_ran_within:.0f} s")
                     report.run_id = await sources_store.start_run(conn, source_id, trigger, full)
                 status, error = "failed", None
                 try:
