@@ -337,6 +337,7 @@ class Indexer:
         self, source: Source, progress: SyncProgress | None = None, *, source_id: int | None = None,
         checkpoint: str | None = None, full: bool = False, prune: bool | None = None,
         on_checkpoint: CheckpointCallback | None = None, report: SyncReport | None = None,
+        on_committed: Callable[[], Awaitable[None]] | None = None,
     ) -> SyncReport:
         """Apply the source's changes since `checkpoint`, then prune when asked (None: when the source prunes on
         every sync). Each batch of documents commits on its own; `on_checkpoint` is awaited with a change batch's
@@ -406,7 +407,8 @@ class Indexer:
                                external_id=lambda p: p.item.external_id, chunks=lambda p: len(p.drafts))
             for prepared in joined:
                 await writers.start(
-                    self._write(_Embedded(prepared, embeddings), stored, source_id, report, progress),
+                    self._write_then(_Embedded(prepared, embeddings), stored, source_id, report, progress,
+                                     on_committed),
                     documents={p.item.external_id for p in prepared},
                 )
 
@@ -691,6 +693,14 @@ class Indexer:
                     p.item.updated_at, tuple(p.item.access), chunks=len(p.drafts), version=self.stored_version(p.item),
                 )
             progress.advance(p.item.external_id)
+
+    async def _write_then(
+        self, batch: _Embedded, stored: dict[str, store.StoredDocument], source_id: int, report: SyncReport,
+        progress: SyncProgress, on_committed: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        await self._write(batch, stored, source_id, report, progress)
+        if on_committed is not None:
+            await on_committed()
 
     def _document_write(self, p: _Prepared, embeddings: dict[str, np.ndarray]) -> store.DocumentWrite:
         rows = [

@@ -203,6 +203,19 @@ async def finish_run(
     )
 
 
+async def save_run_counts(conn: AsyncConnection, run_id: int, counts: dict[str, int]) -> None:
+    """What a running run has committed so far, so a run whose process is killed is listed with its work, not as
+    "no changes" (the status stays "running" until it ends or the next run marks it interrupted)."""
+    await conn.execute(
+        text(
+            "UPDATE sync_runs SET added = :added, updated = :updated, metadata_updated = :metadata_updated, "
+            "deleted = :deleted, unchanged = :unchanged, skipped = :skipped, failed = :failed "
+            "WHERE id = :id AND status = 'running'"
+        ),
+        {"id": run_id, **counts},
+    )
+
+
 async def list_runs(conn: AsyncConnection, source: str | None = None, limit: int = 20) -> list[SyncRun]:
     rows = await conn.execute(
         text(

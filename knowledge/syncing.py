@@ -97,7 +97,7 @@ class SyncRunner:
                     await self.indexer.sync(
                         source, progress, source_id=source_id, checkpoint=checkpoint, full=full,
                         prune=True if full else prune, on_checkpoint=save if save_checkpoints else None,
-                        report=report,
+                        report=report, on_committed=lambda: self._save_progress(report),
                     )
                     if report.pruned:
                         async with self.engine.begin() as conn:
@@ -120,15 +120,29 @@ class SyncRunner:
                 await source.aclose()
         return report
 
-    async def _record(self, report: SyncReport, status: str, error: str | None) -> None:
-        if report.run_id is None:
-            return
-        counts = {
+    @staticmethod
+    def _counts(report: SyncReport) -> dict[str, int]:
+        return {
             "added": len(report.added), "updated": len(report.updated),
             "metadata_updated": len(report.metadata_updated), "deleted": len(report.deleted),
             "unchanged": report.unchanged, "skipped": len(report.skipped) + len(report.over_limit),
             "failed": len(report.failed),
         }
+
+    async def _save_progress(self, report: SyncReport) -> None:
+        """After each committed write: the run's counts so far (a kill -9 leaves them, not "no changes")."""
+        if report.run_id is None:
+            return
+        try:
+            async with self.engine.begin() as conn:
+                await sources_store.save_run_counts(conn, report.run_id, self._counts(report))
+        except Exception:  # a progress record is not worth failing the run for
+            logger.warning("could not record the progress of sync run %s", report.run_id, exc_info=True)
+
+    async def _record(self, report: SyncReport, status: str, error: str | None) -> None:
+        if report.run_id is None:
+            return
+        counts = self._counts(report)
         details = {"skipped": report.skipped[:200], "failed": report.failed[:200], "warnings": report.warnings,
                    "over_limit": report.over_limit[:200]}
         try:
