@@ -8,6 +8,7 @@ tests, for instance — never share counters.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Sequence
@@ -103,12 +104,23 @@ def build_web_app(
     return app
 
 
+class PortUnavailable(ValueError):
+    """PORT cannot be bound (in use, or not allowed): the CLI prints this one line instead of a traceback."""
+
+
 async def start_web_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Start serving; returns the runner (to stop it) and the bound port (useful with port 0)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        reason = "is already in use (another `ragbot run`?)" if exc.errno == errno.EADDRINUSE else (
+            f"cannot be opened ({exc.strerror or exc})")
+        raise PortUnavailable(f"port {port} on {host} {reason}; set PORT to a free port, or stop the other process") \
+            from None
     bound = port
     server = getattr(site, "_server", None)
     if server is not None and server.sockets:

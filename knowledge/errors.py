@@ -60,6 +60,11 @@ class SourceBusy(SourceError):
     """Another process (or task) is syncing that source right now."""
 
 
+class RecentlySynced(SourceBusy):
+    """A scheduled run found that another replica already ran this source in this interval: skipped, as when the
+    source is busy."""
+
+
 class SourceConfigError(SourceError, ValueError):
     """A source's settings are invalid (bad URL, unknown kind, missing option, space not found)."""
 
@@ -90,6 +95,11 @@ class UnsupportedFormat(KnowledgeError, ValueError):
 
 class CorruptDocument(KnowledgeError, ValueError):
     """The file claims a supported type but could not be read."""
+
+
+class LimitExceeded(CorruptDocument):
+    """The file would cost more than a resource limit allows. The message is "<limit> (setting NAME)", naming the
+    setting that raises the limit; the sync reports it as "skipped: <file>: <message>"."""
 
 
 class EmbeddingModelError(KnowledgeError, RuntimeError):

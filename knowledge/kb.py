@@ -136,6 +136,7 @@ class KnowledgeBase(BotStateMethods):
             self._embedding_space_ready = True
 
     async def close(self) -> None:
+        await asyncio.to_thread(self.indexer.parser.close)
         if self.generator is not None:
             await self.generator.close()
         await self.search_engine.dispose()
@@ -182,7 +183,7 @@ class KnowledgeBase(BotStateMethods):
 
     async def sync_source(
         self, name: str, *, trigger: str = "cli", full: bool = False, progress: SyncProgress | None = None,
-        prune: bool | None = None,
+        prune: bool | None = None, unless_ran_within: float | None = None,
     ) -> SyncReport:
         """THE sync job: the scheduler (trigger "schedule"), `ragbot sync` ("cli") and `/kb reindex` ("chat").
 
@@ -191,7 +192,8 @@ class KnowledgeBase(BotStateMethods):
         `knowledge.errors.UnknownSource`, `SourceBusy` (another process is syncing it), `SourceAuthError` /
         `SourceUnavailable` / `SourceConfigError` (the run is recorded as failed; the index is untouched)."""
         await self.ensure_embedding_space()
-        return await self.syncs.sync_stored(name, trigger=trigger, full=full, progress=progress, prune=prune)
+        return await self.syncs.sync_stored(name, trigger=trigger, full=full, progress=progress, prune=prune,
+                                            unless_ran_within=unless_ran_within)
 
     async def prepare_query_encoder(self) -> str | None:
         """Build the fast question encoder's cached file if QUERY_ENCODER wants one and it is missing. Needs torch:

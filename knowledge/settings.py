@@ -25,8 +25,21 @@ class KnowledgeSettings(BaseSettings):
     chunk_tokens: int = Field(default=256, ge=32)
     chunk_overlap_tokens: int = Field(default=40, ge=0)
 
-    # Files larger than this are reported and skipped.
+    # Files larger than this are reported and skipped (checked from the file's size before it is read).
     max_file_mb: int = Field(default=50, ge=1)
+    # Parsing runs in worker processes, each file under a deadline and a memory limit (its address space), so one
+    # hostile file is skipped and reported instead of exhausting the machine. 0 workers parses in a thread, unbounded.
+    parse_workers: int = Field(default=2, ge=0, le=64)
+    parse_timeout_seconds: float = Field(default=60.0, gt=0)
+    parse_memory_mb: int = Field(default=2048, ge=256)
+    # Per-format caps, checked while reading (a file's declared dimensions are not trusted). Over one, the file is
+    # skipped and reported as "skipped: <file>: <limit> (setting NAME)".
+    max_table_columns: int = Field(default=1000, ge=1)  # CSV and spreadsheet columns in a row
+    max_table_header_chars: int = Field(default=4000, ge=100)  # a table's header row, repeated in each of its chunks
+    max_spreadsheet_cells: int = Field(default=2_000_000, ge=1)  # cells (or empty rows) read from one CSV or workbook
+    max_paragraphs: int = Field(default=200_000, ge=1)  # paragraphs and tables of one .docx
+    max_decompressed_mb: int = Field(default=200, ge=1)  # what a .docx / .xlsx (a zip) inflates to, in all
+    max_zip_ratio: int = Field(default=100, ge=2)  # how many times a zip member over 1 MB may inflate
     # A document yielding more chunks than this (after identical chunks are merged) keeps only its first ones,
     # reported in the sync report. 2000 chunks of 256 tokens is a book of about 1,500 pages.
     max_document_chunks: int = Field(default=2000, ge=1)

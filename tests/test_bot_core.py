@@ -92,10 +92,12 @@ async def test_admin_commands_refuse_non_admins_and_change_nothing(fresh_kb) -> 
         assert not result.ok and "needs an admin" in result.text and result.followup is None, text
     assert await fresh_kb.channel_principals(CHANNEL) == []
     assert await fresh_kb.identity_principals("discord:1") == []
-    # Everyone may read help, sources and status.
+    # Everyone may read help and sources; status (counts including restricted documents) needs an admin.
     assert "/kb reindex" in (await run_command(fresh_kb, "help", caller)).text
     assert "Nothing is indexed" in (await run_command(fresh_kb, "sources", caller)).text
-    assert "0 documents" in (await run_command(fresh_kb, "status", caller)).text
+    assert "needs an admin" in (await run_command(fresh_kb, "status", caller)).text
+    admin = Caller("slack:U9", is_admin=True, channel_key=CHANNEL)
+    assert "0 documents" in (await run_command(fresh_kb, "status", admin)).text
 
 
 async def test_admin_command_errors_are_clear(fresh_kb) -> None:

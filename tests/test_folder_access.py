@@ -129,6 +129,10 @@ UNUSABLE_ACCESS_FILES = {
     "no-kind": (lambda p: p.write_text("hr\n"), "line 1 is not a principal"),
     "inline-comment": (lambda p: p.write_text("group:hr  # the HR team\n"), "line 1 is not a principal"),
     "huge": (lambda p: p.write_bytes(b"group:hr\n" * 10_000), "is larger than 64 KB"),
+    # Issue 30: a NUL used to reach Postgres as part of a principal and fail the document itself.
+    "nul-byte": (lambda p: p.write_bytes(b"group:hr\x00\n"), "contains a NUL byte"),
+    "nul-only": (lambda p: p.write_bytes(b"\x00"), "contains a NUL byte"),
+    "control-character": (lambda p: p.write_bytes(b"group:hr\x01x\n"), "line 1 is not a principal"),
 }
 
 
@@ -138,6 +142,7 @@ async def test_an_unusable_access_file_means_nobody_and_is_reported(fresh_kb, tr
         make_access(tree / name / ".access")
     report = await fresh_kb.sync(FolderSource(tree))
     assert len(report.added) == 3 + len(UNUSABLE_ACCESS_FILES)  # nothing aborted the sync
+    assert report.failed == []  # the access file is reported, not the document
     access = await access_of(fresh_kb)
     for name, (_, problem) in UNUSABLE_ACCESS_FILES.items():
         assert access[f"{name}/salaries.md"] == (), name
@@ -278,3 +283,98 @@ async def test_an_unreadable_access_file_means_nobody(fresh_kb, shared_tree):
     assert report.added == ["hr/salaries.md"]
     assert (await access_of(fresh_kb))["hr/salaries.md"] == ()
     assert any("hr/.access cannot be read" in w for w in report.warnings), report.warnings
+
+
+async def chunks_of(kb, external_id: str) -> list[str]:  # type: ignore[no-untyped-def]
+    async with kb.engine.connect() as conn:
+        return list((await conn.execute(text(
+            "SELECT c.text FROM chunks c JOIN documents d ON d.id = c.document_id WHERE d.external_id = :e "
+            "ORDER BY c.ordinal"), {"e": external_id})).scalars())
+
+
+# --- a link retargeted to a decoy of the same size and mtime (issue 30) -----------------------------------------
+
+STRATEGY = "# Strategy\n\nWe acquire Northwind in Q3; the codename is kingfisher.\n"
+DECOY = "# Strategy\n\nOur plans are shared at the all-hands meeting each quarter.\n"
+
+
+def _decoy_like(path: Path, original: Path, content: str) -> Path:
+    """A public file with the same size and mtime as `original` (`touch -r`), so only its identity differs."""
+    content = content[: len(original.read_bytes())].ljust(len(original.read_bytes()), ".")
+    write(path.parent, path.name, content)
+    stat = original.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == original.stat().st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    return path
+
+
+async def test_a_link_retargeted_to_a_same_size_same_mtime_decoy_is_read_again_with_its_new_access(fresh_kb, tree):
+    write(tree, "hr/strategy.md", STRATEGY)
+    link = tree / "public" / "plan.md"
+    link.symlink_to(Path("../hr/strategy.md"))
+    await fresh_kb.sync(FolderSource(tree))
+    assert (await access_of(fresh_kb))["public/plan.md"] == ("group:hr",)
+    assert await finds(fresh_kb, "acquire Northwind codename kingfisher") == set()
+
+    decoy = _decoy_like(tree / "public" / "decoy.md", tree / "hr" / "strategy.md", DECOY)
+    link.unlink()
+    link.symlink_to(Path("decoy.md"))
+    report = await fresh_kb.sync(FolderSource(tree))
+    assert "public/plan.md" in report.updated  # re-read, not a metadata-only change
+    assert (await access_of(fresh_kb))["public/plan.md"] == ("everyone",)
+    assert await finds(fresh_kb, "acquire Northwind codename kingfisher") == set()  # the HR text left with its access
+    assert "all-hands" in " ".join(await chunks_of(fresh_kb, "public/plan.md"))
+    assert decoy.exists()
+
+
+async def test_a_linked_folder_retargeted_to_a_same_shape_decoy_folder_is_read_again(fresh_kb, tree):
+    write(tree, "hr/strategy.md", STRATEGY)
+    mirror = tree / "public" / "mirror"
+    mirror.symlink_to(Path("../hr"), target_is_directory=True)
+    await fresh_kb.sync(FolderSource(tree))
+    assert (await access_of(fresh_kb))["public/mirror/strategy.md"] == ("group:hr",)
+
+    _decoy_like(tree / "public" / "decoys" / "strategy.md", tree / "hr" / "strategy.md", DECOY)
+    _decoy_like(tree / "public" / "decoys" / "salaries.md", tree / "hr" / "salaries.md", PUBLIC)
+    mirror.unlink()
+    mirror.symlink_to(Path("decoys"), target_is_directory=True)
+    await fresh_kb.sync(FolderSource(tree))
+    assert (await access_of(fresh_kb))["public/mirror/strategy.md"] == ("everyone",)
+    assert await finds(fresh_kb, "acquire Northwind codename kingfisher") == set()
+    assert await finds(fresh_kb, "vault codeword zebrafinch") == set()
+
+
+async def test_a_file_replaced_by_a_same_size_same_mtime_file_is_read_again(fresh_kb, tree):
+    """No link at all: `mv` of a same-size file with `touch -r` over an indexed one changes only its inode."""
+    plan = write(tree, "public/plan.md", DECOY)
+    await fresh_kb.sync(FolderSource(tree))
+    replacement = _decoy_like(tree / "public" / ".incoming", plan, "# Plan\n\nThe picnic moves to the riverside park.")
+    os.replace(replacement, plan)
+    report = await fresh_kb.sync(FolderSource(tree))
+    assert report.updated == ["public/plan.md"]
+    assert "riverside park" in " ".join(await chunks_of(fresh_kb, "public/plan.md"))
+
+
+async def test_a_hard_link_in_a_public_folder_to_a_restricted_file_keeps_the_restriction(fresh_kb, tree):
+    os.link(tree / "hr" / "salaries.md", tree / "public" / "salaries.md")
+    await fresh_kb.sync(FolderSource(tree))
+    access = await access_of(fresh_kb)
+    assert access["public/salaries.md"] == access["hr/salaries.md"] == ("group:hr",)
+    assert await finds(fresh_kb, "vault codeword zebrafinch") == set()
+
+
+async def test_a_link_retargeted_between_listing_and_reading_is_not_read(fresh_kb, tree):
+    write(tree, "hr/strategy.md", STRATEGY)
+    _decoy_like(tree / "public" / "decoy.md", tree / "hr" / "strategy.md", DECOY)
+    link = tree / "public" / "plan.md"
+    link.symlink_to(Path("decoy.md"))
+    source = FolderSource(tree)
+    item = next(i for i in source.items() if i.external_id == "public/plan.md")
+    assert item.access == ("everyone",)
+    link.unlink()
+    link.symlink_to(Path("../hr/strategy.md"))  # the listed access (everyone) must not get the HR bytes
+    assert b"kingfisher" not in item.read()  # still the listed file: the resolved decoy
+    os.replace(tree / "hr" / "strategy.md", tree / "public" / "decoy.md")  # now the listed path holds another file
+    from knowledge.errors import ItemUnavailable
+    with pytest.raises(ItemUnavailable, match="changed between listing and reading"):
+        item.read()

@@ -354,3 +354,71 @@ async def test_a_failing_summary_call_falls_back_to_the_offline_summary(kb_facto
     assert "- Asked: How many vacation days do full-time employees get?" in history.summary
     assert "25 days of paid vacation" in history.summary
     assert kb.memory.budget_used(history) <= 250
+
+
+# --- a revoked grant (issue 30) ------------------------------------------------------------------------------
+
+FINANCE_CORPUS = {
+    **CORPUS,
+    "finance/.access": "group:finance\n",
+    "finance/forecast.md": "# Revenue forecast\n\nThe Q3 revenue forecast is 48.7 million euros, codename heron.\n",
+}
+
+
+async def test_after_a_grant_is_removed_the_earlier_answer_never_reaches_the_rewrite_prompt(
+    kb_factory, fake_anthropic, tmp_path
+):
+    kb = await open_kb(kb_factory, fake_anthropic, tmp_path, FINANCE_CORPUS, anthropic_rewrite_model="claude-small")
+    chat = conversation()
+    granted = ["everyone", "group:finance"]  # the channel's audience while it held the finance grant
+    fake_anthropic.reply_text("The Q3 revenue forecast is 48.7 million euros [1].")
+    first = await kb.answer("What is the Q3 revenue forecast?", granted, chat)
+    assert cited_ids(first) == ["finance/forecast.md"]
+    fake_anthropic.reply_text("Employees get 10 paid sick days a year [1].")
+    await kb.answer("How many sick days do employees get?", granted, chat)
+
+    # Same audience: the whole thread is in the rewrite prompt.
+    fake_anthropic.reply_text("How many vacation days do employees get?")
+    fake_anthropic.reply_text("25 days a year [1].")
+    await kb.answer("And vacation?", granted, chat)
+    assert "48.7 million" in fake_anthropic.requests[-2].user_text
+
+    # `/kb channel-access remove group:finance`: the next turn's audience is everyone alone.
+    fake_anthropic.reply_text("How many vacation days can be carried over?")
+    fake_anthropic.reply_text("Five days [1].")
+    await kb.answer("Can I carry them over?", EVERYONE, chat)
+    rewrite, answering = fake_anthropic.requests[-2:]
+    assert rewrite.system_text == REWRITE_SYSTEM
+    for prompt in (rewrite.user_text, answering.user_text):
+        assert "48.7 million" not in prompt and "revenue forecast" not in prompt.lower()
+    assert "How many sick days do employees get?" in rewrite.user_text  # the public turns stay
+
+    history = await kb.memory.history(chat, audience=EVERYONE)
+    assert all("48.7" not in m.text for m in history.messages) and "48.7" not in history.summary
+    restored = await kb.memory.history(chat, audience=granted)
+    assert any("48.7" in m.text for m in restored.messages)  # dropped for this audience, not deleted
+
+
+async def test_a_summary_that_folded_a_turn_the_audience_cannot_see_is_left_out(kb_factory):
+    kb = await kb_factory(memory_token_budget=200, memory_recent_turns=1)
+    docs = {"finance/.access": "group:finance\n",
+            "finance/forecast.md": "# Revenue forecast\n\nThe Q3 revenue forecast is 48.7 million euros.\n",
+            "policies/vacation.md": "# Vacation\n\nEmployees get 25 vacation days a year; five carry over.\n"}
+    from conftest import write
+    from knowledge.sources.folder import FolderSource
+    import tempfile
+    root = Path(tempfile.mkdtemp())
+    for relative, content in docs.items():
+        write(root, relative, content)
+    await kb.sync(FolderSource(root))
+    chat = conversation()
+    granted = ["everyone", "group:finance"]
+    await kb.answer("What is the Q3 revenue forecast?", granted, chat)
+    for question in ("How many vacation days do employees get?", "Do vacation days carry over?",
+                     "How many vacation days carry over each year?"):
+        await kb.answer(question, granted, chat)
+    folded = await kb.memory.history(chat, audience=granted)
+    assert "48.7" in folded.summary  # the forecast turn was folded into the summary
+    history = await kb.memory.history(chat, audience=EVERYONE)
+    assert history.summary == "" and all("48.7" not in m.text for m in history.messages)
+    assert history.messages  # the recent public turns are still there

@@ -99,3 +99,35 @@ async def test_ragbot_run_syncs_sources_on_their_schedule_unless_turned_off(kb_f
     runs = await kb.sync_runs("notes", limit=10)
     assert runs and {r.trigger for r in runs} == {"schedule"} and runs[0].status == "ok"
     assert (await kb.status()).documents == 1
+
+
+async def test_n_schedulers_on_one_database_run_each_source_once_per_interval(kb_factory, fresh_database, tmp_path):
+    """Issue 30: the advisory lock kept two replicas from overlapping, but each still ran the source once an
+    interval, one after the other. Now a scheduled run started within the interval (by the database's clock,
+    checked under the lock) makes the others skip theirs."""
+    url = fresh_database()
+    replicas = [await kb_factory(url) for _ in range(3)]
+    (tmp_path / "a.md").write_text("# A\n\nAlpha is the first letter.")
+    every = 2
+    await replicas[0].add_source("docs", "folder", {"path": str(tmp_path)}, schedule_seconds=every,
+                                 prune_seconds=3600)
+    await replicas[0].sync_source("docs")  # the first sync loads the model; scheduled runs then take milliseconds
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    handles = []
+    for kb in replicas:  # replicas started apart, as in production: their firings never coincide
+        handles.append(await start_scheduler(kb, refresh_seconds=3600))
+        await asyncio.sleep(every / len(replicas))
+    try:
+        await asyncio.sleep(every * 5 + 0.5)
+    finally:
+        for handle in handles:
+            await handle.stop()
+    elapsed = loop.time() - started
+    runs = sorted((r for r in await replicas[0].sync_runs("docs", limit=100) if r.trigger == "schedule"),
+                  key=lambda r: r.started_at)
+    assert all(r.status == "ok" for r in runs), [(r.status, r.error) for r in runs]
+    # Firings at every, 2×every, ... (each delayed by up to 10% jitter): at most one run per elapsed interval.
+    assert 2 <= len(runs) <= int(elapsed // every), [r.started_at for r in runs]
+    for earlier, later in zip(runs, runs[1:]):
+        assert (later.started_at - earlier.started_at).total_seconds() >= every * 0.8 - 0.05

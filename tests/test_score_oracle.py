@@ -110,3 +110,54 @@ async def test_the_hidden_word_does_count_for_someone_who_may_see_it(twin_kbs):
     b = await without_word.search("hunter3", SearchFilters(("group:hr",)), k=3, mode="lexical")
     assert [h.external_id for h in a.hits] == ["vault"]
     assert b.hits == []
+
+
+# --- the documented limit: term statistics are global (issue 30, docs/security.md "Fail-closed guarantees") ----
+
+RANK_PUBLIC = {
+    "alpha-note": "# Launch note\n\nThe alpha build ships to the pilot customers next month.",
+    "beta-note": "# Test note\n\nThe beta survey and the beta feedback form close on Friday.",
+    **{f"filler-{i}": f"# Rota {i}\n\nThe kitchen rota for week {i} is pinned by the coffee machine." for i in range(10)},
+}
+
+
+def _rank_items(restricted_word: str) -> list[SourceItem]:
+    items = [SourceItem(external_id=k, filename=f"{k}.md", read=(lambda v=v: v.encode()))
+             for k, v in RANK_PUBLIC.items()]
+    for i in range(12):  # restricted chunks of the same length in both indexes; only one word differs
+        body = f"# Plan {i}\n\nProject {restricted_word} milestone {i} is due before the board meeting."
+        items.append(SourceItem(external_id=f"secret-{i}", filename=f"secret-{i}.md", read=lambda b=body: b.encode(),
+                                access=("group:exec",)))
+    return items
+
+
+async def test_restricted_chunks_sharing_a_public_term_move_public_lexical_scores_but_never_appear(
+    server_url, template_db
+):
+    """The exact guarantee: what is returned to an asker is only what they may see, and a term found only in
+    documents they cannot see changes nothing (tests above). But BM25's document frequencies are counted over
+    every chunk: restricted chunks holding a term the public ones also hold lower that term's weight, so the
+    lexical scores, and possibly the order, of the same public hits change. This pins that documented limit."""
+    seen: dict[str, list[tuple[str, float]]] = {}
+    names = []
+    try:
+        for word in ("alpha", "gamma"):
+            name = f"t_rank_{uuid.uuid4().hex[:8]}"
+            names.append(name)
+            kb = await KnowledgeBase.open(kb_settings(), DatabaseSettings(  # type: ignore[call-arg]
+                _env_file=None, database_url=create_database(server_url, name, template_db)))
+            try:
+                await kb.sync(StaticSource(SourceSpec("wiki", "test"), _rank_items(word)))
+                hits = (await kb.search("alpha beta", SearchFilters(("everyone",)), k=5, mode="lexical")).hits
+            finally:
+                await kb.close()
+            assert not any(h.external_id.startswith("secret-") for h in hits)  # never returned
+            seen[word] = [(h.external_id, round(h.lexical_score or 0.0, 2)) for h in hits]
+    finally:
+        for name in names:
+            drop_database(server_url, name)
+    with_alpha, without_alpha = seen["alpha"], seen["gamma"]
+    print("lexical scores for 'alpha beta' as everyone:", {"restricted alpha": with_alpha, "none": without_alpha})
+    assert {i for i, _ in with_alpha} == {i for i, _ in without_alpha} == {"alpha-note", "beta-note"}
+    score = {w: dict(s)["alpha-note"] for w, s in seen.items()}
+    assert score["alpha"] < score["gamma"]  # the restricted "alpha" chunks lowered the public alpha hit's score

@@ -25,8 +25,8 @@ HELP = """**ragbot** answers questions from your documents, with citations. Ment
 directly, or open me in the assistant panel.
 Commands:
 - `/kb help`: this help
-- `/kb sources`: what is indexed
-- `/kb status`: documents, chunks and last sync per source
+- `/kb sources`: what is indexed (document counts for admins)
+- `/kb status`: documents, chunks and last sync per source (admins)
 - `/kb reindex [source]`: sync one source, or all (admins)
 - `/kb channel-access list|add|remove PRINCIPAL`: what this channel's answers may draw on besides documents \
 shared with everyone (admins)
@@ -69,7 +69,9 @@ def _last_run(run: object | None, running: bool) -> str:
     return f"last sync {_when(getattr(run, 'finished_at', None) or getattr(run, 'started_at', None))} ({status})"
 
 
-async def sources_text(kb: "KnowledgeBase") -> str:
+async def sources_text(kb: "KnowledgeBase", *, counts: bool = True) -> str:
+    """The sources and their syncs. Document counts include restricted documents, so only admins get them
+    (`counts`): a count that moves tells anyone that restricted documents were added or removed."""
     from knowledge.ingest.schedule import format_interval
 
     sources = await kb.list_sources()
@@ -77,9 +79,12 @@ async def sources_text(kb: "KnowledgeBase") -> str:
         return "Nothing is indexed yet."
     lines = ["**Sources**"]
     for s in sources:
-        lines.append(f"- `{s.name}` ({s.kind}): {s.documents} documents, synced "
+        documents = f"{s.documents} documents, " if counts else ""
+        lines.append(f"- `{s.name}` ({s.kind}): {documents}synced "
                      f"{format_interval(s.schedule_seconds) if s.schedule_seconds else 'on demand'}, "
                      f"{_last_run(s.last_run, s.running)}")
+    if not counts:
+        lines.append("Document counts are shown to admins only.")
     return "\n".join(lines)
 
 
@@ -184,14 +189,15 @@ async def run_command(kb: "KnowledgeBase", text: str, caller: Caller) -> Command
         words = (text or "").split()
     command = words[0].lower() if words else "help"
     args = words[1:]
-    admin_only = command in ("reindex", "channel-access", "users")
+    # status: its counts include restricted documents (admins only, as on Discord); sources shows them to admins.
+    admin_only = command in ("reindex", "channel-access", "users", "status")
     if admin_only and not caller.is_admin:
         return CommandResult(NEEDS_ADMIN.format(command=f"/kb {command}"), ok=False)
     try:
         if command == "help":
             return CommandResult(HELP)
         if command == "sources":
-            return CommandResult(await sources_text(kb))
+            return CommandResult(await sources_text(kb, counts=caller.is_admin))
         if command == "status":
             return CommandResult(await status_text(kb))
         if command == "reindex":

@@ -68,13 +68,15 @@ def render_sync_report(report: SyncReport) -> None:
     console.print(
         f"[bold]{shown(report.source)}[/]: {len(report.added)} added, {len(report.updated)} updated, "
         f"{report.unchanged} unchanged, {len(report.metadata_updated)} metadata-only, {len(report.deleted)} deleted, "
-        f"{len(report.skipped)} skipped, {len(report.failed)} failed "
+        f"{len(report.skipped) + len(report.over_limit)} skipped, {len(report.failed)} failed "
         f"({report.chunks_written} chunks written, {report.chunks_embedded} embedded, "
         f"{report.chunks_from_cache} from cache, {report.seconds:.1f}s)",
         soft_wrap=True,
     )
     for external_id, reason in report.failed:
         console.print(f"  [red]failed[/] {shown(external_id)}: {shown(reason)}", soft_wrap=True)
+    for line in report.over_limit_lines():
+        console.print(f"  [yellow]{shown(line)}[/]", soft_wrap=True)
     for warning in report.warnings:
         console.print(f"  [yellow]warning[/] {shown(warning)}", soft_wrap=True)
     if report.skipped:

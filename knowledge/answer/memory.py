@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable, Literal, Sequence
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from knowledge.storage import conversations as memory_store
-from knowledge.storage.conversations import StoredTurn
+from knowledge.storage.conversations import StoredTurn, StoredSummary
 
 if TYPE_CHECKING:
     from knowledge.answer.answering import Generator
@@ -314,15 +314,31 @@ class ConversationMemory:
 
     # History -----------------------------------------------------------------------------------------------
 
-    async def history(self, conversation_id: str, prior_messages: Sequence[ChatMessage] | None = None) -> History:
+    async def history(
+        self, conversation_id: str, prior_messages: Sequence[ChatMessage] | None = None, *,
+        audience: Sequence[str] | None = None,
+    ) -> History:
         """The conversation so far within the memory budget: its summary and the turns after it. Folds older
         turns into the summary first when the budget is passed. `prior_messages` (thread messages the bot
-        never saw) are the history only while the conversation has no stored turns."""
+        never saw) are the history only while the conversation has no stored turns.
+
+        `audience` (the principals the new turn is answered for): turns citing a document they may no longer see
+        (a grant removed from the channel, a document restricted since) are left out, and so is a summary that
+        folded any such turn, so an earlier answer's restricted figures never reach the rewrite or answer prompt."""
+        hidden: set[int] = set()
         async with self.engine.connect() as conn:
             summary = await memory_store.load_summary(conn, conversation_id)
             turns = await memory_store.turns_after(conn, conversation_id, summary.through_turn_id if summary else 0)
-        if summary is None and not turns:
-            return self.history_from_messages(list(prior_messages or ()))
+            if audience is not None:
+                hidden = await memory_store.turns_hidden_from(conn, conversation_id, audience)
+        if hidden:
+            if summary is not None and min(hidden) <= summary.through_turn_id:
+                summary = StoredSummary("", summary.through_turn_id)  # it folded a hidden turn: none of it is shown
+            turns = [t for t in turns if t.id not in hidden]
+        if (summary is None or not summary.text) and not turns:
+            if summary is None and not hidden:
+                return self.history_from_messages(list(prior_messages or ()))
+            return History()
         summary_text = summary.text if summary else ""
         if self._tokens(summary_text, turns) > self.settings.token_budget and len(turns) > 1:
             keep = min(self.settings.recent_turns, len(turns) - 1)

@@ -13,14 +13,33 @@ import logging
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
 from pathlib import PurePosixPath
 
-from knowledge.errors import CorruptDocument, UnsupportedFormat
+from knowledge.errors import CorruptDocument, LimitExceeded, UnsupportedFormat
 
 # pypdf logs every oddity of a damaged file; the sync reports unreadable files itself.
 logging.getLogger("pypdf").setLevel(logging.ERROR)
 
 SUPPORTED_SUFFIXES = (".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".docx", ".csv", ".xlsx")
+
+
+@dataclass(frozen=True)
+class ParseLimits:
+    """Per-format caps, so one small hostile file (a spreadsheet declaring a million rows, a CSV header of 30,000
+    columns repeated into every chunk, a zip of a 200 MB XML) costs no more than itself. They are checked while
+    reading, never trusted from what the file declares. Each maps to a setting of the same name in upper case."""
+
+    max_table_columns: int = 1000
+    max_table_header_chars: int = 4000
+    max_spreadsheet_cells: int = 2_000_000
+    max_paragraphs: int = 200_000
+    max_decompressed_mb: int = 200
+    max_zip_ratio: int = 100
+
+
+def _over(limit: str, setting: str) -> LimitExceeded:
+    return LimitExceeded(f"{limit} (setting {setting})")
 
 
 @dataclass(frozen=True)
@@ -45,17 +64,21 @@ class ParsedDocument:
         return "\n\n".join(block.text for block in self.blocks)
 
 
-def parse_document(data: bytes, filename: str) -> ParsedDocument:
-    """Parse `data` according to `filename`'s suffix. Raises UnsupportedFormat or CorruptDocument."""
+def parse_document(data: bytes, filename: str, limits: ParseLimits | None = None) -> ParsedDocument:
+    """Parse `data` according to `filename`'s suffix. Raises UnsupportedFormat, CorruptDocument or LimitExceeded
+    (a CorruptDocument). MemoryError is let through: the caller knows the memory limit it set."""
     suffix = PurePosixPath(filename).suffix.lower()
     parser = _PARSERS.get(suffix)
     if parser is None:
         raise UnsupportedFormat(
             f"unsupported file type {suffix or '(none)'}; ragbot reads {', '.join(SUPPORTED_SUFFIXES)}"
         )
+    limits = limits or ParseLimits()
     try:
-        parsed = parser(data, _title_from_filename(filename))
-    except (UnsupportedFormat, CorruptDocument):
+        if suffix in (".docx", ".xlsx"):
+            check_zip(data, limits)
+        parsed = parser(data, _title_from_filename(filename), limits)
+    except (UnsupportedFormat, CorruptDocument, MemoryError):
         raise
     except Exception as exc:  # each library raises its own zoo of errors on a damaged file
         raise CorruptDocument(f"could not read {suffix} file: {exc}") from exc
@@ -65,6 +88,39 @@ def parse_document(data: bytes, filename: str) -> ParsedDocument:
         [Block(b.headings, b.text.replace("\x00", ""), b.header.replace("\x00", ""))
          for b in parsed.blocks if b.text.replace("\x00", "").strip()],
     )
+
+
+def check_zip(data: bytes, limits: ParseLimits) -> None:
+    """A .docx or .xlsx is a zip: refuse one whose members would inflate past MAX_DECOMPRESSED_MB in all, or a
+    member over 1 MB inflating more than MAX_ZIP_RATIO times (a bomb of repeated paragraphs). zipfile never inflates
+    a member past its declared size, so checking the declared sizes bounds what parsing can inflate."""
+    import zipfile
+
+    try:
+        members = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    except zipfile.BadZipFile as exc:
+        raise CorruptDocument(f"could not read the file: not a valid zip container ({exc})") from exc
+    total = sum(m.file_size for m in members)
+    if total > limits.max_decompressed_mb * 1024 * 1024:
+        raise _over(f"inflates to {total / 1024 / 1024:,.0f} MB, over {limits.max_decompressed_mb} MB",
+                    "MAX_DECOMPRESSED_MB")
+    for member in members:
+        if member.file_size > 1024 * 1024 and member.file_size > limits.max_zip_ratio * max(1, member.compress_size):
+            raise _over(f"{member.filename} inflates {member.file_size // max(1, member.compress_size):,} times, "
+                        f"over {limits.max_zip_ratio}", "MAX_ZIP_RATIO")
+
+
+def truncate_blocks(document: ParsedDocument, max_chars: int) -> bool:
+    """Cut a parsed document to at most `max_chars` characters of text, so a huge file is not tokenised in full
+    (nor sent back from the parsing worker) only to be cut to MAX_DOCUMENT_CHUNKS afterwards. Returns whether
+    anything was cut."""
+    total = 0
+    for index, block in enumerate(document.blocks):
+        if total + len(block.text) > max_chars:
+            document.blocks[index:] = [Block(block.headings, block.text[: max(0, max_chars - total)], block.header)]
+            return True
+        total += len(block.text)
+    return False
 
 
 def _title_from_filename(filename: str) -> str:
@@ -294,7 +350,7 @@ def _repeated_lines(pages: list[list[str]]) -> set[str]:
     return {line for line, n in counts.items() if n >= max(2, len(pages) / 2)}
 
 
-def parse_docx(data: bytes, fallback_title: str) -> ParsedDocument:
+def parse_docx(data: bytes, fallback_title: str, limits: ParseLimits) -> ParsedDocument:
     """Word's built-in Title/Heading N styles give the structure; tables become one block per row."""
     import docx
 
@@ -302,7 +358,9 @@ def parse_docx(data: bytes, fallback_title: str) -> ParsedDocument:
     title = _clean(document.core_properties.title or "")
     headings: list[tuple[int, str]] = []
     blocks: list[Block] = []
-    for item in document.iter_inner_content():
+    for count, item in enumerate(document.iter_inner_content(), start=1):
+        if count > limits.max_paragraphs:
+            raise _over(f"more than {limits.max_paragraphs:,} paragraphs and tables", "MAX_PARAGRAPHS")
         if isinstance(item, docx.table.Table):
             for row in item.rows:
                 cells = [_clean(cell.text) for cell in row.cells]
@@ -333,9 +391,23 @@ def _table_line(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _rows_to_blocks(rows: list[list[str]], headings: tuple[str, ...]) -> list[Block]:
+def _bounded_rows(rows: Iterable[Sequence[object]], limits: ParseLimits) -> Iterator[list[str]]:
+    """Rows as text, refusing a table wider than MAX_TABLE_COLUMNS or larger than MAX_SPREADSHEET_CELLS as it is
+    read (an empty row counts as one cell, so a sheet of a million empty rows is bounded too)."""
+    cells_seen = 0
+    for row in rows:
+        if len(row) > limits.max_table_columns:
+            raise _over(f"a row of more than {limits.max_table_columns:,} columns", "MAX_TABLE_COLUMNS")
+        cells_seen += max(1, len(row))
+        if cells_seen > limits.max_spreadsheet_cells:
+            raise _over(f"more than {limits.max_spreadsheet_cells:,} cells", "MAX_SPREADSHEET_CELLS")
+        yield ["" if value is None else str(value) for value in row]
+
+
+def _rows_to_blocks(rows: Iterable[list[str]], headings: tuple[str, ...], limits: ParseLimits) -> list[Block]:
     """Spreadsheet rows → one block per row, each carrying the header row (the first non-empty row) so every chunk
-    can repeat it. Empty rows and trailing empty cells are dropped."""
+    can repeat it. Empty rows and trailing empty cells are dropped. A header longer than MAX_TABLE_HEADER_CHARS is
+    refused: it would be repeated into every chunk."""
     cleaned = []
     for row in rows:
         cells = [_clean(cell) for cell in row]
@@ -347,12 +419,15 @@ def _rows_to_blocks(rows: list[list[str]], headings: tuple[str, ...]) -> list[Bl
         return []
     header, body = cleaned[0], cleaned[1:]
     header_line = _table_line(header)
+    if len(header_line) > limits.max_table_header_chars:
+        raise _over(f"a header row of {len(header_line):,} characters, over {limits.max_table_header_chars:,}",
+                    "MAX_TABLE_HEADER_CHARS")
     if not body:
         return [Block(headings, header_line)]
     return [Block(headings, _table_line(cells), header_line) for cells in body]
 
 
-def parse_csv(text: str, fallback_title: str) -> ParsedDocument:
+def parse_csv(text: str, fallback_title: str, limits: ParseLimits) -> ParsedDocument:
     """A CSV file: rows read with the csv module (quoted commas and newlines kept), the first row as the header."""
     import csv
 
@@ -360,11 +435,11 @@ def parse_csv(text: str, fallback_title: str) -> ParsedDocument:
         dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t")
     except csv.Error:
         dialect = csv.excel  # type: ignore[assignment]
-    rows = list(csv.reader(io.StringIO(text), dialect))
-    return ParsedDocument(fallback_title, _rows_to_blocks(rows, ()))
+    rows = _bounded_rows(csv.reader(io.StringIO(text), dialect), limits)
+    return ParsedDocument(fallback_title, _rows_to_blocks(rows, (), limits))
 
 
-def parse_xlsx(data: bytes, fallback_title: str) -> ParsedDocument:
+def parse_xlsx(data: bytes, fallback_title: str, limits: ParseLimits) -> ParsedDocument:
     """An Excel workbook (and Google Sheets, exported as one): each sheet is a section named after it, read as rows
     under its own header row."""
     import openpyxl
@@ -373,8 +448,10 @@ def parse_xlsx(data: bytes, fallback_title: str) -> ParsedDocument:
     blocks: list[Block] = []
     try:
         for sheet in workbook.worksheets:
-            rows = [["" if value is None else str(value) for value in row] for row in sheet.iter_rows(values_only=True)]
-            blocks.extend(_rows_to_blocks(rows, (sheet.title,) if len(workbook.worksheets) > 1 else ()))
+            # The declared dimension (say A1:XFD1048576) is not trusted: without this, every row is padded to it.
+            sheet.reset_dimensions()
+            rows = _bounded_rows(sheet.iter_rows(values_only=True), limits)
+            blocks.extend(_rows_to_blocks(rows, (sheet.title,) if len(workbook.worksheets) > 1 else (), limits))
     finally:
         workbook.close()
     title = _clean(workbook.properties.title or "") if workbook.properties else ""
@@ -382,13 +459,13 @@ def parse_xlsx(data: bytes, fallback_title: str) -> ParsedDocument:
 
 
 _PARSERS = {
-    ".md": lambda data, title: parse_markdown(_decode(data), title),
-    ".markdown": lambda data, title: parse_markdown(_decode(data), title),
-    ".txt": lambda data, title: parse_plain_text(_decode(data), title),
-    ".html": lambda data, title: parse_html(_decode(data), title),
-    ".htm": lambda data, title: parse_html(_decode(data), title),
-    ".pdf": lambda data, title: parse_pdf(data, title),
-    ".docx": lambda data, title: parse_docx(data, title),
-    ".csv": lambda data, title: parse_csv(_decode(data), title),
-    ".xlsx": lambda data, title: parse_xlsx(data, title),
+    ".md": lambda data, title, limits: parse_markdown(_decode(data), title),
+    ".markdown": lambda data, title, limits: parse_markdown(_decode(data), title),
+    ".txt": lambda data, title, limits: parse_plain_text(_decode(data), title),
+    ".html": lambda data, title, limits: parse_html(_decode(data), title),
+    ".htm": lambda data, title, limits: parse_html(_decode(data), title),
+    ".pdf": lambda data, title, limits: parse_pdf(data, title),
+    ".docx": lambda data, title, limits: parse_docx(data, title, limits),
+    ".csv": lambda data, title, limits: parse_csv(_decode(data), title, limits),
+    ".xlsx": lambda data, title, limits: parse_xlsx(data, title, limits),
 }

@@ -34,10 +34,12 @@ import numpy as np
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from knowledge.storage import documents as store
-from knowledge.ingest.chunking import ChunkDraft, chunk_document, compose_search_text
 from knowledge.embedding.encoder import Embedder, content_hash
-from knowledge.ingest.parsing import Block, CorruptDocument, ParsedDocument, UnsupportedFormat, parse_document
+from knowledge.errors import CorruptDocument, LimitExceeded, UnsupportedFormat
+from knowledge.ingest.chunking import ChunkDraft, chunk_document, compose_search_text
+from knowledge.ingest.isolation import ParsePool
+from knowledge.ingest.parsing import Block, ParsedDocument, ParseLimits, truncate_blocks
+from knowledge.storage import documents as store
 from knowledge.settings import KnowledgeSettings
 from knowledge.errors import ItemUnavailable
 from knowledge.sources.base import Source, SourceItem, as_source, principals_key, read_item
@@ -91,6 +93,8 @@ class SyncReport:
     deleted: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # unsupported types: (external id, reason)
     failed: list[tuple[str, str]] = field(default_factory=list)  # unreadable or corrupt: (external id, reason)
+    # Over a resource limit: (external id, "<limit> (setting NAME)"); see `skip_over_limit`.
+    over_limit: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     chunks_written: int = 0
     chunks_embedded: int = 0
@@ -108,11 +112,21 @@ class SyncReport:
             "metadata_updated": self.metadata_updated, "deleted": self.deleted,
             "skipped": [{"id": i, "reason": r} for i, r in self.skipped],
             "failed": [{"id": i, "reason": r} for i, r in self.failed],
+            "over_limit": [{"id": i, "reason": r} for i, r in self.over_limit],
             "warnings": self.warnings,
             "chunks_written": self.chunks_written, "chunks_embedded": self.chunks_embedded,
             "chunks_from_cache": self.chunks_from_cache, "seconds": round(self.seconds, 2),
             "run_id": self.run_id, "trigger": self.trigger, "pruned": self.pruned,
         }
+
+    def skip_over_limit(self, external_id: str, limit: str) -> None:
+        """An item left out because it would cost more than a limit allows; `limit` reads "<what> (setting NAME)".
+        One mechanism for every source: the file kept its previous version, if any."""
+        self.over_limit.append((external_id, limit))
+
+    def over_limit_lines(self) -> list[str]:
+        """One report line per item over a limit: "skipped: <item>: <limit> (setting NAME)"."""
+        return [f"skipped: {external_id}: {limit}" for external_id, limit in self.over_limit]
 
     def finish(self) -> None:
         """Stable order for people and tests: fetches run concurrently, so items finish in any order."""
@@ -120,6 +134,7 @@ class SyncReport:
             getattr(self, name).sort()
         self.skipped.sort()
         self.failed.sort()
+        self.over_limit.sort()
 
 
 def unique_chunks(drafts: Sequence[ChunkDraft]) -> list[ChunkDraft]:
@@ -132,18 +147,6 @@ def unique_chunks(drafts: Sequence[ChunkDraft]) -> list[ChunkDraft]:
             seen.add(draft.search_text)
             unique.append(draft)
     return unique
-
-
-def truncate_blocks(document: ParsedDocument, max_chars: int) -> bool:
-    """Cut a parsed document to at most `max_chars` characters of text, so a huge file is not tokenised in full
-    only to be cut to MAX_DOCUMENT_CHUNKS afterwards. Returns whether anything was cut."""
-    total = 0
-    for index, block in enumerate(document.blocks):
-        if total + len(block.text) > max_chars:
-            document.blocks[index:] = [Block(block.headings, block.text[: max(0, max_chars - total)], block.header)]
-            return True
-        total += len(block.text)
-    return False
 
 
 @dataclass(frozen=True)
@@ -314,6 +317,15 @@ class Indexer:
         self.embedder = embedder
         self.settings = settings
         self._recipe = hashlib.sha256(pipeline_recipe(settings, embedder.name).encode("utf-8")).hexdigest()[:16]
+        self.parser = ParsePool(
+            ParseLimits(
+                max_table_columns=settings.max_table_columns, max_table_header_chars=settings.max_table_header_chars,
+                max_spreadsheet_cells=settings.max_spreadsheet_cells, max_paragraphs=settings.max_paragraphs,
+                max_decompressed_mb=settings.max_decompressed_mb, max_zip_ratio=settings.max_zip_ratio,
+            ),
+            workers=settings.parse_workers, timeout_seconds=settings.parse_timeout_seconds,
+            memory_mb=settings.parse_memory_mb,
+        )
 
     def stored_version(self, item: SourceItem) -> str | None:
         """The version string stored with a document: the source's version, tied to the pipeline recipe so a new
@@ -324,6 +336,7 @@ class Indexer:
         self, source: Source, progress: SyncProgress | None = None, *, source_id: int | None = None,
         checkpoint: str | None = None, full: bool = False, prune: bool | None = None,
         on_checkpoint: CheckpointCallback | None = None, report: SyncReport | None = None,
+        on_committed: Callable[[], Awaitable[None]] | None = None,
     ) -> SyncReport:
         """Apply the source's changes since `checkpoint`, then prune when asked (None: when the source prunes on
         every sync). Each batch of documents commits on its own; `on_checkpoint` is awaited with a change batch's
@@ -393,7 +406,8 @@ class Indexer:
                                external_id=lambda p: p.item.external_id, chunks=lambda p: len(p.drafts))
             for prepared in joined:
                 await writers.start(
-                    self._write(_Embedded(prepared, embeddings), stored, source_id, report, progress),
+                    self._write_then(_Embedded(prepared, embeddings), stored, source_id, report, progress,
+                                     on_committed),
                     documents={p.item.external_id for p in prepared},
                 )
 
@@ -533,15 +547,27 @@ class Indexer:
                     continue
             resolved.append(item)
         need = resolved
+        max_bytes = self.settings.max_file_mb * 1024 * 1024
+        for item in [i for i in need if i.size is not None and i.size > max_bytes]:  # refused before reading it
+            await self._over_limit(item, stored.get(item.external_id), self._too_large(item.size or 0), report)
+            progress.advance(item.external_id)
+        need = [i for i in need if i.size is None or i.size <= max_bytes]
         fetched = await asyncio.gather(*(self._fetch(item) for item in need))
+        # Parsed concurrently: each file in a worker process of the parse pool (PARSE_WORKERS of them).
+        results = await asyncio.gather(*(
+            self._prepare(item, stored.get(item.external_id), result, report)
+            for item, result in zip(need, fetched, strict=True)
+        ))
         prepared = []
-        for item, result in zip(need, fetched, strict=True):
-            ready = await self._prepare(item, stored.get(item.external_id), result, report)
+        for item, ready in zip(need, results, strict=True):
             if ready is not None:
                 prepared.append(ready)
             else:
                 progress.advance(item.external_id)
         return prepared
+
+    def _too_large(self, size: int) -> str:
+        return f"{size / 1024 / 1024:,.1f} MB, over {self.settings.max_file_mb} MB (setting MAX_FILE_MB)"
 
     async def _fetch(self, item: SourceItem) -> _Fetched:
         async with self._fetch_slots:
@@ -568,7 +594,7 @@ class Indexer:
             return None
         data = fetched.data
         if len(data) > self.settings.max_file_mb * 1024 * 1024:
-            await self._fail(item, old, f"larger than MAX_FILE_MB ({self.settings.max_file_mb} MB)", report)
+            await self._over_limit(item, old, self._too_large(len(data)), report)
             return None
         digest = item_hash(item, data, self.settings, self.embedder.name)
         if old is not None and old.content_hash == digest:
@@ -580,19 +606,23 @@ class Indexer:
                 async with self.engine.begin() as conn:
                     await store.set_document_version(conn, old.id, self.stored_version(item))
             return None
+        limit = self.settings.max_document_chunks
+        max_chars = max(limit * self.settings.chunk_tokens * CHARS_PER_TOKEN_BOUND, MIN_DOCUMENT_CHARS)
         try:
-            parsed = await asyncio.to_thread(parse_document, data, item.filename)
+            result = await self.parser.parse(data, item.filename, max_chars)
         except UnsupportedFormat as exc:
             report.skipped.append((item.external_id, str(exc)))
+            return None
+        except LimitExceeded as exc:
+            await self._over_limit(item, old, str(exc), report)
             return None
         except CorruptDocument as exc:
             await self._fail(item, old, str(exc), report)
             return None
+        parsed = result.document
         if item.title:
             parsed.title = item.title
-        limit = self.settings.max_document_chunks
-        max_chars = max(limit * self.settings.chunk_tokens * CHARS_PER_TOKEN_BOUND, MIN_DOCUMENT_CHARS)
-        if truncate_blocks(parsed, max_chars):
+        if result.truncated:
             report.warnings.append(
                 f"{item.external_id}: only its first {max_chars:,} characters are indexed (MAX_DOCUMENT_CHUNKS)"
             )
@@ -618,6 +648,15 @@ class Indexer:
         that was restricted and broken in the same change must not stay visible under its old permissions."""
         report.failed.append((item.external_id, reason))
         logger.info("skipping %s: %s", item.external_id, reason)
+        if old is not None:
+            await self._update_metadata_if_changed(item, old)
+
+    async def _over_limit(
+        self, item: SourceItem, old: store.StoredDocument | None, limit: str, report: SyncReport
+    ) -> None:
+        """Like `_fail` (the previous version stays, under the current access list), reported as over a limit."""
+        report.skip_over_limit(item.external_id, limit)
+        logger.info("skipped %s: %s", item.external_id, limit)
         if old is not None:
             await self._update_metadata_if_changed(item, old)
 
@@ -659,6 +698,14 @@ class Indexer:
                     p.item.updated_at, tuple(p.item.access), chunks=len(p.drafts), version=self.stored_version(p.item),
                 )
             progress.advance(p.item.external_id)
+
+    async def _write_then(
+        self, batch: _Embedded, stored: dict[str, store.StoredDocument], source_id: int, report: SyncReport,
+        progress: SyncProgress, on_committed: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        await self._write(batch, stored, source_id, report, progress)
+        if on_committed is not None:
+            await on_committed()
 
     def _document_write(self, p: _Prepared, embeddings: dict[str, np.ndarray]) -> store.DocumentWrite:
         rows = [

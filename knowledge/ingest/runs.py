@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from knowledge.storage import sources as sources_store, documents as store
-from knowledge.errors import SourceBusy, SourceConfigError, SourceError, UnknownSource
+from knowledge.errors import SourceBusy, SourceConfigError, SourceError, UnknownSource, RecentlySynced
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.sources.base import Source, SourceInfo, SyncRun, as_source, build_source
 from knowledge.sources.folder import FolderSource
@@ -35,7 +35,12 @@ class SyncRunner:
 
     async def sync_stored(
         self, name: str, *, trigger: str, full: bool, progress: SyncProgress | None, prune: bool | None,
+        unless_ran_within: float | None = None,
     ) -> SyncReport:
+        """`unless_ran_within` (the scheduler: most of its interval): under the source's lock, skip with
+        RecentlySynced when a run with the same trigger (a pruning one, for a prune job) started that recently, so
+        N replicas on one database still run each source once per interval (the lock alone prevents overlap, not
+        repetition)."""
         async with self.engine.connect() as conn:
             row = await sources_store.get_source(conn, name)
         if row is None:
@@ -52,7 +57,7 @@ class SyncRunner:
         if prune is None and not full:
             prune = self._prune_due(row) or None
         return await self._run(source, row.id, trigger=trigger, full=full, progress=progress, prune=prune,
-                               checkpoint=row.checkpoint, save_checkpoints=True)
+                               checkpoint=row.checkpoint, save_checkpoints=True, unless_ran_within=unless_ran_within)
 
     async def sync_adhoc(self, source: Source, progress: SyncProgress | None, trigger: str = "cli") -> SyncReport:
         """A one-off sync of a source object (`ragbot ingest PATH`, BEIR corpora, tests): recorded and locked like
@@ -68,12 +73,18 @@ class SyncRunner:
     async def _run(
         self, source: Source, source_id: int, *, trigger: str, full: bool, progress: SyncProgress | None,
         prune: bool | None, checkpoint: str | None, save_checkpoints: bool, close: bool = True, wait: bool = False,
+        unless_ran_within: float | None = None,
     ) -> SyncReport:
         name = source.spec.name
         report = SyncReport(source=name, trigger=trigger)
         try:
             async with self.source_lock(source_id, name, wait=wait):
                 async with self.engine.begin() as conn:
+                    if unless_ran_within and await sources_store.ran_within(
+                        conn, source_id, trigger, unless_ran_within, pruned=bool(prune)
+                    ):
+                        raise RecentlySynced(f"source {name!r} was synced by another process in the last "
+                                             f"{unless_ran_within:.0f} s")
                     report.run_id = await sources_store.start_run(conn, source_id, trigger, full)
                 status, error = "failed", None
                 try:
@@ -86,7 +97,7 @@ class SyncRunner:
                     await self.indexer.sync(
                         source, progress, source_id=source_id, checkpoint=checkpoint, full=full,
                         prune=True if full else prune, on_checkpoint=save if save_checkpoints else None,
-                        report=report,
+                        report=report, on_committed=lambda: self._save_progress(report),
                     )
                     if report.pruned:
                         async with self.engine.begin() as conn:
@@ -109,15 +120,31 @@ class SyncRunner:
                 await source.aclose()
         return report
 
+    @staticmethod
+    def _counts(report: SyncReport) -> dict[str, int]:
+        return {
+            "added": len(report.added), "updated": len(report.updated),
+            "metadata_updated": len(report.metadata_updated), "deleted": len(report.deleted),
+            "unchanged": report.unchanged, "skipped": len(report.skipped) + len(report.over_limit),
+            "failed": len(report.failed),
+        }
+
+    async def _save_progress(self, report: SyncReport) -> None:
+        """After each committed write: the run's counts so far (a kill -9 leaves them, not "no changes")."""
+        if report.run_id is None:
+            return
+        try:
+            async with self.engine.begin() as conn:
+                await sources_store.save_run_counts(conn, report.run_id, self._counts(report))
+        except Exception:  # a progress record is not worth failing the run for
+            logger.warning("could not record the progress of sync run %s", report.run_id, exc_info=True)
+
     async def _record(self, report: SyncReport, status: str, error: str | None) -> None:
         if report.run_id is None:
             return
-        counts = {
-            "added": len(report.added), "updated": len(report.updated),
-            "metadata_updated": len(report.metadata_updated), "deleted": len(report.deleted),
-            "unchanged": report.unchanged, "skipped": len(report.skipped), "failed": len(report.failed),
-        }
-        details = {"skipped": report.skipped[:200], "failed": report.failed[:200], "warnings": report.warnings}
+        counts = self._counts(report)
+        details = {"skipped": report.skipped[:200], "failed": report.failed[:200], "warnings": report.warnings,
+                   "over_limit": report.over_limit[:200]}
         try:
             async with self.engine.begin() as conn:
                 await sources_store.finish_run(conn, report.run_id, status=status, counts=counts,

@@ -5,7 +5,11 @@ Each stored source with a schedule gets two interval jobs: a sync every `schedul
 jittered (start times spread, so replicas and sources do not fire together), coalesce missed runs into one, and
 allow one instance at a time. Across processes, `sync_source` holds a Postgres advisory lock per source for the
 whole run, so several schedulers on one database never sync the same source at once (the loser's run is skipped
-with SourceBusy, which is normal and logged at debug level). APScheduler's own job store is in memory: jobs are
+with SourceBusy, which is normal and logged at debug level). The lock prevents overlap, not repetition: N
+replicas would still run each source N times an interval, one after another. So, under the lock, a scheduled run
+is skipped (RecentlySynced, a SourceBusy) when a scheduled run of that source started within the last
+`interval × (1 - 2 × jitter)` by the database's clock: one run per source per interval, whatever the number of
+replicas (a run whose process died does not count, so a replica takes over within the interval). APScheduler's own job store is in memory: jobs are
 rebuilt from the `sources` table, re-read every `refresh_seconds` so `ragbot source add/remove` in another process
 takes effect without a restart.
 """
@@ -118,16 +122,19 @@ class SchedulerHandle:
         assert every
         self.scheduler.add_job(
             self._run, IntervalTrigger(seconds=every, jitter=max(0.0, every * self.jitter_fraction) or None),
-            args=[name, prune], id=job_id, name=job_id, coalesce=True, max_instances=1,
+            args=[name, prune, every], id=job_id, name=job_id, coalesce=True, max_instances=1,
             misfire_grace_time=max(1, every), replace_existing=True,
         )
 
-    async def _run(self, name: str, prune: bool | None) -> None:
+    async def _run(self, name: str, prune: bool | None, every: int) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._running.add(task)
         try:
-            report = await self.kb.sync_source(name, trigger="schedule", prune=prune)
+            # Jitter delays each firing by up to every × jitter: the same replica's runs are at least
+            # every × (1 - jitter) apart, so this gap never skips a replica's own next run.
+            gap = every * max(0.5, 1 - 2 * self.jitter_fraction)
+            report = await self.kb.sync_source(name, trigger="schedule", prune=prune, unless_ran_within=gap)
             logger.info("scheduled sync of %s: %d added, %d updated, %d deleted, %d failed", name,
                         len(report.added), len(report.updated), len(report.deleted), len(report.failed))
         except SourceBusy:

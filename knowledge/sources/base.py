@@ -98,6 +98,9 @@ class SourceItem:
     version: str | None = None
     parent_id: str | None = None
     resolve_access: Callable[[], Awaitable[Sequence[str]]] | None = None
+    # The size in bytes when the source knows it before reading (a file's stat): the indexer refuses an item over
+    # MAX_FILE_MB without reading it.
+    size: int | None = None
 
 
 async def read_item(item: SourceItem) -> bytes:

@@ -11,6 +11,13 @@ Access rules (every ambiguity fails closed, and is reported in the sync report):
 - Symbolic links are followed only when their target is inside the source's root folder (and not hidden); a
   document reached through one gets the intersection of the access of the link's location and of the target's
   location (the stricter of both). Links leaving the root, dangling links and link loops are skipped and reported.
+- A document's version names the file actually read: its resolved path, device and inode, size and mtime. A link
+  retargeted to a decoy of the same size and mtime (`touch -r`) is a new version, so its content is read again
+  with its new access: content and access always change together. The bytes are read from the resolved path
+  listed, and only if it is still the same file (device, inode, size, mtime), else the item fails and keeps
+  nothing new.
+- Hard links: a file with several names inside the root gets the intersection of the access of all of them
+  (a name outside the root cannot be seen; see docs/security.md).
 - A folder that cannot be listed makes the listing incomplete: nothing indexed under it is deleted (reported).
 - File names that are not valid UTF-8 keep their undecodable bytes as `\\xNN` in the document's id and title.
 """
@@ -27,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator, Mapping
 
-from knowledge.errors import SourceConfigError, SourceUnavailable
+from knowledge.errors import SourceConfigError, SourceUnavailable, ItemUnavailable
 from knowledge.access import EVERYONE
 from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 
@@ -35,7 +42,8 @@ ACCESS_FILE = ".access"
 MAX_ACCESS_FILE_BYTES = 64 * 1024
 NOBODY: tuple[str, ...] = ()
 # everyone, or kind:value with no spaces, for the kinds ragbot's sources produce.
-_PRINCIPAL = re.compile(r"everyone|(?:user|group|domain):\S+")
+# Control characters (a NUL, which Postgres text cannot even hold) are never part of a principal.
+_PRINCIPAL = re.compile(r"everyone|(?:user|group|domain):[^\s\x00-\x1f\x7f]+")
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,8 @@ def read_access_file(path: Path) -> AccessFile:
         data = path.read_bytes()
     except OSError as exc:
         return AccessFile(NOBODY, f"cannot be read ({_reason(exc)})")
+    if b"\x00" in data:
+        return AccessFile(NOBODY, "contains a NUL byte (not a text file?)")
     try:
         content = data.decode("utf-8-sig")  # a byte-order mark must not become part of the first principal
     except UnicodeDecodeError:
@@ -202,6 +212,9 @@ class FolderSource:
 
     def items(self) -> Iterator[SourceItem]:
         seen: set[str] = set()
+        listed: list[tuple[Path, str, Path, os.stat_result]] = []
+        # (device, inode) -> the real paths it has here: several are hard links (a symlink resolves to one of them)
+        names: dict[tuple[int, int], set[Path]] = {}
         for path in self.files():
             external_id = self._external_id(path)
             if external_id in seen:  # two names differing only in undecodable bytes
@@ -209,19 +222,28 @@ class FolderSource:
                 continue
             seen.add(external_id)
             try:
-                info = path.stat()
-            except OSError as exc:
+                real = path.resolve(strict=True)
+                info = real.stat()
+            except (OSError, RuntimeError) as exc:
                 self.warn(f"skipped {external_id}: {_reason(exc)}")
                 continue
+            listed.append((path, external_id, real, info))
+            names.setdefault((info.st_dev, info.st_ino), set()).add(real)
+        for path, external_id, real, info in listed:
+            access = self.access_for(path)
+            for other in sorted(names[(info.st_dev, info.st_ino)]):  # hard links: the stricter of all its places
+                if other != real:
+                    access = intersect_access(access, self._folder_access(other.parent))
             yield SourceItem(
                 external_id=external_id,
                 filename=printable_name(path.name),
-                read=path.read_bytes,
+                read=_IdentityRead(real, info),
                 url=path.as_uri(),
                 path=f"{self.spec.name}/{external_id}",
                 updated_at=datetime.fromtimestamp(info.st_mtime, tz=timezone.utc),
-                access=self.access_for(path),
-                version=f"{info.st_mtime_ns}:{info.st_size}",
+                access=access,
+                version=file_version(real, info),
+                size=info.st_size,
             )
 
     # --- the source interface (see knowledge.sources.base) ---------------------------------------------------
@@ -286,6 +308,32 @@ class FolderSource:
 
     def _external_id(self, path: Path) -> str:
         return printable_name(path.relative_to(self.root).as_posix()) if path != self.root else ""
+
+
+def file_version(real: Path, info: os.stat_result) -> str:
+    """What identifies the bytes a document was read from: the file itself (resolved path, device, inode), not
+    the name it was reached by, plus its size and mtime. A link retargeted to a decoy of the same size and mtime
+    changes it, so the new target's text is read together with the new access."""
+    return f"{info.st_mtime_ns}:{info.st_size}:{info.st_dev}:{info.st_ino}:{os.fsencode(str(real)).hex()}"
+
+
+@dataclass(frozen=True)
+class _IdentityRead:
+    """Read the file listed, and only that file: open its resolved path, then check that what was opened is still
+    the listed file (device, inode, size, mtime). A link retargeted or a file replaced between listing and reading
+    fails the item (kept at its previous version; the next sync reads it with its new access)."""
+
+    real: Path
+    info: os.stat_result
+
+    def __call__(self) -> bytes:
+        with open(self.real, "rb") as handle:
+            now = os.fstat(handle.fileno())
+            if (now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns) != (
+                self.info.st_dev, self.info.st_ino, self.info.st_size, self.info.st_mtime_ns
+            ):
+                raise ItemUnavailable("the file changed between listing and reading; the next sync reads it again")
+            return handle.read(self.info.st_size + 1)[: self.info.st_size]
 
 
 def printable_name(name: str) -> str:

@@ -92,3 +92,19 @@ async def rarest_term_fraction(conn: AsyncConnection, text_: str, config: str) -
             {"config": config, "text": text_},
         )
     ).scalar()
+
+
+async def turns_hidden_from(conn: AsyncConnection, conversation_id: str, principals: Sequence[str]) -> set[int]:
+    """Turns of the conversation that cite a chunk these principals may not see now, or one that no longer exists
+    (its document changed or was removed: what it said cannot be checked, so it counts as hidden). Turns citing
+    nothing (abstentions) are never hidden."""
+    rows = await conn.execute(
+        text(
+            "SELECT t.id FROM conversation_turns t WHERE t.conversation_id = :c "
+            "AND coalesce(cardinality(t.cited_chunk_ids), 0) > 0 "
+            "AND EXISTS (SELECT 1 FROM unnest(t.cited_chunk_ids) AS cited(id) LEFT JOIN chunks ch ON ch.id = cited.id "
+            "            WHERE ch.id IS NULL OR NOT (ch.access && CAST(:p AS text[])))"
+        ),
+        {"c": conversation_id, "p": list(principals)},
+    )
+    return {int(r.id) for r in rows}

@@ -151,6 +151,20 @@ def _run(row: Any) -> SyncRun:
                    row.pruned, row.error)
 
 
+async def ran_within(conn: AsyncConnection, source_id: int, trigger: str, seconds: float, *, pruned: bool) -> bool:
+    """Whether a run of this source with this trigger (a pruning one, if `pruned`) started in the last `seconds`,
+    by the database's clock (replicas' clocks may differ). Runs whose process died (still "running" or
+    "interrupted") do not count: their work is not done. Call while holding the source's lock."""
+    return bool((await conn.execute(
+        text(
+            "SELECT EXISTS (SELECT 1 FROM sync_runs WHERE source_id = :s AND trigger = :t "
+            "AND status NOT IN ('running', 'interrupted') AND (pruned OR NOT :p) "
+            "AND started_at > now() - make_interval(secs => :g))"
+        ),
+        {"s": source_id, "t": trigger, "p": pruned, "g": seconds},
+    )).scalar_one())
+
+
 async def start_run(conn: AsyncConnection, source_id: int, trigger: str, full: bool) -> int:
     """Record a run as running. Call while holding the source's lock: any other "running" row of this source is
     then a run whose process died, and is marked interrupted."""
@@ -186,6 +200,19 @@ async def finish_run(
         ),
         {"id": run_id, "status": status, "pruned": pruned, "error": error,
          "details": json.dumps(details) if details is not None else None, **counts},
+    )
+
+
+async def save_run_counts(conn: AsyncConnection, run_id: int, counts: dict[str, int]) -> None:
+    """What a running run has committed so far, so a run whose process is killed is listed with its work, not as
+    "no changes" (the status stays "running" until it ends or the next run marks it interrupted)."""
+    await conn.execute(
+        text(
+            "UPDATE sync_runs SET added = :added, updated = :updated, metadata_updated = :metadata_updated, "
+            "deleted = :deleted, unchanged = :unchanged, skipped = :skipped, failed = :failed "
+            "WHERE id = :id AND status = 'running'"
+        ),
+        {"id": run_id, **counts},
     )
 
 
