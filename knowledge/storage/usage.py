@@ -21,17 +21,19 @@ class DocumentRef:
     url: str | None
     path: str | None
     updated_at: datetime | None
+    access: tuple[str, ...] = ()  # principals that may see it
 
     def to_dict(self) -> dict[str, object]:
         return {"id": self.id, "title": self.title, "source": self.source, "url": self.url, "path": self.path,
                 "updated_at": self.updated_at.isoformat() if self.updated_at else None}
 
 
-_COLUMNS = "d.id, d.title, s.name AS source, d.url, d.path, d.updated_at"
+_COLUMNS = "d.id, d.title, s.name AS source, d.url, d.path, d.updated_at, d.access"
 
 
 def _ref(row: object) -> DocumentRef:
-    return DocumentRef(row.id, row.title, row.source, row.url, row.path, row.updated_at)  # type: ignore[attr-defined]
+    r = row
+    return DocumentRef(r.id, r.title, r.source, r.url, r.path, r.updated_at, tuple(r.access or ()))  # type: ignore[attr-defined]
 
 
 async def documents_of_chunks(conn: AsyncConnection, chunk_ids: Sequence[int]) -> dict[int, DocumentRef]:
