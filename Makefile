@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup run test bench clean-db image image-base image-local image-test compose-config
+.PHONY: setup chromium run test bench clean-db image image-base image-local image-test compose-config
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The admin page's browser test drives Debian's chromium (Playwright with executable_path; never `playwright install`).
+chromium:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium chromium-driver)
+
+setup: $(STAMP) chromium
 
 run: setup
 	$(BIN)/ragbot db upgrade

@@ -102,6 +102,10 @@ class BotApp:
         if self.adapters is None:
             self.adapters = configured_adapters(context)
         routes = [route for adapter in self.adapters for route in adapter.routes()]
+        if self.settings.admin_token is not None and self.settings.admin_token.get_secret_value():
+            from bot.web.admin import admin_routes
+
+            routes += admin_routes(self.kb, self.settings.admin_token.get_secret_value())
         self._runner, self.port = await start_web_server(
             build_web_app(self.kb, self.metrics, routes), self.settings.host, self.settings.port
         )
@@ -161,6 +165,9 @@ def build_app(
         from knowledge.ingest.schedule import SchedulerService
 
         app.services.append(SchedulerService(lambda: app.kb))  # type: ignore[arg-type, return-value]
+        from bot.chat.retention import RetentionService
+
+        app.services.append(RetentionService(lambda: app.kb, settings.retention_days))  # type: ignore[arg-type, return-value]
     return app
 
 

@@ -34,6 +34,12 @@ class BotSettings(BaseSettings):
     # Run the sync scheduler inside `ragbot run` (turn off when `ragbot scheduler` runs as its own process).
     run_scheduler: bool = True
 
+    # Questions, answers and feedback older than this many days are deleted (by `ragbot run`'s periodic job).
+    retention_days: int = Field(default=90, ge=1)
+    # The admin page at /admin is served only when this is set; open it with `Authorization: Bearer <token>` or
+    # `/admin?token=<token>` in a browser.
+    admin_token: SecretStr | None = None
+
     # The HTTP server: Slack events (HTTP mode), /healthz and /metrics.
     host: str = "0.0.0.0"
     port: int = Field(default=3000, ge=0, le=65535)

@@ -25,6 +25,7 @@ from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.answer.memory import ChatMessage, ConversationMemory, MemorySettings
 from knowledge.search.retrieval import Mode, Retriever, SearchFilters, SearchResults
 from knowledge.settings import KnowledgeSettings
+from knowledge.storage import conversations, usage
 from knowledge.storage import documents as store
 from knowledge.sources.base import Source, SourceInfo, SyncRun
 from knowledge.sources.folder import FolderSource
@@ -337,3 +338,24 @@ class KnowledgeBase(BotStateMethods):
         async with self.engine.connect() as conn:
             found = await directory_store.find_documents(conn, document)
         return resolved, [verdict(resolved, d) for d in found]
+    # Usage and retention (issue 34): what the gaps report and the retention job need from the knowledge side.
+
+    async def documents_of_chunks(self, chunk_ids: Sequence[int]) -> "dict[int, usage.DocumentRef]":
+        """chunk id → its document (title, source, url, path, last update), for chunks that still exist."""
+        async with self.engine.connect() as conn:
+            return await usage.documents_of_chunks(conn, chunk_ids)
+
+    async def documents_not_in(self, document_ids: Sequence[int], limit: int = 50) -> "tuple[int, list[usage.DocumentRef]]":
+        """How many indexed documents are not among `document_ids` (e.g. never cited), and the first `limit`."""
+        async with self.engine.connect() as conn:
+            return await usage.documents_not_in(conn, document_ids, limit)
+
+    async def forget_turns_older_than(self, days: int) -> int:
+        """Retention of conversation memory: turns older than `days` (and summaries left without turns)."""
+        async with self.engine.begin() as conn:
+            return await conversations.delete_turns_older_than(conn, days)
+
+    async def forget_turns_of(self, askers: Sequence[str]) -> tuple[int, int]:
+        """A person's conversation turns (by platform identity) and the summaries of conversations they were in."""
+        async with self.engine.begin() as conn:
+            return await conversations.delete_turns_of(conn, askers)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from knowledge.errors import InvalidPrincipal, KnowledgeError
 
 if TYPE_CHECKING:
+    from bot.chat.channels import ChannelSettings
     from knowledge.kb import KnowledgeBase
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,8 @@ Commands:
 - `/kb channel-access list|add|remove PRINCIPAL`: what this channel's answers may draw on besides documents \
 shared with everyone (admins)
 - `/kb users map|unmap|list IDENTITY PRINCIPAL`: whom a chat user asks as in private conversations (admins)
+- `/kb channel show`, `/kb channel sources add|remove SOURCE`, `/kb channel auto on|off`, `/kb channel mode public|private`: this channel's sources, help-channel auto-answers and answer mode (admins)
+- `/kb gaps`: questions the bot declined, was unsure about or got 👎 on, by topic (admins)
 In a channel, answers only use documents everyone may see plus what an admin granted the channel. In a private \
 conversation they also use the documents you may see."""
 
@@ -42,6 +45,7 @@ class Caller:
     identity: str  # platform-qualified: "slack:U1", "discord:42"
     is_admin: bool
     channel_key: str | None = None  # where the command was typed ("slack:T1:C2"), for channel-access
+    workspace: str | None = None  # the Slack workspace or Discord server ("slack:T1:"): whose questions /kb gaps shows
 
 
 @dataclass
@@ -190,7 +194,7 @@ async def run_command(kb: "KnowledgeBase", text: str, caller: Caller) -> Command
     command = words[0].lower() if words else "help"
     args = words[1:]
     # status: its counts include restricted documents (admins only, as on Discord); sources shows them to admins.
-    admin_only = command in ("reindex", "channel-access", "users", "status")
+    admin_only = command in ("reindex", "channel-access", "users", "status", "channel", "gaps")
     if admin_only and not caller.is_admin:
         return CommandResult(NEEDS_ADMIN.format(command=f"/kb {command}"), ok=False)
     try:
@@ -218,6 +222,10 @@ async def run_command(kb: "KnowledgeBase", text: str, caller: Caller) -> Command
             return await _channel_access(kb, args, caller)
         if command == "users":
             return await _users(kb, args, caller)
+        if command == "channel":
+            return await _channel(kb, args, caller)
+        if command == "gaps":
+            return CommandResult(await gaps(kb, caller))
     except InvalidPrincipal as exc:
         return CommandResult(str(exc), ok=False)
     return CommandResult(f"Unknown command `{command}`. Try `/kb help`.", ok=False)
@@ -245,3 +253,94 @@ async def _users(kb: "KnowledgeBase", args: list[str], caller: Caller) -> Comman
     if action == "unmap" and len(args) in (2, 3):
         return CommandResult(await users_unmap(kb, args[1], args[2] if len(args) == 3 else None))
     return CommandResult("Usage: `/kb users map|unmap IDENTITY PRINCIPAL`, `/kb users list [IDENTITY]`", ok=False)
+
+
+# Channel settings and gaps (issue 34).
+
+CHANNEL_USAGE = ("Usage: `/kb channel show`, `/kb channel sources add|remove SOURCE`, `/kb channel auto on|off`, "
+                 "`/kb channel mode public|private`")
+
+
+def channel_settings_text(settings: "ChannelSettings") -> str:
+    sources = ", ".join(f"`{name}`" for name in settings.sources) if settings.sources else "every source"
+    auto = ("on: top-level questions here are answered without a mention, when there is an answer" if settings.auto
+            else "off: answers only when mentioned")
+    return (f"**Channel settings**\n- Sources: {sources}\n- Auto-answer: {auto}\n"
+            f"- Mode: {settings.mode}")
+
+
+async def channel_show(kb: "KnowledgeBase", channel_key: str) -> str:
+    from bot.chat.channels import channel_settings
+
+    settings = await channel_settings(kb, channel_key)
+    text = channel_settings_text(settings)
+    known = set(await kb.source_names())
+    missing = [name for name in settings.sources or () if name not in known]
+    if missing:
+        text += "\n" + "Not indexed (nothing answers from them): " + ", ".join(f"`{m}`" for m in missing)
+    return text
+
+
+async def channel_sources(kb: "KnowledgeBase", channel_key: str, action: str, name: str, by: str | None) -> str:
+    from bot.chat.channels import channel_settings, set_sources
+
+    current = set((await channel_settings(kb, channel_key)).sources or ())
+    if action == "add":
+        known = await kb.source_names()
+        if name not in known:
+            return f"Unknown source `{name}`. Sources: {', '.join(f'`{n}`' for n in known) or 'none'}."
+        current.add(name)
+    else:
+        if name not in current:
+            return f"`{name}` is not among this channel's sources. Nothing was changed."
+        current.discard(name)
+    await set_sources(kb, channel_key, sorted(current), by)
+    if not current:
+        return "No source restriction left: every source (that the channel may see) answers here."
+    return "Answers in this channel now come only from " + ", ".join(f"`{n}`" for n in sorted(current)) + "."
+
+
+async def channel_auto(kb: "KnowledgeBase", channel_key: str, on: bool, by: str | None) -> str:
+    from bot.chat.channels import set_auto
+
+    await set_auto(kb, channel_key, on, by)
+    if on:
+        return ("Auto-answer is on: I'll answer top-level questions in this channel without a mention, but only "
+                "when the documents answer them (I stay silent otherwise).")
+    return "Auto-answer is off: I answer here only when mentioned."
+
+
+async def channel_mode(kb: "KnowledgeBase", channel_key: str, mode: str, by: str | None) -> str:
+    from bot.chat.channels import set_mode
+
+    await set_mode(kb, channel_key, mode, by)  # type: ignore[arg-type]
+    return f"Answer mode for this channel: {mode}."
+
+
+async def _channel(kb: "KnowledgeBase", args: list[str], caller: Caller) -> CommandResult:
+    if caller.channel_key is None:
+        return CommandResult("Run `/kb channel` in the channel it should apply to.", ok=False)
+    key, by = caller.channel_key, caller.identity
+    action = args[0].lower() if args else "show"
+    if action == "show" and len(args) <= 1:
+        return CommandResult(await channel_show(kb, key))
+    if action == "sources" and len(args) == 3 and args[1].lower() in ("add", "remove"):
+        return CommandResult(await channel_sources(kb, key, args[1].lower(), args[2], by))
+    if action == "auto" and len(args) == 2 and args[1].lower() in ("on", "off"):
+        return CommandResult(await channel_auto(kb, key, args[1].lower() == "on", by))
+    if action == "mode" and len(args) == 2 and args[1].lower() in ("public", "private"):
+        return CommandResult(await channel_mode(kb, key, args[1].lower(), by))
+    return CommandResult(CHANNEL_USAGE, ok=False)
+
+
+async def gaps(kb: "KnowledgeBase", caller: Caller, days: int = 30) -> str:
+    """`/kb gaps` for a chat admin: the questions of their own workspace or server; documents named only if the
+    admin may see them (their mapped principals and `everyone`)."""
+    from datetime import timedelta
+
+    from bot.chat.access import private_audience
+    from bot.chat.insights import Viewer, build_report, gaps_text
+
+    audience = await private_audience(kb, caller.identity)
+    viewer = Viewer(caller.identity, caller.workspace, tuple(audience.principals))
+    return gaps_text(await build_report(kb, timedelta(days=days), viewer))

@@ -23,9 +23,13 @@ THANKS = {
 
 
 async def remember_answer(
-    kb: "KnowledgeBase", *, platform: str, conversation_id: str, asker: str, question: str, answer: "Answer"
+    kb: "KnowledgeBase", *, platform: str, conversation_id: str, asker: str, question: str, answer: "Answer",
+    channel_key: str | None = None, private: bool = False, posted: bool = True,
 ) -> int:
-    """Store what a later feedback row needs; the id goes into the answer's feedback buttons."""
+    """Store what a later feedback row (and the gaps report) needs; the id goes into the answer's feedback
+    buttons. `posted=False`: a help-channel auto-answer kept back because it was not an answer."""
+    from bot.chat.auto import outcome_of
+
     return await kb.record_delivered_answer(
         platform=platform, conversation_id=conversation_id, asker=asker,
         turn_id=getattr(answer, "id", None),
@@ -33,6 +37,7 @@ async def remember_answer(
         standalone_query=getattr(answer, "standalone_query", None) or question,
         chunk_ids=[hit.chunk_id for hit in answer.chunks_used],
         mode=answer.mode, abstained=answer.abstained,
+        outcome=outcome_of(answer), channel_key=channel_key, private=private, posted=posted,
     )
 
 

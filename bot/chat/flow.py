@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Protocol, Sequence
 
 from bot.chat import admin, feedback
 from bot.chat.access import Audience
+from bot.chat.auto import is_answer, outcome_of
+from bot.chat.channels import ChannelSettings, channel_settings
 from bot.chat.errors import apology, new_error_id
 
 if TYPE_CHECKING:
@@ -59,6 +61,8 @@ class Ask:
     asker: str  # platform identity: "slack:U1", "discord:42"
     audience: Callable[[], Awaitable[Audience]]  # who reads the answer (may call the platform: users.info)
     history: Callable[[], Awaitable["Sequence[ChatMessage] | None"]] | None = None  # earlier thread messages
+    channel_key: str | None = None  # the channel asked in ("slack:T1:C2"): its settings apply; None in a DM
+    auto: bool = False  # a help-channel question nobody addressed to the bot: posted only if it is an answer
 
 
 class ChatFlow:
@@ -96,8 +100,15 @@ class ChatFlow:
         """Whether the bot has answered in this conversation (a thread reply there is a follow-up)."""
         return await self.kb.bot_answered_in(conversation_id)
 
+    async def channel_settings(self, channel_key: str | None) -> ChannelSettings:
+        """A channel's settings (sources, auto, mode; defaults for a DM or an unconfigured channel). Adapters ask
+        before treating an unaddressed message as a help-channel question; the flow reads them once per question."""
+        return await channel_settings(self.kb, channel_key)
+
     async def answer(self, ask: Ask, reply: Reply) -> "Answer | None":
         """Answer `ask` through `reply`; None when it failed (the user then sees an apology)."""
+        if ask.auto:
+            return await self._auto_answer(ask, reply)
         self.count("questions")
         started = time.perf_counter()
         first_text_at: float | None = None
@@ -105,6 +116,7 @@ class ChatFlow:
         try:
             try:
                 await reply.begin()
+                channel = await self.channel_settings(ask.channel_key)
                 audience = await ask.audience()
                 prior = await ask.history() if ask.history is not None else None
                 on_text = await reply.open()
@@ -118,13 +130,14 @@ class ChatFlow:
                 answer = await self.kb.answer(
                     ask.question, list(audience.principals), ask.conversation_id, asker=ask.asker,
                     prior_messages=list(prior) if prior else None, on_text=timed_text if on_text else None,
+                    sources=channel.sources,
                 )
             finally:
                 await reply.end()
             stage = "post"
             answer_id = await feedback.remember_answer(
                 self.kb, platform=self.platform, conversation_id=ask.conversation_id, asker=ask.asker,
-                question=ask.question, answer=answer,
+                question=ask.question, answer=answer, channel_key=ask.channel_key, private=audience.is_private,
             )
             await reply.deliver(answer, answer_id)
         except Exception as exc:
@@ -138,6 +151,35 @@ class ChatFlow:
             self.metrics.observe_answer(self.platform, answer, time.perf_counter() - started)
             if first_text_at is not None:
                 self.metrics.stage_seconds.labels("first_text").observe(first_text_at - started)
+        return answer
+
+    async def _auto_answer(self, ask: Ask, reply: Reply) -> "Answer | None":
+        """A help-channel question nobody addressed to the bot: answered without any placeholder or streaming, and
+        posted only when the outcome is an answer. A decline, an uncertain answer or a failure stays silent (logged;
+        the question still counts as a gap in `ragbot insights`)."""
+        try:
+            channel = await self.channel_settings(ask.channel_key)
+            if not channel.auto:
+                return None  # switched off between the event and now
+            self.count("questions")
+            started = time.perf_counter()
+            audience = await ask.audience()
+            answer = await self.kb.answer(ask.question, list(audience.principals), ask.conversation_id,
+                                          asker=ask.asker, sources=channel.sources)
+            posting = is_answer(answer)
+            answer_id = await feedback.remember_answer(
+                self.kb, platform=self.platform, conversation_id=ask.conversation_id, asker=ask.asker,
+                question=ask.question, answer=answer, channel_key=ask.channel_key, private=False, posted=posting,
+            )
+            if not posting:
+                logger.info("%s: auto-answer in %s withheld (%s)", self.platform, ask.channel_key, outcome_of(answer))
+                return None
+            await reply.deliver(answer, answer_id)
+        except Exception as exc:
+            self.failure("auto", exc, where=ask.conversation_id)  # logged and counted; nobody asked, so no apology
+            return None
+        if self.metrics is not None:
+            self.metrics.observe_answer(self.platform, answer, time.perf_counter() - started)
         return answer
 
     async def command(self, text: str, caller: admin.Caller) -> admin.CommandResult:

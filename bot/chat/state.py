@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Literal, Sequence
 
 from sqlalchemy import text
@@ -189,20 +189,26 @@ class BotStateMethods:
     async def record_delivered_answer(
         self, *, platform: str, conversation_id: str, asker: str, turn_id: int | None, question: str,
         standalone_query: str, chunk_ids: Sequence[int], mode: str, abstained: bool,
+        outcome: str | None = None, channel_key: str | None = None, private: bool = False, posted: bool = True,
     ) -> int:
-        """Remember an answer a bot posted; its id goes into the feedback buttons."""
+        """Remember an answer a bot posted (or, `posted=False`, a help-channel auto-answer it kept to itself because
+        it was not an answer); its id goes into the feedback buttons. `outcome` (answer | uncertain | decline),
+        `channel_key` and `private` feed the gaps report (`bot.chat.insights`)."""
         async with self.engine.begin() as conn:
             return (
                 await conn.execute(
                     text(
                         "INSERT INTO bot_answers (platform, conversation_id, asker, turn_id, question, "
-                        "standalone_query, chunk_ids, mode, abstained) "
+                        "standalone_query, chunk_ids, mode, abstained, outcome, channel_key, private, posted) "
                         "VALUES (:platform, :conversation, :asker, :turn, :question, :standalone, "
-                        "CAST(:chunks AS bigint[]), :mode, :abstained) RETURNING id"
+                        "CAST(:chunks AS bigint[]), :mode, :abstained, :outcome, :channel, :private, :posted) "
+                        "RETURNING id"
                     ),
                     {"platform": platform, "conversation": conversation_id, "asker": asker, "turn": turn_id,
                      "question": question, "standalone": standalone_query, "chunks": list(chunk_ids),
-                     "mode": mode, "abstained": abstained},
+                     "mode": mode, "abstained": abstained,
+                     "outcome": outcome or ("decline" if abstained else "answer"), "channel": channel_key,
+                     "private": private, "posted": posted},
                 )
             ).scalar_one()
 
@@ -222,7 +228,7 @@ class BotStateMethods:
             return bool(
                 (
                     await conn.execute(
-                        text("SELECT EXISTS (SELECT 1 FROM bot_answers WHERE conversation_id = :c)"),
+                        text("SELECT EXISTS (SELECT 1 FROM bot_answers WHERE conversation_id = :c AND posted)"),
                         {"c": conversation_id},
                     )
                 ).scalar()
@@ -271,3 +277,130 @@ class BotStateMethods:
                                r.standalone_query, tuple(r.chunk_ids), r.conversation_id, r.created_at)
                 for r in rows
             ]
+
+    # Gaps, usage and retention (issue 34): read by bot.chat.insights and the admin page, pruned by
+    # bot.chat.retention.
+
+    async def gap_questions(self, since: datetime, limit: int = 2000) -> list["GapQuestion"]:
+        """Questions since `since` the bot declined, answered as uncertain, or got a 👎 on; newest first."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    """
+                    SELECT a.id, a.platform, a.conversation_id, a.asker, a.question, a.standalone_query, a.chunk_ids,
+                           coalesce(a.outcome, CASE WHEN a.abstained THEN 'decline' ELSE 'answer' END) AS outcome,
+                           a.channel_key, a.private, a.posted, a.created_at,
+                           (SELECT count(*) FROM bot_feedback f WHERE f.answer_id = a.id AND f.rating = 'down')
+                               AS downvotes
+                    FROM bot_answers a
+                    WHERE a.created_at >= :since
+                      AND (a.outcome IN ('decline', 'uncertain') OR (a.outcome IS NULL AND a.abstained)
+                           OR EXISTS (SELECT 1 FROM bot_feedback f WHERE f.answer_id = a.id AND f.rating = 'down'))
+                    ORDER BY a.created_at DESC, a.id DESC LIMIT :limit
+                    """
+                ),
+                {"since": since, "limit": limit},
+            )
+            return [
+                GapQuestion(r.id, r.platform, r.conversation_id, r.asker, r.question, r.standalone_query,
+                            tuple(r.chunk_ids or ()), r.outcome, r.channel_key, bool(r.private), bool(r.posted),
+                            r.created_at, int(r.downvotes))
+                for r in rows
+            ]
+
+    async def daily_question_counts(self, since: datetime) -> list["DailyCounts"]:
+        """Per UTC day since `since`: questions asked of the bot, how many it answered (outcome answer, posted)."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    """
+                    SELECT (a.created_at AT TIME ZONE 'UTC')::date AS day, count(*) AS questions,
+                           count(*) FILTER (WHERE coalesce(a.outcome, CASE WHEN a.abstained THEN 'decline'
+                                                                         ELSE 'answer' END) = 'answer'
+                                            AND a.posted) AS answered
+                    FROM bot_answers a WHERE a.created_at >= :since GROUP BY 1 ORDER BY 1
+                    """
+                ),
+                {"since": since},
+            )
+            return [DailyCounts(r.day, int(r.questions), int(r.answered)) for r in rows]
+
+    async def feedback_counts(self, since: datetime) -> dict[str, int]:
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                text("SELECT rating, count(*) AS n FROM bot_feedback WHERE created_at >= :since GROUP BY rating"),
+                {"since": since},
+            )
+            return {r.rating: int(r.n) for r in rows}
+
+    async def cited_chunk_counts(self, since: datetime) -> dict[int, int]:
+        """How often each chunk was cited by an answer the bots posted since `since` (the turn's cited chunks)."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                text(
+                    """
+                    SELECT c.chunk_id, count(*) AS n
+                    FROM bot_answers a JOIN conversation_turns t ON t.id = a.turn_id,
+                         unnest(t.cited_chunk_ids) AS c(chunk_id)
+                    WHERE a.created_at >= :since AND a.posted GROUP BY c.chunk_id
+                    """
+                ),
+                {"since": since},
+            )
+            return {int(r.chunk_id): int(r.n) for r in rows}
+
+    async def forget_bot_state_older_than(self, days: int) -> dict[str, int]:
+        """Retention: delete delivered answers (their feedback goes with them) and feedback older than `days`."""
+        async with self.engine.begin() as conn:
+            feedback = (await conn.execute(
+                text("DELETE FROM bot_feedback WHERE created_at < now() - make_interval(days => :d)"), {"d": days}
+            )).rowcount or 0
+            answers = (await conn.execute(
+                text("DELETE FROM bot_answers WHERE created_at < now() - make_interval(days => :d)"), {"d": days}
+            )).rowcount or 0
+        return {"answers": answers, "feedback": feedback}
+
+    async def identities_for_principal(self, principal: str) -> list[str]:
+        """Platform identities an admin mapped to `principal` (emails compare case-insensitively)."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                text("SELECT DISTINCT identity FROM bot_identities WHERE lower(principal) = lower(:p) ORDER BY 1"),
+                {"p": principal.strip()},
+            )
+            return list(rows.scalars())
+
+    async def forget_bot_state_of(self, identities: Sequence[str]) -> dict[str, int]:
+        """Delete what these platform identities asked (answers, with any feedback on them) and their feedback."""
+        ids = list(identities)
+        async with self.engine.begin() as conn:
+            feedback = (await conn.execute(
+                text("DELETE FROM bot_feedback WHERE platform_user = ANY(CAST(:ids AS text[]))"), {"ids": ids}
+            )).rowcount or 0
+            answers = (await conn.execute(
+                text("DELETE FROM bot_answers WHERE asker = ANY(CAST(:ids AS text[]))"), {"ids": ids}
+            )).rowcount or 0
+        return {"answers": answers, "feedback": feedback}
+
+
+@dataclass(frozen=True)
+class GapQuestion:
+    id: int
+    platform: str
+    conversation_id: str
+    asker: str
+    question: str
+    standalone_query: str
+    chunk_ids: tuple[int, ...]  # retrieved, best first: what the question came closest to
+    outcome: str  # answer | uncertain | decline
+    channel_key: str | None
+    private: bool
+    posted: bool
+    created_at: datetime
+    downvotes: int
+
+
+@dataclass(frozen=True)
+class DailyCounts:
+    day: "date"
+    questions: int
+    answered: int

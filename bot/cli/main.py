@@ -454,6 +454,10 @@ from bot.cli.admin import register as _register_admin_commands  # noqa: E402
 
 _register_admin_commands(app)
 
+from bot.cli.channel import register as _register_channel_commands  # noqa: E402  (channel, insights, forget-user)
+
+_register_channel_commands(app)
+
 from bot.cli.sources import register_source_commands  # noqa: E402  (source, sync, sync-runs, scheduler)
 
 register_source_commands(app)

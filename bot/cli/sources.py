@@ -322,11 +322,16 @@ def scheduler(
             console.print("Scheduler running, but no source has a schedule yet (`ragbot source add ... --every 1h`); "
                           "new sources are picked up automatically.")
         from bot.app import stop_on_signals
+        from bot.chat.retention import RetentionService  # RETENTION_DAYS, as in `ragbot run`
+        from bot.settings import BotSettings
 
+        retention = RetentionService(lambda: kb, BotSettings().retention_days)
+        await retention.start()
         stop = stop_on_signals()
         try:
             await stop.wait()
         finally:
+            await retention.stop()
             await handle.stop()
             console.print("Scheduler stopped.")
 

@@ -17,13 +17,14 @@ import logging
 import re
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Sequence
 
 import discord
 import yarl
 from discord import app_commands
 
 from bot.chat import access, admin
+from bot.chat.auto import looks_like_question
 from bot.chat.errors import new_error_id
 from bot.chat.flow import Ask, ChatFlow, OnText
 from bot.chat.render import SourceEntry, sources_list, split_text
@@ -347,12 +348,13 @@ class RagbotDiscord(discord.Client):
 
     async def answer_into(self, send: Send, question: str, audience: "Callable[[], Awaitable[access.Audience]]",
                           conversation_id: str, asker: str,
-                          history: "Callable[[], Awaitable[list[ChatMessage]]] | None" = None) -> "Answer | None":
+                          history: "Callable[[], Awaitable[list[ChatMessage]]] | None" = None, *,
+                          channel: str | None = None, auto: bool = False) -> "Answer | None":
         """Answer `question` through the shared chat flow and post it through `send`: progressively while Claude
         writes, then the final answer split within Discord's limits, its sources and 👍/👎 buttons. A failure
         anywhere becomes a short message with an error id (the same id is in the log with the traceback)."""
         reply = ProgressiveReply(send, self.settings.discord_edit_interval_seconds)
-        ask = Ask(question, conversation_id, asker, audience, history)
+        ask = Ask(question, conversation_id, asker, audience, history, channel_key=channel, auto=auto)
         return await self.flow.answer(ask, reply)
 
     def question_from(self, message: discord.Message) -> str:
@@ -392,9 +394,13 @@ class RagbotDiscord(discord.Client):
                 channel.send, question, lambda: self.shared_audience(message.author, guild_id, parent or channel.id),
                 conversation, self.identity(message.author),
                 None if followup else (lambda: self.thread_history(channel, before=message)),
+                channel=channel_key(guild_id, parent or channel.id),
             )
             return
-        if not mentioned or not await self.claim(message):
+        if not mentioned:
+            await self.auto_answer(message, question, guild_id)
+            return
+        if not await self.claim(message):
             return
         if not question:
             await message.reply("Ask me a question after the mention, e.g. `@ragbot how many vacation days do I get?`",
@@ -410,7 +416,34 @@ class RagbotDiscord(discord.Client):
                                 f"permission in this channel? (error id `{error_id}`)", allowed_mentions=NO_PINGS)
             return
         await self.answer_into(thread.send, question, lambda: self.shared_audience(message.author, guild_id, channel.id),
-                               f"{PLATFORM}:{guild_id}:{thread.id}", self.identity(message.author))
+                               f"{PLATFORM}:{guild_id}:{thread.id}", self.identity(message.author),
+                               channel=channel_key(guild_id, channel.id))
+
+    async def auto_answer(self, message: discord.Message, question: str, guild_id: int) -> None:
+        """A top-level message, not addressed to the bot, in a channel with `/kb channel auto on`: when it reads as a
+        question (needs the Message Content intent to see its text) and the documents answer it, the answer goes
+        into a thread opened from the message; otherwise nothing is posted, not even a thread (bot.chat.auto)."""
+        key = channel_key(guild_id, message.channel.id)
+        if not question or not looks_like_question(question):
+            return
+        try:
+            if not (await self.flow.channel_settings(key)).auto or not await self.claim(message):
+                return
+        except Exception as exc:  # nobody asked the bot: log, never post an apology
+            self.flow.failure("claim", exc, where=key)
+            return
+        thread: Any = None
+
+        async def send(**kwargs: Any) -> Any:  # the thread is opened only once there is an answer to post
+            nonlocal thread
+            if thread is None:
+                thread = await message.create_thread(name=thread_name(question), auto_archive_duration=1440)
+            return await thread.send(**kwargs)
+
+        # A thread started from a message has the message's id: the conversation is known before it exists.
+        await self.answer_into(send, question, lambda: self.shared_audience(message.author, guild_id, message.channel.id),
+                               f"{PLATFORM}:{guild_id}:{message.id}", self.identity(message.author),
+                               channel=key, auto=True)
 
     async def thread_history(self, thread: Any, before: discord.Message) -> list[ChatMessage]:
         """The messages of a thread the bot is mentioned in for the first time, oldest first, as history."""
@@ -500,7 +533,8 @@ def _register_commands(bot: RagbotDiscord) -> None:
         """Run a /kb command through the platform-neutral admin actions and reply ephemerally. Long work (a
         reindex) is acknowledged at once and its result posted as an ephemeral follow-up when it is done."""
         caller = admin.Caller(bot.identity(interaction.user), bot.is_admin(interaction),
-                              _interaction_channel_key(interaction))
+                              _interaction_channel_key(interaction),
+                              workspace=f"{PLATFORM}:{interaction.guild_id}:" if interaction.guild_id else None)
         if defer:
             await interaction.response.defer(ephemeral=True, thinking=True)
         result = await bot.flow.command(shlex.join(words), caller)
@@ -573,6 +607,35 @@ def _register_commands(bot: RagbotDiscord) -> None:
     @app_commands.check(_admin_only)
     async def users_list(interaction: discord.Interaction) -> None:
         await run(interaction, ["users", "list"])
+
+    channel_group = app_commands.Group(name="channel", parent=kb,
+                                       description="This channel's sources, auto-answers and answer mode (admins)")
+
+    @channel_group.command(name="show", description="This channel's settings")
+    @app_commands.check(_admin_only)
+    async def channel_show(interaction: discord.Interaction) -> None:
+        await run(interaction, ["channel", "show"])
+
+    @channel_group.command(name="sources", description="Only these sources answer in this channel")
+    @app_commands.describe(action="add or remove", source="A source name (see /kb sources)")
+    @app_commands.check(_admin_only)
+    async def channel_sources(interaction: discord.Interaction, action: Literal["add", "remove"], source: str) -> None:
+        await run(interaction, ["channel", "sources", action, source])
+
+    @channel_group.command(name="auto", description="Answer questions here without a mention, when there is an answer")
+    @app_commands.check(_admin_only)
+    async def channel_auto(interaction: discord.Interaction, state: Literal["on", "off"]) -> None:
+        await run(interaction, ["channel", "auto", state])
+
+    @channel_group.command(name="mode", description="Answer in public or privately (to the asker)")
+    @app_commands.check(_admin_only)
+    async def channel_mode(interaction: discord.Interaction, mode: Literal["public", "private"]) -> None:
+        await run(interaction, ["channel", "mode", mode])
+
+    @kb.command(name="gaps", description="Questions the bot declined, was unsure about or got 👎 on, by topic")
+    @app_commands.check(_admin_only)
+    async def kb_gaps(interaction: discord.Interaction) -> None:
+        await run(interaction, ["gaps"], defer=True)
 
     tree.add_command(kb)
 

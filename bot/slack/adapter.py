@@ -7,7 +7,8 @@ deliver, errors, `/kb`, feedback); `SlackReply` is the flow's `Reply` for Slack:
 here and in `bot/slack/format.py`.
 
 Events handled: `app_mention` (answer in the thread, starting one under the mention), `message.im` (answer in the
-DM), replies in a thread the bot already answered in (a follow-up without a re-mention, `SLACK_THREAD_FOLLOWUPS`),
+DM), `message.channels` / `message.groups` top-level questions in a help channel (`/kb channel auto on`: answered
+in a thread only when there is an answer), replies in a thread the bot already answered in (a follow-up without a re-mention, `SLACK_THREAD_FOLLOWUPS`),
 and the AI-assistant surface (`assistant_thread_started`, messages in assistant threads). The bot's own messages,
 other bots, edits and other subtypes are ignored.
 """
@@ -32,6 +33,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.chat import admin
 from bot.chat.access import Audience, private_audience, shared_audience
+from bot.chat.auto import looks_like_question
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_button_value
 from bot.chat.flow import Ask, ChatFlow, OnText
@@ -255,6 +257,10 @@ class SlackAdapter:
             return
         thread_ts = event.get("thread_ts")
         text = event.get("text") or ""
+        mentions_me = bool(self.bot_user_id and f"<@{self.bot_user_id}" in text)
+        if channel_type in ("channel", "group") and (not thread_ts or thread_ts == event["ts"]) and not mentions_me:
+            await self._auto_question(body, event)  # message.channels / message.groups: a help channel's question
+            return
         if (not thread_ts or thread_ts == event["ts"] or not self.settings.slack_thread_followups
                 or (self.bot_user_id and f"<@{self.bot_user_id}" in text)):  # a mention arrives as app_mention
             return
@@ -262,6 +268,25 @@ class SlackAdapter:
         if not await self.flow.answered_in(where.conversation_id):
             return
         await self._question(body, event, where)
+
+    async def _auto_question(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        """A top-level message in a channel with `/kb channel auto on`: answered in a thread under it when it reads
+        as a question and the documents answer it; otherwise nothing is posted (bot.chat.auto)."""
+        text = event.get("text") or ""
+        if not looks_like_question(text):
+            return
+        where = Where(self._team(body, event), event["channel"], event["ts"], event["ts"], event["user"],
+                      private=False)
+        try:
+            if not (await self.flow.channel_settings(where.channel_key)).auto or not await self._claim(body, event):
+                return
+        except Exception as exc:  # nobody asked the bot: log, never post an apology
+            self.flow.failure("claim", exc, where=where.conversation_id)
+            return
+        question = question_text(text, self.bot_user_id)
+        ask = Ask(question, where.conversation_id, f"slack:{where.user}", lambda: self._audience(where),
+                  channel_key=where.channel_key, auto=True)
+        await self.flow.answer(ask, SlackReply(self, where))
 
     def _is_user_message(self, event: dict[str, Any], allow_subtype: bool = False) -> bool:
         """A person's new message: not the bot's, not another bot's, not an edit, deletion or other subtype."""
@@ -304,7 +329,8 @@ class SlackAdapter:
                                                  "_How many vacation days do I get?_"))
             return
         history = (lambda: self._prior_messages(where, event)) if mid_thread else None
-        ask = Ask(question, where.conversation_id, f"slack:{where.user}", lambda: self._audience(where), history)
+        ask = Ask(question, where.conversation_id, f"slack:{where.user}", lambda: self._audience(where), history,
+                  channel_key=None if where.private else where.channel_key)
         await self.flow.answer(ask, reply)
 
     async def _audience(self, where: Where) -> Audience:
@@ -370,7 +396,8 @@ class SlackAdapter:
         user = await self.users.get(user_id) if user_id else None
         is_admin = bool(user and user.is_admin) or self.settings.is_listed_admin(PLATFORM, user_id)
         caller = admin.Caller(f"slack:{user_id}", is_admin,
-                              channel_key=None if channel.startswith("D") or not channel else f"slack:{team}:{channel}")
+                              channel_key=None if channel.startswith("D") or not channel else f"slack:{team}:{channel}",
+                              workspace=f"slack:{team}:")
         result = await self.flow.command(command.get("text") or "", caller)
         await ack(response_type="ephemeral", text=to_mrkdwn(result.text))
         if result.followup is not None:

@@ -108,3 +108,41 @@ async def turns_hidden_from(conn: AsyncConnection, conversation_id: str, princip
         {"c": conversation_id, "p": list(principals)},
     )
     return {int(r.id) for r in rows}
+async def delete_turns_older_than(conn: AsyncConnection, days: int) -> int:
+    """Retention: turns older than `days`, and summaries of conversations left with no turn."""
+    turns = (
+        await conn.execute(
+            text("DELETE FROM conversation_turns WHERE created_at < now() - make_interval(days => :d)"), {"d": days}
+        )
+    ).rowcount or 0
+    await conn.execute(
+        text(
+            "DELETE FROM conversation_summaries s WHERE NOT EXISTS "
+            "(SELECT 1 FROM conversation_turns t WHERE t.conversation_id = s.conversation_id)"
+        )
+    )
+    return turns
+
+
+async def delete_turns_of(conn: AsyncConnection, askers: Sequence[str]) -> tuple[int, int]:
+    """A person's turns (by their platform identities), and the summaries of every conversation they took part in
+    (a summary may retell what they said). Returns (turns, summaries) deleted."""
+    ids = list(askers)
+    conversations = list(
+        (
+            await conn.execute(
+                text("SELECT DISTINCT conversation_id FROM conversation_turns WHERE asker = ANY(CAST(:a AS text[]))"),
+                {"a": ids},
+            )
+        ).scalars()
+    )
+    turns = (
+        await conn.execute(text("DELETE FROM conversation_turns WHERE asker = ANY(CAST(:a AS text[]))"), {"a": ids})
+    ).rowcount or 0
+    summaries = (
+        await conn.execute(
+            text("DELETE FROM conversation_summaries WHERE conversation_id = ANY(CAST(:c AS text[]))"),
+            {"c": conversations},
+        )
+    ).rowcount or 0
+    return turns, summaries

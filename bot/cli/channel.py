@@ -1,0 +1,146 @@
+"""`ragbot channel …` (per-channel settings), `ragbot insights` (gaps and citations) and `ragbot forget-user`.
+
+The same functions as `/kb channel …` and `/kb gaps` (bot/chat/admin.py, bot/chat/insights.py); registered from
+bot/cli/main.py. Whoever runs the CLI holds the database, so they are an operator: every question is shown, a
+private conversation's without its asker.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+channel_app = typer.Typer(help="Per-channel settings: sources, help-channel auto-answers, answer mode.",
+                          no_args_is_help=True)
+ChannelArg = Annotated[str, typer.Argument(help="A channel key: slack:<team id>:<channel id> or discord:<guild>:<channel>.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(channel_app, name="channel")
+    app.command("insights")(insights)
+    app.command("forget-user")(forget_user)
+
+
+def _print(text: str) -> None:
+    from bot.cli.admin import _print as print_plain
+
+    print_plain(text)
+
+
+def _check_channel(channel: str) -> None:
+    from bot.cli.main import fail
+
+    parts = channel.split(":")
+    if len(parts) != 3 or parts[0] not in ("slack", "discord") or not all(parts):
+        fail(f"{channel!r} is not a channel key: use slack:<team id>:<channel id> or discord:<guild id>:<channel id>")
+
+
+@channel_app.command("show")
+def show(channel: ChannelArg, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """A channel's settings."""
+    from bot.chat import admin
+    from bot.chat.channels import channel_settings
+    from bot.cli.main import with_kb
+
+    _check_channel(channel)
+    if as_json:
+        print(json.dumps(with_kb(lambda kb: channel_settings(kb, channel)).to_dict(), indent=2))
+        return
+    _print(with_kb(lambda kb: admin.channel_show(kb, channel)))
+
+
+@channel_app.command("sources")
+def sources(
+    channel: ChannelArg,
+    action: Annotated[str, typer.Argument(help="add or remove.")],
+    name: Annotated[str, typer.Argument(help="A source name (ragbot source list).")],
+) -> None:
+    """Only these sources answer in CHANNEL (none listed: every source)."""
+    from bot.chat import admin
+    from bot.cli.main import fail, with_kb
+
+    _check_channel(channel)
+    if action not in ("add", "remove"):
+        fail("the action is add or remove, e.g. ragbot channel sources slack:T1:C2 add handbook")
+    _print(with_kb(lambda kb: admin.channel_sources(kb, channel, action, name, "cli")))
+
+
+@channel_app.command("auto")
+def auto(channel: ChannelArg, state: Annotated[str, typer.Argument(help="on or off.")]) -> None:
+    """Answer top-level questions in CHANNEL without a mention (only when there is an answer)."""
+    from bot.chat import admin
+    from bot.cli.main import fail, with_kb
+
+    _check_channel(channel)
+    if state not in ("on", "off"):
+        fail("the state is on or off, e.g. ragbot channel auto slack:T1:C2 on")
+    _print(with_kb(lambda kb: admin.channel_auto(kb, channel, state == "on", "cli")))
+
+
+@channel_app.command("mode")
+def mode(channel: ChannelArg, value: Annotated[str, typer.Argument(metavar="MODE", help="public or private.")]) -> None:
+    """Answer in public, or privately to the asker (private delivery arrives with the permissions work)."""
+    from bot.chat import admin
+    from bot.cli.main import fail, with_kb
+
+    _check_channel(channel)
+    if value not in ("public", "private"):
+        fail("the mode is public or private")
+    _print(with_kb(lambda kb: admin.channel_mode(kb, channel, value, "cli")))
+
+
+def insights(
+    since: Annotated[str, typer.Option("--since", metavar="SPAN", help="How far back: 30d, 2w, 12h.")] = "30d",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (with every question).")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV, one row per gap topic.")] = False,
+) -> None:
+    """What the bot misses: questions declined, answered as uncertain or rated 👎, grouped by topic; the most-cited
+    documents, documents never cited, and cited documents not updated in a year."""
+    from bot.chat.insights import build_report, gaps_text, parse_since
+    from bot.cli.main import fail, print_json, run_sync, with_kb
+
+    if as_json and as_csv:
+        fail("choose one of --json and --csv")
+    span = run_sync(lambda: parse_since(since))
+    report = with_kb(lambda kb: build_report(kb, span))
+    if as_json:
+        print_json(report.to_dict())
+    elif as_csv:
+        print(report.to_csv(), end="")
+    else:
+        _print(gaps_text(report, limit=50))
+        if report.stale_cited:
+            _print("Cited but not updated in a year: " + "; ".join(f"{d.title} ({d.source})"
+                                                                  for d, _ in report.stale_cited))
+        if report.never_cited:
+            _print("Never cited (first few): " + "; ".join(f"{d.title} ({d.source})" for d in report.never_cited[:10]))
+
+
+def forget_user(
+    person: Annotated[str, typer.Argument(metavar="user:EMAIL", help="The person, as user:<email>.")],
+    identity: Annotated[
+        Optional[list[str]],
+        typer.Option("--identity", metavar="IDENTITY", help="A chat identity of theirs too (slack:U123, discord:42); repeatable."),
+    ] = None,
+    no_lookup: Annotated[bool, typer.Option("--no-lookup", help="Do not ask Slack (users.lookupByEmail).")] = False,
+) -> None:
+    """Delete a person's questions, answers, conversation memory and feedback (a data-protection request).
+
+    Their chat identities come from the identity map (`ragbot users map`), Slack's users.lookupByEmail when
+    SLACK_BOT_TOKEN is set, and --identity."""
+    from bot.chat.retention import forget_user as forget
+    from bot.cli.main import fail, with_kb
+    from bot.settings import BotSettings
+    from bot.slack.directory import slack_identities_for_email
+
+    if not person.startswith("user:") or "@" not in person:
+        fail(f"{person!r} is not a person: use user:<email>, e.g. user:alice@example.com")
+    settings = BotSettings()
+
+    async def lookup(email: str) -> list[str]:
+        return await slack_identities_for_email(settings, email)
+
+    result = with_kb(lambda kb: forget(kb, person, list(identity or ()), lookup=None if no_lookup else lookup))
+    _print(result.text())
