@@ -34,6 +34,13 @@ class BotSettings(BaseSettings):
     # Run the sync scheduler inside `ragbot run` (turn off when `ragbot scheduler` runs as its own process).
     run_scheduler: bool = True
 
+    # Delivery after a crash: a claimed question whose answer was not delivered within this many seconds (its
+    # process died) is taken over by the platform's retry or by the sweeper and answered in the same placeholder.
+    # Longer than the slowest answer: the holder renews its lease every third of it while it works.
+    answer_lease_seconds: float = Field(default=120.0, gt=0)
+    # How often `ragbot run` looks for such questions (and once at start-up); 0: never in this process.
+    answer_sweep_seconds: float = Field(default=30.0, ge=0)
+
     # The HTTP server: Slack events (HTTP mode), /healthz and /metrics.
     host: str = "0.0.0.0"
     port: int = Field(default=3000, ge=0, le=65535)
