@@ -44,6 +44,9 @@ class BotMetrics:
                                 ["platform", "rating"], registry=r)
         self.duplicate_events = Counter("ragbot_duplicate_events", "Retried or duplicate events ignored.",
                                         ["platform"], registry=r)
+        self.resumed_answers = Counter("ragbot_resumed_answers", "Questions taken over after their holder's lease "
+                                       "ran out undelivered (a crash), by who took them (retry, sweeper).",
+                                       ["platform", "by"], registry=r)
         self.stage_seconds = Histogram("ragbot_stage_seconds", "Latency per answer stage (retrieval, generation, "
                                        "first_text, total, ...).", ["stage"], buckets=_BUCKETS, registry=r)
 

@@ -15,16 +15,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
-from bot.chat import admin, feedback
+from bot.chat import admin, feedback, lease
 from bot.chat.access import Audience
 from bot.chat.auto import is_answer, outcome_of
 from bot.chat.channels import ChannelSettings, channel_settings
 from bot.chat.errors import apology, new_error_id
 
 if TYPE_CHECKING:
-    from bot.chat.state import Rating
+    from bot.chat.state import LeaseClaim, Rating
     from bot.server import BotMetrics
     from knowledge.answer.answering import Answer
     from knowledge.answer.memory import ChatMessage
@@ -68,10 +68,14 @@ class Ask:
 class ChatFlow:
     """The platform-neutral flow, one per adapter (it counts metrics under the adapter's platform name)."""
 
-    def __init__(self, kb: "KnowledgeBase", platform: str, metrics: "BotMetrics | None" = None) -> None:
+    def __init__(self, kb: "KnowledgeBase", platform: str, metrics: "BotMetrics | None" = None, *,
+                 lease_seconds: float = 120.0, max_attempts: int = lease.MAX_ATTEMPTS) -> None:
         self.kb = kb
         self.platform = platform
         self.metrics = metrics
+        self.lease_seconds = lease_seconds  # ANSWER_LEASE_SECONDS: how long a claimed question waits for a dead holder
+        self.max_attempts = max_attempts
+        self.holder = lease.new_holder(platform)
 
     def count(self, what: str, *labels: str) -> None:
         if self.metrics is not None:
@@ -96,6 +100,28 @@ class ChatFlow:
                 return False
         return bool(keys)
 
+    async def claim_question(self, *keys: str) -> "LeaseClaim | None":
+        """Claim a question as a lease (`bot.chat.lease`): None for a duplicate (answered, or being answered by a
+        live holder); a claim, possibly taken over from a holder that died, with the placeholder to answer in."""
+        claim = await self.kb.claim_lease(keys, self.holder, self.lease_seconds)
+        if claim is None:
+            self.count("duplicate_events")
+            logger.info("%s: ignoring duplicate delivery %s", self.platform, " ".join(keys))
+        elif claim.resumed:
+            self.count("resumed_answers", "retry")
+            logger.warning("%s: taking over %s, whose answer was never delivered (attempt %d)", self.platform,
+                           claim.key, claim.attempts)
+        return claim
+
+    async def delivered(self, claim: "LeaseClaim | None") -> None:
+        """A claimed event was handled without an answer (an empty mention got a hint): never handle it again."""
+        if claim is not None:
+            await self.kb.mark_lease_delivered(claim)
+
+    async def sweep(self, resume: lease.Resume) -> int:
+        """Answer this platform's questions whose holder died before delivering (see `bot.chat.lease`)."""
+        return await lease.sweep(self, resume)
+
     async def answered_in(self, conversation_id: str) -> bool:
         """Whether the bot has answered in this conversation (a thread reply there is a follow-up)."""
         return await self.kb.bot_answered_in(conversation_id)
@@ -105,27 +131,52 @@ class ChatFlow:
         before treating an unaddressed message as a help-channel question; the flow reads them once per question."""
         return await channel_settings(self.kb, channel_key)
 
-    async def answer(self, ask: Ask, reply: Reply) -> "Answer | None":
-        """Answer `ask` through `reply`; None when it failed (the user then sees an apology)."""
+    async def answer(self, ask: Ask, reply: Reply, claim: "LeaseClaim | None" = None,
+                     target: Mapping[str, Any] | None = None) -> "Answer | None":
+        """Answer `ask` through `reply`; None when it failed (the user then sees an apology). With a `claim` (a
+        lease), the question and `target` (the adapter's JSON saying where to answer) are stored first, the
+        placeholder once posted, and the claim is marked delivered after the answer (or apology) is posted."""
         if ask.auto:
-            return await self._auto_answer(ask, reply)
+            try:
+                return await self._auto_answer(ask, reply)
+            finally:
+                # Posted or deliberately withheld, the question is settled: no retry or sweeper may answer it.
+                if claim is not None:
+                    await lease.LeaseKeeper(self.kb, claim, self.lease_seconds).delivered()
         self.count("questions")
         started = time.perf_counter()
+        keeper = lease.LeaseKeeper(self.kb, claim, self.lease_seconds) if claim is not None else None
+        try:
+            return await self._answer(ask, reply, keeper, target, started)
+        finally:
+            if keeper is not None:
+                keeper.stop()
+
+    async def _answer(self, ask: Ask, reply: Reply, keeper: "lease.LeaseKeeper | None",
+                      target: Mapping[str, Any] | None, started: float) -> "Answer | None":
         first_text_at: float | None = None
         stage = "answer"
         try:
+            if keeper is not None:
+                await keeper.start(self.platform, ask, target)
+                if keeper.lost:  # taken over again before we began: the new holder answers
+                    return None
             try:
                 await reply.begin()
                 channel = await self.channel_settings(ask.channel_key)
                 audience = await ask.audience()
                 prior = await ask.history() if ask.history is not None else None
                 on_text = await reply.open()
+                if keeper is not None:
+                    await keeper.note_placeholder(reply)
 
                 async def timed_text(delta: str) -> None:
                     nonlocal first_text_at
                     if first_text_at is None:
                         first_text_at = time.perf_counter()
                     await on_text(delta)  # type: ignore[misc]
+                    if keeper is not None and keeper.placeholder is None:
+                        await keeper.note_placeholder(reply)
 
                 answer = await self.kb.answer(
                     ask.question, list(audience.principals), ask.conversation_id, asker=ask.asker,
@@ -135,17 +186,26 @@ class ChatFlow:
             finally:
                 await reply.end()
             stage = "post"
+            if keeper is not None and not await keeper.still_held():
+                # This process was presumed dead and another took the question over: it answers, not us.
+                logger.warning("%s: %s was taken over while answering; not delivering twice", self.platform,
+                               keeper.claim.key)
+                return None
             answer_id = await feedback.remember_answer(
                 self.kb, platform=self.platform, conversation_id=ask.conversation_id, asker=ask.asker,
                 question=ask.question, answer=answer, channel_key=ask.channel_key, private=audience.is_private,
             )
             await reply.deliver(answer, answer_id)
+            if keeper is not None:
+                await keeper.delivered()
         except Exception as exc:
             text = self.failure(stage, exc, where=ask.conversation_id)
             try:
                 await reply.fail(text)
             except Exception:
                 logger.exception("%s: could not even post the apology", self.platform)
+            if keeper is not None:  # an apology is an answer: the asker knows, and may ask again
+                await keeper.delivered()
             return None
         if self.metrics is not None:
             self.metrics.observe_answer(self.platform, answer, time.perf_counter() - started)

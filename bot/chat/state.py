@@ -8,10 +8,11 @@ Slack and Discord bots share these tables. `BotStateMethods` is mixed into `Know
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Literal, Sequence
+from typing import Literal, Sequence, Any, Mapping
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -19,6 +20,30 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from knowledge.access import InvalidPrincipal, check_principal
 
 Rating = Literal["up", "down"]
+
+@dataclass(frozen=True)
+class LeaseClaim:
+    """A question this process now holds: freshly claimed, or taken over from a holder whose lease ran out
+    (`resumed`), with the placeholder that holder posted, if any, to answer in."""
+
+    key: str
+    holder: str
+    resumed: bool = False
+    placeholder: str | None = None
+    attempts: int = 1
+
+
+@dataclass(frozen=True)
+class PendingQuestion:
+    """An undelivered claim a sweeper took over: everything needed to answer it without the original event."""
+
+    claim: LeaseClaim
+    platform: str
+    question: str
+    conversation_id: str
+    asker: str
+    target: dict[str, Any]
+
 
 @dataclass(frozen=True)
 class ChannelGrant:
@@ -89,6 +114,130 @@ class BotStateMethods:
                 {"k": key},
             )
             return inserted.first() is not None
+
+    # Leases: a claimed question is answered at least once within the lease bound, delivered at most once.
+
+    async def claim_lease(self, keys: Sequence[str], holder: str, lease_seconds: float) -> LeaseClaim | None:
+        """Claim a question for `holder` for `lease_seconds`. The last key is the lease (the question's own id);
+        the others are aliases recorded as plain claims (an event id). Returns None for a duplicate: the lease is
+        live, or its answer was delivered, or it is a claim from before leases (never taken over). A claim whose
+        holder let the lease run out undelivered is taken over: atomically, so of two retries or replicas exactly
+        one gets it (ON CONFLICT DO UPDATE locks the row and re-checks the WHERE on its latest version)."""
+        if not keys:
+            return None
+        *aliases, lease_key = keys
+        async with self.engine.begin() as conn:
+            if aliases:
+                await conn.execute(
+                    text("INSERT INTO bot_events (key) SELECT unnest(CAST(:keys AS text[])) ON CONFLICT DO NOTHING"),
+                    {"keys": list(aliases)},
+                )
+            row = (
+                await conn.execute(
+                    text(
+                        """
+                        INSERT INTO bot_events AS e (key, holder, lease_until, attempts)
+                        VALUES (:k, :h, now() + make_interval(secs => :s), 1)
+                        ON CONFLICT (key) DO UPDATE
+                            SET holder = EXCLUDED.holder, lease_until = EXCLUDED.lease_until,
+                                attempts = e.attempts + 1
+                            WHERE e.delivered_at IS NULL AND e.lease_until < now()
+                        RETURNING (xmax = 0) AS fresh, placeholder, attempts
+                        """
+                    ),
+                    {"k": lease_key, "h": holder, "s": lease_seconds},
+                )
+            ).first()
+        if row is None:
+            return None
+        return LeaseClaim(lease_key, holder, resumed=not row.fresh, placeholder=row.placeholder, attempts=row.attempts)
+
+    async def record_lease_question(
+        self, claim: LeaseClaim, *, platform: str, question: str, conversation_id: str, asker: str,
+        target: Mapping[str, Any],
+    ) -> bool:
+        """Store what was asked and where to answer, so a sweeper can answer without the original event. False if
+        the claim is no longer this holder's."""
+        async with self.engine.begin() as conn:
+            return (
+                await conn.execute(
+                    text(
+                        "UPDATE bot_events SET platform = :p, question = :q, conversation_id = :c, asker = :a, "
+                        "target = CAST(:t AS jsonb) WHERE key = :k AND holder = :h AND delivered_at IS NULL "
+                        "RETURNING key"
+                    ),
+                    {"k": claim.key, "h": claim.holder, "p": platform, "q": question, "c": conversation_id,
+                     "a": asker, "t": json.dumps(dict(target))},
+                )
+            ).first() is not None
+
+    async def record_lease_placeholder(self, claim: LeaseClaim, placeholder: str) -> bool:
+        """The placeholder message (Slack ts, Discord message id) the answer will replace: a takeover edits it."""
+        async with self.engine.begin() as conn:
+            return (
+                await conn.execute(
+                    text("UPDATE bot_events SET placeholder = :ref WHERE key = :k AND holder = :h "
+                         "AND delivered_at IS NULL RETURNING key"),
+                    {"k": claim.key, "h": claim.holder, "ref": placeholder},
+                )
+            ).first() is not None
+
+    async def renew_lease(self, claim: LeaseClaim, lease_seconds: float) -> bool:
+        """Extend a lease still held and undelivered. False: another holder took it over (or it was delivered)."""
+        async with self.engine.begin() as conn:
+            return (
+                await conn.execute(
+                    text("UPDATE bot_events SET lease_until = now() + make_interval(secs => :s) "
+                         "WHERE key = :k AND holder = :h AND delivered_at IS NULL RETURNING key"),
+                    {"k": claim.key, "h": claim.holder, "s": lease_seconds},
+                )
+            ).first() is not None
+
+    async def mark_lease_delivered(self, claim: LeaseClaim) -> bool:
+        """The answer (or an apology) reached the platform: never answered again. The stored question and target
+        are dropped (only undelivered questions need them)."""
+        async with self.engine.begin() as conn:
+            return (
+                await conn.execute(
+                    text("UPDATE bot_events SET delivered_at = now(), question = NULL, target = NULL "
+                         "WHERE key = :k AND holder = :h AND delivered_at IS NULL RETURNING key"),
+                    {"k": claim.key, "h": claim.holder},
+                )
+            ).first() is not None
+
+    async def take_expired_lease(
+        self, platform: str, holder: str, lease_seconds: float, *, max_attempts: int, max_age_seconds: float,
+    ) -> PendingQuestion | None:
+        """Take over the oldest undelivered question of `platform` whose lease ran out, claimed within
+        `max_age_seconds` and tried fewer than `max_attempts` times. One atomic UPDATE (SKIP LOCKED, and the
+        expiry re-checked): two sweepers never take the same question."""
+        async with self.engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    text(
+                        """
+                        UPDATE bot_events AS e
+                        SET holder = :h, lease_until = now() + make_interval(secs => :s), attempts = e.attempts + 1
+                        WHERE e.key = (
+                            SELECT key FROM bot_events
+                            WHERE platform = :p AND question IS NOT NULL AND delivered_at IS NULL
+                              AND lease_until < now() AND attempts < :max_attempts
+                              AND claimed_at > now() - make_interval(secs => :max_age)
+                            ORDER BY claimed_at LIMIT 1 FOR UPDATE SKIP LOCKED
+                        ) AND e.delivered_at IS NULL AND e.lease_until < now()
+                        RETURNING e.key, e.platform, e.question, e.conversation_id, e.asker, e.target,
+                                  e.placeholder, e.attempts
+                        """
+                    ),
+                    {"p": platform, "h": holder, "s": lease_seconds, "max_attempts": max_attempts,
+                     "max_age": max_age_seconds},
+                )
+            ).first()
+        if row is None:
+            return None
+        target = row.target if isinstance(row.target, dict) else json.loads(row.target or "{}")
+        return PendingQuestion(LeaseClaim(row.key, holder, True, row.placeholder, row.attempts), row.platform,
+                               row.question, row.conversation_id, row.asker, target)
 
     async def forget_events_older_than(self, days: int = 7) -> int:
         """Retries stop after minutes; keys older than this only take space."""

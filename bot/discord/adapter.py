@@ -27,12 +27,14 @@ from bot.chat import access, admin
 from bot.chat.auto import looks_like_question
 from bot.chat.errors import new_error_id
 from bot.chat.flow import Ask, ChatFlow, OnText
+from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import SourceEntry, sources_list, split_text
 from bot.chat.sanitize import quote_safe
 from bot.settings import BotSettings
 from knowledge.answer.memory import ChatMessage
 
 if TYPE_CHECKING:
+    from bot.chat.state import LeaseClaim, PendingQuestion
     from bot.context import BotContext
     from bot.server import BotMetrics
     from knowledge.answer.answering import Answer
@@ -203,7 +205,7 @@ class ProgressiveReply:
     about five edits per five seconds per channel; discord.py waits out any 429 itself). `finish` replaces the
     preview with the final, split answer; `fail` with an apology, so no half-written message is left behind."""
 
-    def __init__(self, send: Send, interval: float) -> None:
+    def __init__(self, send: Send, interval: float, message: Any = None) -> None:
         self._send = send
         self._interval = interval
         self._text = ""
@@ -211,7 +213,12 @@ class ProgressiveReply:
         self._changed = asyncio.Event()
         self._done = False
         self._task: asyncio.Task[None] | None = None
-        self.message: Any = None
+        self.message: Any = message  # given: a message posted before a crash, which the answer replaces
+
+    @property
+    def placeholder(self) -> str | None:
+        """The id of the message the answer is streaming into, stored with the claim (`bot.chat.lease`)."""
+        return str(self.message.id) if self.message is not None else None
 
     # The chat flow's `Reply`: the text is shown as it streams, then replaced by the final answer.
 
@@ -297,7 +304,8 @@ class RagbotDiscord(discord.Client):
         self.kb = kb
         self.settings = settings
         self.metrics = metrics
-        self.flow = ChatFlow(kb, PLATFORM, metrics)
+        self.flow = ChatFlow(kb, PLATFORM, metrics, lease_seconds=settings.answer_lease_seconds)
+        self._sweeper: asyncio.Task[None] | None = None
         self.tree = app_commands.CommandTree(self)
         self.tree.on_error = self._on_command_error  # type: ignore[method-assign]
         self.background: set[asyncio.Task[Any]] = set()  # reindex jobs still running
@@ -309,6 +317,14 @@ class RagbotDiscord(discord.Client):
         """Runs at login: feedback buttons of earlier answers work again, and the commands are registered."""
         self.add_dynamic_items(FeedbackButton)
         await self.sync_commands()
+        # A Discord message is never redelivered: questions a crashed process claimed but never answered are
+        # finished by the sweeper, in the message it had started (bot.chat.lease).
+        self._sweeper = start_sweeper(self.flow, self.resume, self.settings.answer_sweep_seconds)
+
+    async def close(self) -> None:
+        await stop_sweeper(self._sweeper)
+        self._sweeper = None
+        await super().close()
 
     async def sync_commands(self) -> list[app_commands.AppCommand]:
         """To DISCORD_GUILD_ID when set (instant), otherwise globally (Discord may take up to an hour)."""
@@ -349,23 +365,44 @@ class RagbotDiscord(discord.Client):
     async def answer_into(self, send: Send, question: str, audience: "Callable[[], Awaitable[access.Audience]]",
                           conversation_id: str, asker: str,
                           history: "Callable[[], Awaitable[list[ChatMessage]]] | None" = None, *,
-                          channel: str | None = None, auto: bool = False) -> "Answer | None":
+                          channel: str | None = None, auto: bool = False,
+                          claim: "LeaseClaim | None" = None, target: dict[str, Any] | None = None,
+                          ) -> "Answer | None":
         """Answer `question` through the shared chat flow and post it through `send`: progressively while Claude
         writes, then the final answer split within Discord's limits, its sources and 👍/👎 buttons. A failure
         anywhere becomes a short message with an error id (the same id is in the log with the traceback)."""
         reply = ProgressiveReply(send, self.settings.discord_edit_interval_seconds)
         ask = Ask(question, conversation_id, asker, audience, history, channel_key=channel, auto=auto)
-        return await self.flow.answer(ask, reply)
+        return await self.flow.answer(ask, reply, claim=claim, target=target)
+
+    async def resume(self, pending: "PendingQuestion") -> "tuple[Ask, ProgressiveReply]":
+        """A question whose holder died, rebuilt from its claim: `target` says which channel to answer in and
+        whose documents apply (`audience_channel` None: the asker's own, as in a DM); the answer replaces the
+        message the holder had started, or is posted afresh."""
+        target = pending.target
+        channel = self.get_partial_messageable(int(target["channel"]))
+        started = channel.get_partial_message(int(pending.claim.placeholder)) if pending.claim.placeholder else None
+        reply = ProgressiveReply(channel.send, self.settings.discord_edit_interval_seconds, message=started)
+        asker = pending.asker
+        guild, audience_channel = target.get("guild"), target.get("audience_channel")
+
+        async def audience() -> access.Audience:
+            if audience_channel is None or guild is None:
+                return await access.private_audience(self.kb, asker)
+            return await access.shared_audience(self.kb, asker, channel_key(int(guild), int(audience_channel)))
+
+        return Ask(pending.question, pending.conversation_id, asker, audience), reply
 
     def question_from(self, message: discord.Message) -> str:
         """The message text without the bot's mention (`<@id>` or `<@!id>`)."""
         assert self.user is not None
         return re.sub(rf"<@!?{self.user.id}>", " ", message.content).strip()
 
-    async def claim(self, message: discord.Message) -> bool:
-        """True the first time: a replayed gateway event or a second replica of the bot never answers twice.
-        Only messages the bot acts on are recorded (with the Message Content intent it sees every message)."""
-        return await self.flow.claim(f"{PLATFORM}:message:{message.id}")
+    async def claim(self, message: discord.Message) -> "LeaseClaim | None":
+        """A claim (a lease, `bot.chat.lease`) the first time: a replayed gateway event or a second replica of the
+        bot never answers twice. Only messages the bot acts on are recorded (with the Message Content intent it
+        sees every message)."""
+        return await self.flow.claim_question(f"{PLATFORM}:message:{message.id}")
 
     async def on_message(self, message: discord.Message) -> None:
         if message.author.bot or self.user is None or message.author.id == self.user.id:
@@ -375,9 +412,10 @@ class RagbotDiscord(discord.Client):
         question = self.question_from(message)
         mentioned = any(user.id == self.user.id for user in message.mentions)  # not via @everyone
         if message.guild is None:  # a DM: answered as the asker
-            if question and await self.claim(message):
+            if question and (claim := await self.claim(message)):
                 await self.answer_into(message.channel.send, question, lambda: self.private_audience(message.author),
-                                       f"{PLATFORM}:dm:{message.channel.id}", self.identity(message.author))
+                                       f"{PLATFORM}:dm:{message.channel.id}", self.identity(message.author),
+                                       claim=claim, target=_target(message.channel.id, None, None))
             return
         guild_id, channel = message.guild.id, message.channel
         # A thread (or a channel discord.py has not cached, which may be one): replies there are follow-ups when
@@ -387,7 +425,7 @@ class RagbotDiscord(discord.Client):
                 return
             conversation = f"{PLATFORM}:{guild_id}:{channel.id}"
             followup = await self.flow.answered_in(conversation)
-            if not (mentioned or followup) or not await self.claim(message):
+            if not (mentioned or followup) or not (claim := await self.claim(message)):
                 return
             parent = channel.parent_id if isinstance(channel, discord.Thread) else None
             await self.answer_into(
@@ -395,14 +433,16 @@ class RagbotDiscord(discord.Client):
                 conversation, self.identity(message.author),
                 None if followup else (lambda: self.thread_history(channel, before=message)),
                 channel=channel_key(guild_id, parent or channel.id),
+                claim=claim, target=_target(channel.id, guild_id, parent or channel.id),
             )
             return
         if not mentioned:
             await self.auto_answer(message, question, guild_id)
             return
-        if not await self.claim(message):
+        if not (claim := await self.claim(message)):
             return
         if not question:
+            await self.flow.delivered(claim)
             await message.reply("Ask me a question after the mention, e.g. `@ragbot how many vacation days do I get?`",
                                 allowed_mentions=NO_PINGS)
             return
@@ -412,12 +452,14 @@ class RagbotDiscord(discord.Client):
             error_id = new_error_id()
             logger.exception("discord: could not open a thread (error id %s)", error_id)
             self.flow.count("errors", "thread")
+            await self.flow.delivered(claim)  # the apology below is the answer: not resumed
             await message.reply("I couldn't open a thread for the answer here: do I have the Create Public Threads "
                                 f"permission in this channel? (error id `{error_id}`)", allowed_mentions=NO_PINGS)
             return
         await self.answer_into(thread.send, question, lambda: self.shared_audience(message.author, guild_id, channel.id),
                                f"{PLATFORM}:{guild_id}:{thread.id}", self.identity(message.author),
-                               channel=channel_key(guild_id, channel.id))
+                               channel=channel_key(guild_id, channel.id),
+                               claim=claim, target=_target(thread.id, guild_id, channel.id))
 
     async def auto_answer(self, message: discord.Message, question: str, guild_id: int) -> None:
         """A top-level message, not addressed to the bot, in a channel with `/kb channel auto on`: when it reads as a
@@ -427,7 +469,7 @@ class RagbotDiscord(discord.Client):
         if not question or not looks_like_question(question):
             return
         try:
-            if not (await self.flow.channel_settings(key)).auto or not await self.claim(message):
+            if not (await self.flow.channel_settings(key)).auto or not (claim := await self.claim(message)):
                 return
         except Exception as exc:  # nobody asked the bot: log, never post an apology
             self.flow.failure("claim", exc, where=key)
@@ -443,7 +485,7 @@ class RagbotDiscord(discord.Client):
         # A thread started from a message has the message's id: the conversation is known before it exists.
         await self.answer_into(send, question, lambda: self.shared_audience(message.author, guild_id, message.channel.id),
                                f"{PLATFORM}:{guild_id}:{message.id}", self.identity(message.author),
-                               channel=key, auto=True)
+                               channel=key, auto=True, claim=claim)
 
     async def thread_history(self, thread: Any, before: discord.Message) -> list[ChatMessage]:
         """The messages of a thread the bot is mentioned in for the first time, oldest first, as history."""
@@ -475,6 +517,13 @@ class RagbotDiscord(discord.Client):
             await interaction.followup.send(text, ephemeral=True, allowed_mentions=NO_PINGS)
         else:
             await interaction.response.send_message(text, ephemeral=True, allowed_mentions=NO_PINGS)
+
+
+def _target(channel_id: int, guild_id: int | None, audience_channel_id: int | None) -> dict[str, Any]:
+    """Where a claimed question is answered, stored with its claim: the channel (or thread, or DM) to post in, and
+    the channel whose grants apply (None: the asker's own documents, a DM). Ids as strings (JSON)."""
+    return {"channel": str(channel_id), "guild": str(guild_id) if guild_id is not None else None,
+            "audience_channel": str(audience_channel_id) if audience_channel_id is not None else None}
 
 
 def channel_key(guild_id: int, channel_id: int) -> str:

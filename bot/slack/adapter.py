@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from aiohttp import web
@@ -37,6 +37,7 @@ from bot.chat.auto import looks_like_question
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_button_value
 from bot.chat.flow import Ask, ChatFlow, OnText
+from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import sources_list
 from knowledge.answer.memory import ChatMessage
 from bot.slack.format import (
@@ -45,6 +46,7 @@ from bot.slack.format import (
 )
 
 if TYPE_CHECKING:
+    from bot.chat.state import LeaseClaim, PendingQuestion
     from bot.context import BotContext
     from knowledge.answer.answering import Answer
 
@@ -129,7 +131,8 @@ class SlackAdapter:
         self.kb = context.kb
         self.settings = context.settings
         self.metrics = context.metrics
-        self.flow = ChatFlow(self.kb, PLATFORM, self.metrics)
+        self.flow = ChatFlow(self.kb, PLATFORM, self.metrics, lease_seconds=self.settings.answer_lease_seconds)
+        self._sweeper: asyncio.Task[None] | None = None
         token = self.settings.slack_bot_token.get_secret_value() if self.settings.slack_bot_token else None
         self.client = client or AsyncWebClient(
             token=token,
@@ -168,6 +171,8 @@ class SlackAdapter:
         self.bot_id = identity.get("bot_id")
         logger.info("Slack: connected as %s in %s (%s mode)", identity.get("user"), identity.get("team"),
                     "Socket" if self.socket_mode else "HTTP")
+        # Questions a crashed process claimed but never answered: finished in their placeholders (bot.chat.lease).
+        self._sweeper = start_sweeper(self.flow, self.resume, self.settings.answer_sweep_seconds)
         if self.socket_mode:
             from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 
@@ -175,6 +180,8 @@ class SlackAdapter:
             await self._socket_handler.connect_async()
 
     async def stop(self) -> None:
+        await stop_sweeper(self._sweeper)
+        self._sweeper = None
         if self._socket_handler is not None:
             await self._socket_handler.close_async()
             self._socket_handler = None
@@ -313,25 +320,43 @@ class SlackAdapter:
             keys.append(f"slack:msg:{self._team(body, event)}:{event['channel']}:{event['ts']}")
         return await self.flow.claim(*keys)
 
+    async def _claim_question(self, body: dict[str, Any], event: dict[str, Any]) -> "LeaseClaim | None":
+        """`_claim` for a question, as a lease on the message (channel + ts; the event id is an alias): a retry
+        after the lease ran out undelivered takes the question over, with the placeholder to answer in."""
+        keys = [f"slack:event:{body['event_id']}"] if body.get("event_id") else []
+        keys.append(f"slack:msg:{self._team(body, event)}:{event['channel']}:{event['ts']}")
+        return await self.flow.claim_question(*keys)
+
+    async def resume(self, pending: "PendingQuestion") -> "tuple[Ask, SlackReply]":
+        """A question whose holder died, rebuilt from what its claim stored: the answer replaces the placeholder
+        the holder posted (chat.update on its ts), or is posted afresh if it never got that far."""
+        where = Where(**pending.target)
+        reply = SlackReply(self, where, placeholder_ts=pending.claim.placeholder)
+        ask = Ask(pending.question, pending.conversation_id, pending.asker, lambda: self._audience(where))
+        return ask, reply
+
     # Answering.
 
     async def _question(self, body: dict[str, Any], event: dict[str, Any], where: Where, mid_thread: bool = False) -> None:
         reply = SlackReply(self, where)
         try:
-            if not await self._claim(body, event):
+            claim = await self._claim_question(body, event)
+            if claim is None:
                 return
         except Exception as exc:  # the database is down: say so rather than stay silent
             await reply.fail(self.flow.failure("claim", exc, where=where.conversation_id))
             return
+        reply.placeholder_ts = claim.placeholder  # taken over after a crash: answer in the same placeholder
         question = question_text(event.get("text") or "", self.bot_user_id)
         if not question:
             await self._post(where, SlackMessage("Ask me a question about your documents, e.g. "
                                                  "_How many vacation days do I get?_"))
+            await self.flow.delivered(claim)
             return
         history = (lambda: self._prior_messages(where, event)) if mid_thread else None
         ask = Ask(question, where.conversation_id, f"slack:{where.user}", lambda: self._audience(where), history,
                   channel_key=None if where.private else where.channel_key)
-        await self.flow.answer(ask, reply)
+        await self.flow.answer(ask, reply, claim=claim, target=asdict(where))
 
     async def _audience(self, where: Where) -> Audience:
         identity = f"slack:{where.user}"
@@ -433,17 +458,25 @@ class SlackReply:
     the thread (Claude, SLACK_STREAM_ANSWERS) or a placeholder that the answer replaces; an apology replaces
     whichever of them was posted."""
 
-    def __init__(self, adapter: "SlackAdapter", where: Where) -> None:
+    def __init__(self, adapter: "SlackAdapter", where: Where, placeholder_ts: str | None = None) -> None:
         self.adapter = adapter
         self.where = where
-        self.placeholder_ts: str | None = None
+        self.placeholder_ts = placeholder_ts  # set: a placeholder posted before a crash, to answer in
         self.stream: _AnswerStream | None = None
+
+    @property
+    def placeholder(self) -> str | None:
+        """The placeholder's ts, stored with the claim (`bot.chat.lease`). A streamed answer has none: a crash
+        mid-stream leaves the partial message, and the takeover posts the answer anew."""
+        return self.placeholder_ts or (self.stream.placeholder_ts if self.stream is not None else None)
 
     async def begin(self) -> None:
         if self.where.assistant:
             await self.adapter._set_status(self.where, STATUS_SEARCHING)
 
     async def open(self) -> OnText | None:
+        if self.placeholder_ts:  # resumed: the placeholder is already there
+            return None
         streaming = (self.adapter.settings.slack_stream_answers and self.where.thread_ts is not None
                      and self.adapter.kb.answer_mode == "llm")
         if streaming:

@@ -1,0 +1,242 @@
+"""Delivery after a crash (issue 30): a claimed question is a lease. A process that dies mid-answer (here: its
+answer step is cancelled after the placeholder is up, which is what kill -9 leaves behind — no apology, no
+delivery, the claim never released) does not lose the question: once the lease runs out, Slack's retry of the same
+event, or the sweeper of the next `ragbot run`, answers it in the SAME placeholder; while the lease is live, or once
+the answer was delivered, a retry is dropped; and of two replicas racing for one expired claim exactly one answers.
+
+Real Postgres, the real slack-bolt app over signed HTTP against tests/fakes/slack_api.py, the real discord.py client
+against tests/fakes/discord_api.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from conftest import write
+from fakes.discord_api import FakeDiscordAPI
+from fakes.discord_gateway import DiscordHarness
+from fakes.slack_api import FakeSlackAPI
+from slack_harness import answer_in, finished, mention, new_ts, running_bot, settle, wait_for
+
+import discord
+from bot.discord.adapter import RagbotDiscord, configure_api_url
+from bot.server import BotMetrics
+from bot.settings import BotSettings
+from knowledge.sources.folder import FolderSource
+
+ANN = "UANN"
+QUESTION = "How many vacation days do full-time employees get?"
+RETRY = {"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
+CORPUS = {
+    "policies/vacation.md": (
+        "# Vacation policy\n\nFull-time employees get 25 days of paid vacation per year. Up to 5 unused vacation "
+        "days carry over into the next year.\n"
+    ),
+    "it/vpn.md": "# VPN setup\n\nInstall the WireGuard client and import the configuration from the IT portal.\n",
+}
+
+
+class CrashesMidAnswer:
+    """The real knowledge base, in a process that dies in the middle of an answer: after the placeholder is posted
+    (and, with `partial`, after the first words were streamed into the chat) the answer step is cancelled — as
+    kill -9 leaves it: no apology, nothing delivered, the claim not released."""
+
+    def __init__(self, kb: Any, partial: str | None = None) -> None:
+        self._kb = kb
+        self.partial = partial
+        self.crashed = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kb, name)
+
+    async def answer(self, *args: Any, on_text: Any = None, **kwargs: Any) -> Any:
+        if on_text is not None and self.partial:
+            await on_text(self.partial)
+            await asyncio.sleep(0.3)  # the first words reach the chat
+            await on_text(" ")
+        self.crashed.set()
+        raise asyncio.CancelledError("the process died")
+
+
+@pytest_asyncio.fixture
+async def lease_kb(kb_factory, tmp_path: Path):  # type: ignore[no-untyped-def]
+    docs = tmp_path / "docs"
+    for relative, content in CORPUS.items():
+        write(docs, relative, content)
+    kb = await kb_factory()
+    report = await kb.sync(FolderSource(docs, "handbook"))
+    assert not report.failed, report.failed
+    return kb
+
+
+@pytest.fixture
+def fake() -> Any:
+    with FakeSlackAPI() as fake:
+        fake.add_user(ANN, email="ann@example.com")
+        yield fake
+
+
+def channel() -> str:
+    return f"C{new_ts().replace('.', '')[-9:]}"
+
+
+async def crash_after_placeholder(kb: Any, fake: FakeSlackAPI, event: dict[str, Any], event_id: str,
+                                  lease_seconds: float) -> str:
+    """A `ragbot run` that acks the mention, posts "Searching the documents…" and dies. Returns the placeholder ts."""
+    crashing = CrashesMidAnswer(kb)
+    async with running_bot(crashing, fake, answer_lease_seconds=lease_seconds, answer_sweep_seconds=0) as dead:
+        assert await dead.send_event(event, event_id=event_id) == 200
+        await asyncio.wait_for(crashing.crashed.wait(), 30)
+    [placeholder] = fake.thread(event["channel"], event["ts"])
+    assert "Searching" in placeholder.visible_text and not finished(placeholder)
+    return placeholder.ts
+
+
+async def test_after_a_crash_slacks_retry_answers_in_the_same_placeholder(lease_kb, fake) -> None:
+    event = mention(QUESTION, user=ANN, channel=channel())
+    placeholder_ts = await crash_after_placeholder(lease_kb, fake, event, "EvCrash1", lease_seconds=0.3)
+    await asyncio.sleep(0.4)  # the dead holder's lease runs out
+    async with running_bot(lease_kb, fake, answer_sweep_seconds=0) as slack:  # the restarted bot
+        assert await slack.send_event(event, event_id="EvCrash1", headers=RETRY) == 200
+        answer = await answer_in(fake, event["channel"], event["ts"])
+        await settle()
+        # Answered now: a later retry of the same event is dropped.
+        assert await slack.send_event(event, event_id="EvCrash1", headers={**RETRY, "X-Slack-Retry-Num": "2"}) == 200
+        await settle()
+        metrics = await (await slack.http.get(f"{slack.url}/metrics")).text()
+    assert answer.ts == placeholder_ts
+    assert [c.args["ts"] for c in fake.calls_to("chat.update")] == [placeholder_ts]
+    assert len(fake.calls_to("chat.postMessage")) == 1  # no second placeholder
+    assert "25 days" in answer.visible_text and "[1]" in answer.visible_text
+    assert len(fake.thread(event["channel"], event["ts"])) == 1
+    assert 'ragbot_resumed_answers_total{by="retry",platform="slack"} 1.0' in metrics
+    assert 'ragbot_duplicate_events_total{platform="slack"} 1.0' in metrics
+
+
+async def test_a_retry_while_the_lease_is_live_is_dropped(lease_kb, fake) -> None:
+    event = mention(QUESTION, user=ANN, channel=channel())
+    placeholder_ts = await crash_after_placeholder(lease_kb, fake, event, "EvLive1", lease_seconds=120)
+    async with running_bot(lease_kb, fake, answer_sweep_seconds=0.2) as slack:
+        assert await slack.send_event(event, event_id="EvLive1", headers=RETRY) == 200
+        await settle(1.0)  # the sweeper ran too: the lease is live, so neither answers
+    assert fake.calls_to("chat.update") == []
+    assert len(fake.calls_to("chat.postMessage")) == 1
+    [still] = fake.thread(event["channel"], event["ts"])
+    assert still.ts == placeholder_ts and "Searching" in still.visible_text
+
+
+async def test_a_retry_after_delivery_is_dropped_even_once_the_lease_ran_out(lease_kb, fake) -> None:
+    event = mention(QUESTION, user=ANN, channel=channel())
+    async with running_bot(lease_kb, fake, answer_lease_seconds=0.3, answer_sweep_seconds=0.1) as slack:
+        assert await slack.send_event(event, event_id="EvOnce1") == 200
+        await answer_in(fake, event["channel"], event["ts"])
+        await asyncio.sleep(0.5)  # well past the lease: delivered is delivered
+        for attempt in (1, 2, 3):
+            headers = {**RETRY, "X-Slack-Retry-Num": str(attempt)}
+            assert await slack.send_event(event, event_id="EvOnce1", headers=headers) == 200
+        await settle(0.6)
+    assert len(fake.calls_to("chat.postMessage")) == 1 and len(fake.calls_to("chat.update")) == 1
+
+
+async def test_the_start_up_sweeper_finishes_an_expired_claim_in_its_slack_placeholder(lease_kb, fake) -> None:
+    event = mention(QUESTION, user=ANN, channel=channel())
+    placeholder_ts = await crash_after_placeholder(lease_kb, fake, event, "EvSweep1", lease_seconds=0.3)
+    await asyncio.sleep(0.4)
+    async with running_bot(lease_kb, fake, answer_sweep_seconds=30) as slack:  # only its start-up sweep can do it
+        answer = await answer_in(fake, event["channel"], event["ts"])
+        # Slack's retry arrives after the sweeper answered: dropped.
+        assert await slack.send_event(event, event_id="EvSweep1", headers=RETRY) == 200
+        await settle()
+    assert answer.ts == placeholder_ts and "25 days" in answer.visible_text
+    assert [c.args["ts"] for c in fake.calls_to("chat.update")] == [placeholder_ts]
+    assert len(fake.calls_to("chat.postMessage")) == 1
+
+
+async def test_two_replicas_racing_for_one_expired_claim_answer_it_once(lease_kb, fake) -> None:
+    event = mention(QUESTION, user=ANN, channel=channel())
+    placeholder_ts = await crash_after_placeholder(lease_kb, fake, event, "EvRace1", lease_seconds=0.3)
+    await asyncio.sleep(0.4)
+    async with running_bot(lease_kb, fake, answer_sweep_seconds=0) as one, \
+            running_bot(lease_kb, fake, answer_sweep_seconds=0) as two:
+        flows = [bot.app.adapters[0] for bot in (one, two)]
+        swept = await asyncio.gather(*(a.flow.sweep(a.resume) for a in flows),
+                                     # and Slack's retry reaching each replica at the same moment
+                                     one.send_event(event, event_id="EvRace1", headers=RETRY),
+                                     two.send_event(event, event_id="EvRace1", headers=RETRY))
+        await answer_in(fake, event["channel"], event["ts"])
+        await settle(1.0)
+    assert sorted(swept[:2]) in ([0, 0], [0, 1])  # one sweeper at most (the retry may have won)
+    assert [c.args["ts"] for c in fake.calls_to("chat.update")] == [placeholder_ts]  # exactly one answer
+    assert len(fake.calls_to("chat.postMessage")) == 1
+
+
+async def test_concurrent_takeovers_of_one_expired_lease_have_one_winner(lease_kb) -> None:
+    claim = await lease_kb.claim_lease(["slack:event:EvSql", "slack:msg:T:C:1.1"], "dead-holder", 0.1)
+    assert claim is not None and not claim.resumed
+    assert await lease_kb.record_lease_question(claim, platform="slack", question=QUESTION, conversation_id="c",
+                                                asker="slack:U", target={"channel": "C"})
+    await asyncio.sleep(0.2)
+    taken = await asyncio.gather(
+        *(lease_kb.take_expired_lease("slack", f"sweeper{i}", 60, max_attempts=3, max_age_seconds=600)
+          for i in range(6)),
+        *(lease_kb.claim_lease(["slack:event:EvSql", "slack:msg:T:C:1.1"], f"retry{i}", 60) for i in range(6)),
+    )
+    winners = [t for t in taken if t is not None]
+    assert len(winners) == 1
+    # The dead holder can no longer deliver, nor renew, nor store a placeholder.
+    assert not await lease_kb.renew_lease(claim, 60) and not await lease_kb.mark_lease_delivered(claim)
+
+
+# ---- Discord: a message is never redelivered, so the sweeper finishes it -------------------------------------------
+
+
+@pytest_asyncio.fixture
+async def discord_api():  # type: ignore[no-untyped-def]
+    previous = discord.http.Route.BASE
+    async with FakeDiscordAPI() as fake:
+        yield fake
+    discord.http.Route.BASE = previous
+
+
+async def test_the_sweeper_finishes_a_discord_answer_in_the_message_the_dead_process_started(lease_kb, discord_api):
+    dm = 710000000000000077
+    alice = 700000000000000100
+    discord_api.add_channel(dm, None)
+    bots: list[RagbotDiscord] = []
+
+    async def start(kb: Any, **overrides: Any) -> DiscordHarness:
+        settings = BotSettings(_env_file=None, discord_bot_token=discord_api.token,  # type: ignore[call-arg]
+                               discord_api_url=discord_api.base_url, discord_edit_interval_seconds=0.0, **overrides)
+        configure_api_url(settings.discord_api_url)
+        bot = RagbotDiscord(kb, settings, BotMetrics())
+        bots.append(bot)
+        await bot.login(discord_api.token)  # setup_hook: commands synced, the sweeper started
+        return DiscordHarness(bot, discord_api)
+
+    try:
+        crashing = CrashesMidAnswer(lease_kb, partial="Full-time employees get")
+        dead = await start(crashing, answer_lease_seconds=0.3, answer_sweep_seconds=0)
+        await dead.message(QUESTION, channel_id=dm, guild_id=None, author_id=alice)
+        await asyncio.wait_for(crashing.crashed.wait(), 30)
+        [started] = discord_api.bot_messages(dm)
+        assert started["content"].startswith("Full-time employees get")  # the first words, then the crash
+        await bots[0].close()
+        await asyncio.sleep(0.4)
+
+        await start(lease_kb, answer_sweep_seconds=30)  # the restarted bot: its start-up sweep answers
+
+        def answered() -> bool:
+            return any(m.get("components") for m in discord_api.bot_messages(dm))
+
+        await wait_for(answered, 30, "the swept answer")
+    finally:
+        for bot in bots:
+            await bot.close()
+    [answer] = discord_api.bot_messages(dm)  # the same message, edited: no second one
+    assert answer["id"] == started["id"]
+    assert "25 days of paid vacation" in answer["content"] and answer["embeds"]
+    assert discord_api.calls_to("PATCH", f"/channels/{dm}/messages/{started['id']}")
