@@ -27,6 +27,14 @@ class BotSettings(BaseSettings):
     # How long a user's email and admin flag (users.info) are cached.
     user_cache_seconds: int = Field(default=600, ge=0)
 
+    # Channel audiences (docs/permissions.md, "In chat"): a private Slack channel or a Discord channel hidden from
+    # @everyone answers from what every member may see. Its member list is re-read at least every this many seconds
+    # (and at once on a member join/leave event).
+    channel_audience_ttl: float = Field(default=600.0, ge=0.0)
+    # A restricted channel with more members than this answers from `everyone` + grants (as does one whose members
+    # cannot be listed): never from the asker's own access.
+    channel_audience_max_members: int = Field(default=200, ge=1)
+
     # With no chat token set, `ragbot run` starts the terminal chat (true), or (false: a container, a server) serves
     # only /healthz, /metrics and the sync scheduler, until stopped.
     terminal_chat: bool = True

@@ -477,7 +477,8 @@ async def test_mention_mid_thread_reads_the_thread_as_history(llm_kb, fake, clau
     parent = fake.add_message(channel, "We are planning the offsite in the lake district next spring.", user=BOB)
     fake.add_message(channel, "Is the summer party &amp; picnic also at the lake?", user=ANN, thread_ts=parent)
     async with running_bot(llm_kb, fake) as slack:
-        event = mention("when is it?", user=ANN, channel=channel, thread_ts=parent)
+        # The mention comes after the earlier messages (conversations.replies is read up to it).
+        event = mention("when is it?", user=ANN, channel=channel, thread_ts=parent, ts=f"{int(time.time()) + 5}.000001")
         await slack.send_event(event)
         await answer_in(fake, channel, parent)
     replies = fake.calls_to("conversations.replies")
@@ -485,6 +486,28 @@ async def test_mention_mid_thread_reads_the_thread_as_history(llm_kb, fake, clau
     sent = json.dumps([r.body for r in claude.requests])
     assert "planning the offsite" in sent and "Is the summer party" in sent
     assert "&amp;amp;" not in sent  # Slack's own escaping was undone before the prompt escaped it again
+
+
+async def test_mention_in_a_long_thread_reads_the_last_messages_before_it_across_pages(llm_kb, fake, claude) -> None:
+    # conversations.replies pages oldest first: one page of N+1 would keep the OLDEST messages of a long thread.
+    fake.page_size = 7  # Slack caps pages whatever `limit` asks; the cursor must be followed
+    channel = unique_channel()
+    parent = fake.add_message(channel, "Thread about the offsite planning.", user=BOB)
+    for i in range(40):
+        fake.add_message(channel, f"planning note number {i:02d}", user=ANN if i % 2 else BOB, thread_ts=parent)
+    mention_ts = f"{int(time.time()) + 5}.000001"
+    fake.add_message(channel, "a reply posted after the mention", user=BOB, thread_ts=parent)
+    fake.messages[-1].ts = f"{int(time.time()) + 9}.000001"
+    async with running_bot(llm_kb, fake) as slack:
+        event = mention("so when is it?", user=ANN, channel=channel, thread_ts=parent, ts=mention_ts)
+        await slack.send_event(event)
+        await answer_in(fake, channel, parent)
+    replies = fake.calls_to("conversations.replies")
+    assert len(replies) >= 6 and replies[-1].args.get("cursor")  # every page was read
+    sent = json.dumps([r.body for r in claude.requests])
+    assert "planning note number 39" in sent  # the newest messages before the mention
+    assert "planning note number 09" not in sent and "Thread about the offsite" not in sent  # older ones dropped
+    assert "posted after the mention" not in sent
 
 
 async def test_claude_failing_still_answers_with_cited_excerpts_and_says_so(llm_kb, fake, claude) -> None:
@@ -550,10 +573,11 @@ def test_manifest_and_compose_match_what_the_bot_handles() -> None:
     repo = Path(__file__).resolve().parent.parent
     manifest = yaml.safe_load((repo / "slack-manifest.yml").read_text())
     events = set(manifest["settings"]["event_subscriptions"]["bot_events"])
-    assert {"app_mention", "message.im", "message.channels", "message.groups", "assistant_thread_started"} <= events
+    assert {"app_mention", "message.im", "message.channels", "message.groups", "assistant_thread_started",
+            "member_joined_channel", "member_left_channel"} <= events
     scopes = set(manifest["oauth_config"]["scopes"]["bot"])
     assert {"app_mentions:read", "chat:write", "commands", "users:read", "users:read.email", "assistant:write",
-            "channels:history", "im:history"} <= scopes
+            "channels:history", "im:history", "channels:read", "groups:read", "mpim:read"} <= scopes
     assert [c["command"] for c in manifest["features"]["slash_commands"]] == ["/kb"]
     assert manifest["settings"]["interactivity"]["is_enabled"] and "assistant_view" in manifest["features"]
     urls = {manifest["settings"]["event_subscriptions"]["request_url"],

@@ -1,11 +1,13 @@
 """Who may see what, for every chat platform.
 
 An answer is read by its whole audience, so it may only draw on documents everyone in that audience may see:
-- a private conversation (a DM, an assistant thread): the asker alone. Their principals are what an admin mapped
-  their platform identity to (`ragbot users map slack:U1 group:eng`), `user:<email>` when the platform tells us
-  their email, and `everyone`;
+- a private conversation (a DM, an assistant thread, an ephemeral answer): the asker alone. Their principals come
+  from the one resolver (`kb.principals_for`, knowledge.access): `user:<email>` when the platform tells us their
+  email, what an admin mapped their platform identity to (`ragbot users map slack:U1 group:eng`), every synced
+  group containing any of those (transitively), and `everyone`;
 - a shared channel: `everyone`, plus whatever an admin granted that channel (`/kb channel-access add PRINCIPAL`).
-  The asker's own principals never apply there: the channel's other members would read the answer too.
+  The asker's own principals never apply there: the channel's other members would read the answer too. A
+  restricted channel answers from what all its members may see (bot.chat.audience).
 
 Identities are platform-qualified ("slack:U123", "discord:4567"); channel keys too ("slack:T1:C2", "discord:G1:C2").
 """
@@ -15,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from knowledge.access import EVERYONE
+from knowledge.access import EVERYONE, Person, ResolvedPrincipals
 
 
 class BotStateReader(Protocol):
-    async def identity_principals(self, identity: str) -> list[str]: ...
+    async def principals_for(self, person: Person) -> ResolvedPrincipals: ...
 
     async def channel_principals(self, channel_key: str) -> list[str]: ...
 
@@ -42,12 +44,13 @@ def _unique(values: list[str]) -> tuple[str, ...]:
 
 
 async def private_audience(kb: BotStateReader, identity: str, email: str | None = None) -> Audience:
-    """A DM or assistant thread: the asker's mapped principals, `user:<email>` if known, and `everyone`."""
-    principals = await kb.identity_principals(identity)
-    if email and email.strip():
-        # Emails are case-insensitive; access lists may spell them either way.
-        principals += [f"user:{email.strip()}", f"user:{email.strip().lower()}"]
-    return Audience("private", _unique([*principals, EVERYONE]), identity)
+    """A DM, assistant thread or ephemeral answer: the asker's principals through the one resolver (email, admin
+    mappings, synced groups, `everyone`)."""
+    given = (f"user:{email.strip()}",) if email and email.strip() else ()
+    resolved = await kb.principals_for(Person(given, identity))
+    # Emails are case-insensitive: the resolver lowercases them; the spelling as given is kept too, so an access
+    # list written either way matches.
+    return Audience("private", _unique([*resolved.principals, *given, EVERYONE]), identity)
 
 
 async def shared_audience(kb: BotStateReader, identity: str, channel_key: str) -> Audience:

@@ -34,6 +34,8 @@ shared with everyone (admins)
 - `/kb users map|unmap|list IDENTITY PRINCIPAL`: whom a chat user asks as in private conversations (admins)
 - `/kb channel show`, `/kb channel sources add|remove SOURCE`, `/kb channel auto on|off`, `/kb channel mode public|private`: this channel's sources, help-channel auto-answers and answer mode (admins)
 - `/kb gaps`: questions the bot declined, was unsure about or got 👎 on, by topic (admins)
+- `/kb access USER [DOCUMENT]`: a person's principals and where each came from; with DOCUMENT, whether they may \
+see it and why (admins)
 In a channel, answers only use documents everyone may see plus what an admin granted the channel. In a private \
 conversation they also use the documents you may see."""
 
@@ -46,6 +48,9 @@ class Caller:
     is_admin: bool
     channel_key: str | None = None  # where the command was typed ("slack:T1:C2"), for channel-access
     workspace: str | None = None  # the Slack workspace or Discord server ("slack:T1:"): whose questions /kb gaps shows
+    # How the platform turns a USER argument ("<@U1>", "slack:U1", "user:a@x") into the person `/kb access`
+    # resolves (Slack adds the user's email from users.info); None: the argument as it is.
+    resolve_person: "Callable[[str], Awaitable[object]] | None" = None
 
 
 @dataclass
@@ -194,7 +199,7 @@ async def run_command(kb: "KnowledgeBase", text: str, caller: Caller) -> Command
     command = words[0].lower() if words else "help"
     args = words[1:]
     # status: its counts include restricted documents (admins only, as on Discord); sources shows them to admins.
-    admin_only = command in ("reindex", "channel-access", "users", "status", "channel", "gaps")
+    admin_only = command in ("reindex", "channel-access", "users", "status", "channel", "gaps", "access")
     if admin_only and not caller.is_admin:
         return CommandResult(NEEDS_ADMIN.format(command=f"/kb {command}"), ok=False)
     try:
@@ -226,6 +231,8 @@ async def run_command(kb: "KnowledgeBase", text: str, caller: Caller) -> Command
             return await _channel(kb, args, caller)
         if command == "gaps":
             return CommandResult(await gaps(kb, caller))
+        if command == "access":
+            return await _access(kb, args, caller)
     except InvalidPrincipal as exc:
         return CommandResult(str(exc), ok=False)
     return CommandResult(f"Unknown command `{command}`. Try `/kb help`.", ok=False)
@@ -344,3 +351,43 @@ async def gaps(kb: "KnowledgeBase", caller: Caller, days: int = 30) -> str:
     audience = await private_audience(kb, caller.identity)
     viewer = Viewer(caller.identity, caller.workspace, tuple(audience.principals))
     return gaps_text(await build_report(kb, timedelta(days=days), viewer))
+# `/kb access USER [DOCUMENT]`: what `ragbot access explain` shows, through the same `kb.explain_access`.
+
+
+async def access_text(kb: "KnowledgeBase", person: object, document: str | None = None) -> str:
+    """A person's principals with where each came from, and for DOCUMENT whether they may see it and why. The
+    reply goes to the admin who asked only (ephemeral), so it may name the document."""
+    resolved, verdicts = await kb.explain_access(person, document)  # type: ignore[arg-type]
+    lines = [f"**{resolved.person}** holds {len(resolved.principals)} principals:"]
+    for principal in resolved.principals:
+        why = "; ".join(o.describe() for o in resolved.origins.get(principal, ()))
+        lines.append(f"- `{principal}`: {why}")
+    if resolved.expired:
+        lines.append(f"Not counted: the group directory of {', '.join(resolved.expired)} is past its TTL (its "
+                     "groups grant nothing until a refresh succeeds).")
+    if document is not None and not verdicts:
+        lines.append(f"No indexed document matches `{document}`: give its id, URL, SOURCE:ID or title.")
+    for v in verdicts:
+        name = f"{v.title or v.external_id} (`{v.source}:{v.external_id}`)"
+        if v.visible:
+            lines.append(f"**May see** {name}: it is shared with {', '.join(f'`{p}`' for p in v.matched)}.")
+        else:
+            shared = ", ".join(f"`{p}`" for p in v.access) or "nobody"
+            lines.append(f"**May not see** {name}: it is shared with {shared}, none of which they hold.")
+    return "\n".join(lines)
+
+
+async def _access(kb: "KnowledgeBase", args: list[str], caller: Caller) -> CommandResult:
+    from knowledge.access import check_principal
+
+    if not args or len(args) > 2:
+        return CommandResult("Usage: `/kb access USER [DOCUMENT]` (USER: @someone, slack:U1, discord:ID or "
+                             "user:alice@acme.com)", ok=False)
+    who, document = args[0], (args[1] if len(args) == 2 else None)
+    if caller.resolve_person is not None:
+        person = await caller.resolve_person(who)
+    elif who.split(":", 1)[0] in ("slack", "discord"):
+        person = who
+    else:
+        person = check_principal(who)
+    return CommandResult(await access_text(kb, person, document))

@@ -5,9 +5,16 @@ turns Discord events into an `Ask` for the shared chat flow (`bot.chat.flow`) an
 Discord's limits (`ProgressiveReply` is the flow's `Reply`). Claiming events, audiences, the answer itself, errors,
 admin actions and feedback are the flow's, shared with Slack.
 
-Audiences (Discord has no email, so a person's documents come from the identity map an admin maintains):
-- a shared channel, a thread in it, or `/ask` there: `everyone` plus the principals granted to that channel;
-- a DM, or `/ask private:True` (an ephemeral answer only the asker sees): the asker's mapped principals.
+Audiences (Discord has no email, so a person's documents come from the identity map an admin maintains, expanded
+through the synced groups by the one resolver, `kb.principals_for`):
+- a channel @everyone may view, a thread in it, or `/ask` there: `everyone` plus the principals granted to it;
+- a channel hidden from @everyone by its permission overwrites (and its threads): what EVERY member who may view
+  it may see (bot.chat.audience): guild members from the gateway cache or `GET /guilds/{id}/members` (the Server
+  Members intent switched on in the Developer Portal), filtered by `channel.permissions_for(member).view_channel`;
+  recomputed on member/role/channel updates and at least every CHANNEL_AUDIENCE_TTL;
+- a DM, or `/ask private:True` (an ephemeral answer only the asker sees; the default in a channel whose mode is
+  private): the asker's principals. A private answer carries a "Share in channel" button that answers again for
+  the channel.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import logging
 import re
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Optional, Sequence
 
 import discord
 import yarl
@@ -25,6 +32,8 @@ from discord import app_commands
 
 from bot.chat import access, admin
 from bot.chat.auto import looks_like_question
+from bot.chat.audience import AudienceUnavailable, ChannelAudiences, Member
+from bot.chat.delivery import channel_mode
 from bot.chat.errors import new_error_id
 from bot.chat.flow import Ask, ChatFlow, OnText
 from bot.chat.lease import start_sweeper, stop_sweeper
@@ -50,6 +59,8 @@ THREAD_NAME_LIMIT = 100
 HISTORY_MESSAGES = 20  # thread messages read as history when mentioned mid-thread
 NO_PINGS = discord.AllowedMentions.none()
 PLATFORM = "discord"
+GUILD_MEMBERS_PAGE = 1000  # GET /guilds/{id}/members: at most 1000 per page, paged by `after`
+MAX_GUILD_MEMBERS_SCANNED = 10_000  # a bigger server: a restricted channel's audience falls back to everyone
 ADMIN_REFUSAL = "`/{command}` needs an admin (Manage Server, or a user listed in ADMIN_USER_IDS). Nothing was changed."
 
 
@@ -195,6 +206,32 @@ def feedback_view(answer_id: int) -> discord.ui.View:
     return view
 
 
+class ShareButton(discord.ui.DynamicItem[discord.ui.Button], template=r"ragbot:share:(?P<answer>\d+)"):
+    """"Share in channel" under a private (ephemeral) answer: answers the same question again with the channel's
+    audience and posts that for everyone. Registered with `add_dynamic_items`, so it survives a restart."""
+
+    def __init__(self, answer_id: int) -> None:
+        self.answer_id = answer_id
+        super().__init__(discord.ui.Button(style=discord.ButtonStyle.primary, label="Share in channel",
+                                           custom_id=f"ragbot:share:{answer_id}"))
+
+    @classmethod
+    async def from_custom_id(cls, interaction: discord.Interaction, item: discord.ui.Button,
+                             match: re.Match[str]) -> "ShareButton":
+        return cls(int(match["answer"]))
+
+    async def callback(self, interaction: discord.Interaction) -> None:
+        client = interaction.client
+        assert isinstance(client, RagbotDiscord)
+        await client.share_answer(interaction, self.answer_id)
+
+
+def private_view(answer_id: int) -> discord.ui.View:
+    view = feedback_view(answer_id)
+    view.add_item(ShareButton(answer_id))
+    return view
+
+
 # ---- progressive answers ------------------------------------------------------------------------------------------
 
 Send = Callable[..., Awaitable[Any]]  # channel.send / followup.send, returning a message with .edit()
@@ -293,6 +330,13 @@ class ProgressiveReply:
             await self._send(content=text, allowed_mentions=NO_PINGS)
 
 
+class PrivateReply(ProgressiveReply):
+    """A private (ephemeral) answer in a server: the same as any answer, plus the "Share in channel" button."""
+
+    async def deliver(self, answer: "Answer", answer_id: int) -> None:
+        await self.finish(render_answer(answer), private_view(answer_id))
+
+
 # ---- the client ---------------------------------------------------------------------------------------------------
 
 
@@ -309,13 +353,15 @@ class RagbotDiscord(discord.Client):
         self.tree = app_commands.CommandTree(self)
         self.tree.on_error = self._on_command_error  # type: ignore[method-assign]
         self.background: set[asyncio.Task[Any]] = set()  # reindex jobs still running
+        self.audiences = ChannelAudiences(kb, ttl_seconds=settings.channel_audience_ttl,
+                                          max_members=settings.channel_audience_max_members)
         _register_commands(self)
 
     # ---- start-up -------------------------------------------------------------------------------------------------
 
     async def setup_hook(self) -> None:
         """Runs at login: feedback buttons of earlier answers work again, and the commands are registered."""
-        self.add_dynamic_items(FeedbackButton)
+        self.add_dynamic_items(FeedbackButton, ShareButton)
         await self.sync_commands()
         # A Discord message is never redelivered: questions a crashed process claimed but never answered are
         # finished by the sweeper, in the message it had started (bot.chat.lease).
@@ -351,7 +397,73 @@ class RagbotDiscord(discord.Client):
         return await access.private_audience(self.kb, self.identity(user))
 
     async def shared_audience(self, user: discord.abc.User, guild_id: int, channel_id: int) -> access.Audience:
-        return await access.shared_audience(self.kb, self.identity(user), channel_key(guild_id, channel_id))
+        """Who reads an answer in this channel (a thread passes its parent): `everyone` + grants where @everyone
+        may view it, the members' common principals + grants where the overwrites hide it (bot.chat.audience)."""
+        return await self.audiences.audience(channel_key(guild_id, channel_id), self.identity(user),
+                                             lambda limit: self.channel_members(guild_id, channel_id, limit))
+
+    async def channel_members(self, guild_id: int, channel_id: int, limit: int) -> list[Member] | None:
+        """None when @everyone may view the channel; otherwise every guild member who may (Discord's own
+        permission arithmetic: roles, overwrites, Administrator, the owner). Members come from the gateway cache
+        when it holds the whole guild, else from `GET /guilds/{id}/members` paged by `after` (it needs the Server
+        Members intent switched on in the Developer Portal; without it Discord answers 403 and the audience falls
+        back to everyone + grants)."""
+        guild = self.get_guild(guild_id)
+        channel = guild.get_channel(channel_id) if guild is not None else None
+        if guild is None or channel is None:
+            raise AudienceUnavailable(f"channel {channel_id} of server {guild_id} is not in the gateway cache")
+        if channel.permissions_for(guild.default_role).view_channel:
+            return None
+        members: list[discord.Member]
+        if guild.chunked and guild.member_count and len(guild.members) >= guild.member_count:
+            members = list(guild.members)
+        else:
+            members = await self._fetch_guild_members(guild)
+        viewers = [m for m in members if channel.permissions_for(m).view_channel]
+        people = [m for m in viewers if not m.bot]
+        if len(people) > limit:
+            raise AudienceUnavailable(f"more than CHANNEL_AUDIENCE_MAX_MEMBERS={limit} members")
+        return [Member(self.identity(m), None, m.bot) for m in viewers]
+
+    async def _fetch_guild_members(self, guild: discord.Guild) -> list[discord.Member]:
+        members: list[discord.Member] = []
+        after: int | None = None
+        while True:
+            try:
+                page = await self.http.get_members(guild.id, GUILD_MEMBERS_PAGE, after)
+            except discord.HTTPException as exc:
+                raise AudienceUnavailable(f"GET /guilds/{guild.id}/members failed: {exc.status} {exc.text}") from exc
+            members += [discord.Member(data=data, guild=guild, state=self._connection) for data in page]
+            if len(members) > MAX_GUILD_MEMBERS_SCANNED:
+                raise AudienceUnavailable(f"the server has more than {MAX_GUILD_MEMBERS_SCANNED} members")
+            if len(page) < GUILD_MEMBERS_PAGE:
+                return members
+            after = int(page[-1]["user"]["id"])
+
+    # Membership changes: the affected channels' audiences are recomputed at the next question. Member events need
+    # the Server Members intent on the gateway; channel and role updates arrive with the default intents.
+
+    def _forget_guild(self, guild_id: int) -> None:
+        self.audiences.invalidate_prefix(f"{PLATFORM}:{guild_id}:")
+
+    async def on_guild_channel_update(self, before: Any, after: Any) -> None:
+        self.audiences.invalidate(channel_key(after.guild.id, after.id))
+
+    async def on_guild_channel_delete(self, channel: Any) -> None:
+        self.audiences.invalidate(channel_key(channel.guild.id, channel.id))
+
+    async def on_guild_role_update(self, before: discord.Role, after: discord.Role) -> None:
+        self._forget_guild(after.guild.id)
+
+    async def on_member_update(self, before: discord.Member, after: discord.Member) -> None:
+        if before.roles != after.roles:
+            self._forget_guild(after.guild.id)
+
+    async def on_member_join(self, member: discord.Member) -> None:
+        self._forget_guild(member.guild.id)
+
+    async def on_member_remove(self, member: discord.Member) -> None:
+        self._forget_guild(member.guild.id)
 
     def is_admin(self, interaction: discord.Interaction) -> bool:
         """Manage Server in this server, or listed in ADMIN_USER_IDS. Checked here on every call, whatever
@@ -364,14 +476,15 @@ class RagbotDiscord(discord.Client):
 
     async def answer_into(self, send: Send, question: str, audience: "Callable[[], Awaitable[access.Audience]]",
                           conversation_id: str, asker: str,
-                          history: "Callable[[], Awaitable[list[ChatMessage]]] | None" = None, *,
-                          channel: str | None = None, auto: bool = False,
+                          history: "Callable[[], Awaitable[list[ChatMessage]]] | None" = None,
+                          private: bool = False, *, channel: str | None = None, auto: bool = False,
                           claim: "LeaseClaim | None" = None, target: dict[str, Any] | None = None,
                           ) -> "Answer | None":
         """Answer `question` through the shared chat flow and post it through `send`: progressively while Claude
         writes, then the final answer split within Discord's limits, its sources and 👍/👎 buttons. A failure
-        anywhere becomes a short message with an error id (the same id is in the log with the traceback)."""
-        reply = ProgressiveReply(send, self.settings.discord_edit_interval_seconds)
+        anywhere becomes a short message with an error id (the same id is in the log with the traceback). A private
+        answer in a server carries "Share in channel"."""
+        reply = (PrivateReply if private else ProgressiveReply)(send, self.settings.discord_edit_interval_seconds)
         ask = Ask(question, conversation_id, asker, audience, history, channel_key=channel, auto=auto)
         return await self.flow.answer(ask, reply, claim=claim, target=target)
 
@@ -500,6 +613,33 @@ class RagbotDiscord(discord.Client):
 
     # ---- feedback -----------------------------------------------------------------------------------------------
 
+    async def share_answer(self, interaction: discord.Interaction, answer_id: int) -> None:
+        """"Share in channel": the question of a private answer answered AGAIN with the channel's audience and
+        posted for everyone (the private text is never reposted). Only its asker may share it, once."""
+        delivered = await self.kb.delivered_answer(answer_id)
+        asker = self.identity(interaction.user)
+        guild_id = interaction.guild_id
+        if delivered is None or delivered.asker != asker or guild_id is None:
+            await interaction.response.send_message("Only the person who asked can share this answer.",
+                                                    ephemeral=True, allowed_mentions=NO_PINGS)
+            return
+        if not await self.flow.claim(f"{PLATFORM}:share:{answer_id}"):
+            await interaction.response.send_message("This answer was shared already.", ephemeral=True,
+                                                    allowed_mentions=NO_PINGS)
+            return
+        await interaction.response.defer(thinking=True)  # a public message, within Discord's 3 seconds
+        channel = interaction.channel
+        channel_id = interaction.channel_id or 0
+        if isinstance(channel, discord.Thread) and channel.parent_id:
+            channel_id = channel.parent_id
+
+        async def send(**kwargs: Any) -> Any:
+            return await interaction.followup.send(wait=True, **kwargs)
+
+        await self.answer_into(send, delivered.question, lambda: self.shared_audience(interaction.user, guild_id,
+                                                                                     channel_id),
+                               f"{PLATFORM}:{guild_id}:{interaction.channel_id}:share:{answer_id}", asker)
+
     async def record_feedback(self, interaction: discord.Interaction, answer_id: int, vote: str) -> None:
         ack = await self.flow.feedback(answer_id, self.identity(interaction.user), vote)  # type: ignore[arg-type]
         await interaction.response.send_message(ack.text, ephemeral=True, allowed_mentions=NO_PINGS)
@@ -558,8 +698,12 @@ def _register_commands(bot: RagbotDiscord) -> None:
 
     @tree.command(name="ask", description="Ask a question; the answer cites the documents it comes from.")
     @app_commands.describe(question="What you want to know",
-                           private="Only you see the answer, and it may also use documents shared with you")
-    async def ask(interaction: discord.Interaction, question: str, private: bool = False) -> None:
+                           private="Only you see the answer, and it may also use documents shared with you "
+                                   "(default: the channel's mode)")
+    async def ask(interaction: discord.Interaction, question: str, private: Optional[bool] = None) -> None:
+        if private is None:
+            key = _interaction_channel_key(interaction)
+            private = key is not None and await channel_mode(bot.kb, key) == "private"
         await interaction.response.defer(thinking=True, ephemeral=private)  # first, within Discord's 3 seconds
         conversation = f"{PLATFORM}:{interaction.guild_id or 'dm'}:{interaction.channel_id}:ask:{interaction.id}"
         async def audience() -> access.Audience:
@@ -570,7 +714,8 @@ def _register_commands(bot: RagbotDiscord) -> None:
         async def send(**kwargs: Any) -> Any:
             return await interaction.followup.send(wait=True, ephemeral=private, **kwargs)
 
-        await bot.answer_into(send, question, audience, conversation, bot.identity(interaction.user))
+        await bot.answer_into(send, question, audience, conversation, bot.identity(interaction.user),
+                              private=bool(private and interaction.guild_id is not None))
 
     kb = app_commands.Group(name="kb", description="Knowledge base administration (admins)",
                             default_permissions=discord.Permissions(manage_guild=True))
@@ -685,6 +830,14 @@ def _register_commands(bot: RagbotDiscord) -> None:
     @app_commands.check(_admin_only)
     async def kb_gaps(interaction: discord.Interaction) -> None:
         await run(interaction, ["gaps"], defer=True)
+    @kb.command(name="access", description="A person's principals and where each came from (and one document)")
+    @app_commands.describe(user="A Discord user", principal="Or a principal, e.g. user:alice@example.com",
+                           document="A document id, URL, SOURCE:ID or title: may they see it, and why")
+    @app_commands.check(_admin_only)
+    async def kb_access(interaction: discord.Interaction, user: Optional[discord.User] = None,
+                        principal: Optional[str] = None, document: Optional[str] = None) -> None:
+        who = bot.identity(user) if user is not None else (principal or "")
+        await run(interaction, ["access", *([who] if who else []), *([document] if document else [])], defer=True)
 
     tree.add_command(kb)
 

@@ -11,14 +11,23 @@ DM), `message.channels` / `message.groups` top-level questions in a help channel
 in a thread only when there is an answer), replies in a thread the bot already answered in (a follow-up without a re-mention, `SLACK_THREAD_FOLLOWUPS`),
 and the AI-assistant surface (`assistant_thread_started`, messages in assistant threads). The bot's own messages,
 other bots, edits and other subtypes are ignored.
+
+Who reads an answer (docs/permissions.md, "In chat"): a DM or assistant thread answers from the asker's access
+(`kb.principals_for`, with the email from users.info); a private channel or group DM from what every member may see
+(`conversations.info` + `conversations.members`, bot.chat.audience), refreshed on `member_joined_channel` /
+`member_left_channel`; a public channel from `everyone` + grants. A question with the word "privately", or any
+question in a channel whose mode is private (bot.chat.delivery), is answered with `chat.postEphemeral` from the
+asker's access, with a "Share in channel" button that answers again for the channel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from aiohttp import web
@@ -32,8 +41,10 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.chat import admin
-from bot.chat.access import Audience, private_audience, shared_audience
+from bot.chat.access import Audience, private_audience
+from bot.chat.audience import AudienceUnavailable, ChannelAudiences, Member
 from bot.chat.auto import looks_like_question
+from bot.chat.delivery import asks_privately, channel_mode, private_conversation, public_conversation
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_button_value
 from bot.chat.flow import Ask, ChatFlow, OnText
@@ -41,9 +52,10 @@ from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import sources_list
 from knowledge.answer.memory import ChatMessage
 from bot.slack.format import (
-    FEEDBACK_ACTION_ID, PLACEHOLDER, SlackMessage, answer_messages, question_text, stream_safe, stream_tail_blocks,
-    to_mrkdwn,
+    BLOCKS_PER_MESSAGE, FEEDBACK_ACTION_ID, PLACEHOLDER, SlackMessage, answer_messages, question_text, stream_safe,
+    stream_tail_blocks, to_mrkdwn,
 )
+from knowledge.access import Person, check_principal
 
 if TYPE_CHECKING:
     from bot.chat.state import LeaseClaim, PendingQuestion
@@ -64,6 +76,16 @@ SUGGESTED_PROMPTS = [
 NOTE_OFFLINE = "Composed answers are unavailable right now, so these are excerpts from the documents."
 STATUS_SEARCHING = "is searching the documents…"
 PRIOR_MESSAGES_LIMIT = 30
+# conversations.replies pages: a thread longer than this many pages keeps the last messages of the pages read.
+THREAD_PAGE_SIZE = 200
+THREAD_MAX_PAGES = 10
+MEMBERS_PAGE_SIZE = 200  # conversations.members: Slack recommends no more than 200 per page
+USERS_INFO_CONCURRENCY = 8  # users.info calls in flight while resolving a channel's members
+SHARE_ACTION_ID = "ragbot_share"
+PRIVATE_NOTE = "Only you can see this answer: it may use documents shared with you. *Share in channel* answers again " \
+               "for everyone here."
+_USER_MENTION = re.compile(r"^<@([UW][A-Z0-9]+)(?:\|[^>]*)?>$")
+_USER_ID = re.compile(r"^(?:slack:)?([UW][A-Z0-9]{2,})$")
 
 
 @dataclass(frozen=True)
@@ -113,6 +135,7 @@ class Where:
     user: str
     private: bool  # a DM or assistant thread: the asker's own documents may be used
     assistant: bool = False
+    ephemeral: bool = False  # a private answer in a channel: chat.postEphemeral to the asker only
 
     @property
     def conversation_id(self) -> str:
@@ -154,6 +177,8 @@ class SlackAdapter:
             logger=logging.getLogger("slack_bolt"),
         )
         self.users = UserDirectory(self.client, self.settings.user_cache_seconds)
+        self.audiences = ChannelAudiences(self.kb, ttl_seconds=self.settings.channel_audience_ttl,
+                                          max_members=self.settings.channel_audience_max_members)
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -218,6 +243,9 @@ class SlackAdapter:
         app.event("message")(self._on_message)
         app.command("/kb")(self._on_kb_command)
         app.action(FEEDBACK_ACTION_ID)(self._on_feedback)
+        app.action(SHARE_ACTION_ID)(self._on_share)
+        app.event("member_joined_channel")(self._on_membership_change)
+        app.event("member_left_channel")(self._on_membership_change)
         app.error(self._on_error)
 
     async def _on_error(self, error: Exception, body: dict[str, Any]) -> None:
@@ -354,30 +382,118 @@ class SlackAdapter:
             await self.flow.delivered(claim)
             return
         history = (lambda: self._prior_messages(where, event)) if mid_thread else None
-        ask = Ask(question, where.conversation_id, f"slack:{where.user}", lambda: self._audience(where), history,
+        identity = f"slack:{where.user}"
+        conversation = where.conversation_id
+        if not where.private:
+            privately, question = asks_privately(question)
+            if privately or await channel_mode(self.kb, where.channel_key) == "private":
+                where = replace(where, ephemeral=True)
+                reply = SlackEphemeralReply(self, where)  # type: ignore[assignment]
+                conversation = private_conversation(conversation, identity)
+        ask = Ask(question, conversation, identity, lambda: self._audience(where), history,
                   channel_key=None if where.private else where.channel_key)
-        await self.flow.answer(ask, reply, claim=claim, target=asdict(where))
+        if where.ephemeral:
+            # An ephemeral answer has no placeholder to finish after a crash: it is settled once answered.
+            await self.flow.answer(ask, reply)
+            await self.flow.delivered(claim)
+        else:
+            await self.flow.answer(ask, reply, claim=claim, target=asdict(where))
 
     async def _audience(self, where: Where) -> Audience:
+        """A DM, an assistant thread or an ephemeral answer: the asker's access. A channel: its audience."""
         identity = f"slack:{where.user}"
-        if where.private:
+        if where.private or where.ephemeral or where.channel.startswith("D"):
             user = await self.users.get(where.user)
             return await private_audience(self.kb, identity, user.email if user else None)
-        return await shared_audience(self.kb, identity, where.channel_key)
+        return await self.audiences.audience(where.channel_key, identity,
+                                             lambda limit: self._channel_members(where.channel, limit))
+
+    async def _channel_members(self, channel: str, limit: int) -> list[Member] | None:
+        """None for a public channel (everyone may join it); the members of a private channel or group DM
+        (conversations.info `is_private`/`is_mpim`, then conversations.members paged by next_cursor), each with the
+        email users.info gives. Raises AudienceUnavailable when Slack cannot tell us (the audience then falls back
+        to everyone + grants)."""
+        try:
+            info = (await self.client.conversations_info(channel=channel)).get("channel") or {}
+        except SlackClientError as exc:
+            raise AudienceUnavailable(f"conversations.info failed: {_slack_error(exc)}") from exc
+        if not (info.get("is_private") or info.get("is_mpim") or info.get("is_group")):
+            return None
+        ids: list[str] = []
+        cursor: str | None = None
+        try:
+            while True:
+                response = await self.client.conversations_members(channel=channel, limit=MEMBERS_PAGE_SIZE,
+                                                                   cursor=cursor or None)
+                ids += [u for u in response.get("members") or [] if u != self.bot_user_id]
+                if len(ids) > limit:
+                    raise AudienceUnavailable(f"more than CHANNEL_AUDIENCE_MAX_MEMBERS={limit} members")
+                cursor = (response.get("response_metadata") or {}).get("next_cursor") or None
+                if not cursor:
+                    break
+        except SlackClientError as exc:
+            raise AudienceUnavailable(f"conversations.members failed: {_slack_error(exc)}") from exc
+        gate = asyncio.Semaphore(USERS_INFO_CONCURRENCY)
+
+        async def member(user_id: str) -> Member:
+            async with gate:
+                user = await self.users.get(user_id)
+            if user is None:
+                raise AudienceUnavailable(f"users.info failed for {user_id}")
+            return Member(f"slack:{user_id}", user.email, user.is_bot)
+
+        return list(await asyncio.gather(*(member(u) for u in dict.fromkeys(ids))))
+
+    async def _on_membership_change(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        """member_joined_channel / member_left_channel: the channel's audience is recomputed at the next question
+        (a newcomer who may not see a document stops it reaching the channel at once)."""
+        channel = event.get("channel")
+        if channel:
+            self.audiences.invalidate(f"slack:{self._team(body, event)}:{channel}")
+
+    async def person(self, argument: str) -> Person | str:
+        """`/kb access USER`: a Slack user (`<@U1>`, `slack:U1`, `U1`) with their email from users.info, or a
+        principal (`user:alice@acme.com`) as it is."""
+        argument = argument.strip()
+        match = _USER_MENTION.match(argument) or _USER_ID.match(argument)
+        if match is None:
+            return check_principal(argument)
+        user_id = match.group(1)
+        user = await self.users.get(user_id)
+        email = user.email if user else None
+        return Person((f"user:{email}",) if email else (), f"slack:{user_id}")
 
     async def _prior_messages(self, where: Where, event: dict[str, Any]) -> list[ChatMessage] | None:
-        """Mentioned mid-thread: the thread's earlier messages (which the bot never saw) become the history."""
+        """Mentioned mid-thread: the thread's earlier messages (which the bot never saw) become the history: the
+        last PRIOR_MESSAGES_LIMIT before the mention. conversations.replies pages oldest first, so the pages are
+        followed (response_metadata.next_cursor, at most THREAD_MAX_PAGES) and only the tail is kept."""
         if await self.flow.answered_in(where.conversation_id):
             return None
+        before = _ts_value(where.message_ts)
+        kept: dict[str, dict[str, Any]] = {}  # ts -> message, only those before the mention
+        cursor: str | None = None
         try:
-            response = await self.client.conversations_replies(channel=where.channel, ts=where.thread_ts,
-                                                               limit=PRIOR_MESSAGES_LIMIT + 1)
+            for _ in range(THREAD_MAX_PAGES):
+                response = await self.client.conversations_replies(
+                    channel=where.channel, ts=where.thread_ts, limit=THREAD_PAGE_SIZE, cursor=cursor or None,
+                    latest=where.message_ts, inclusive=False,
+                )
+                for message in response.get("messages") or []:
+                    ts = str(message.get("ts") or "")
+                    if ts and ts != where.message_ts and _ts_value(ts) < before:
+                        kept[ts] = message
+                if len(kept) > 2 * PRIOR_MESSAGES_LIMIT:  # only the tail is needed: bound what is held
+                    kept = dict(sorted(kept.items(), key=lambda item: _ts_value(item[0]))[-PRIOR_MESSAGES_LIMIT:])
+                cursor = (response.get("response_metadata") or {}).get("next_cursor") or None
+                if not cursor:
+                    break
         except SlackClientError as exc:
             logger.warning("Slack: could not read the thread for context: %s", exc)
-            return None
+            if not kept:
+                return None
         prior = []
-        for message in response.get("messages") or []:
-            if message.get("ts") == where.message_ts or message.get("subtype") not in (None, "thread_broadcast"):
+        for ts, message in sorted(kept.items(), key=lambda item: _ts_value(item[0])):
+            if message.get("subtype") not in (None, "thread_broadcast"):
                 continue
             text = question_text(message.get("text") or "", self.bot_user_id)
             if not text:
@@ -422,7 +538,7 @@ class SlackAdapter:
         is_admin = bool(user and user.is_admin) or self.settings.is_listed_admin(PLATFORM, user_id)
         caller = admin.Caller(f"slack:{user_id}", is_admin,
                               channel_key=None if channel.startswith("D") or not channel else f"slack:{team}:{channel}",
-                              workspace=f"slack:{team}:")
+                              workspace=f"slack:{team}:", resolve_person=self.person)
         result = await self.flow.command(command.get("text") or "", caller)
         await ack(response_type="ephemeral", text=to_mrkdwn(result.text))
         if result.followup is not None:
@@ -451,6 +567,97 @@ class SlackAdapter:
                                                      thread_ts=message.get("thread_ts") or message.get("ts"))
             except SlackClientError as exc:
                 logger.info("Slack: could not acknowledge feedback: %s", exc)
+
+
+    async def _on_share(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        """"Share in channel" under a private answer: the same question answered AGAIN with the channel's audience
+        and posted in the thread for everyone; the private text is never reposted. Only its asker may share it,
+        once."""
+        await ack()
+        user_id = (body.get("user") or {}).get("id") or ""
+        channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id") or ""
+        team = str((body.get("team") or {}).get("id") or (body.get("user") or {}).get("team_id") or "T")
+        try:
+            value = json.loads(str(action.get("value") or "{}"))
+            answer_id, thread_ts = int(value["a"]), str(value["t"])
+        except (ValueError, KeyError, TypeError):
+            return
+        if not user_id or not channel:
+            return
+        delivered = await self.kb.delivered_answer(answer_id)
+        if delivered is None or delivered.asker != f"slack:{user_id}":
+            return
+        if not await self.flow.claim(f"slack:share:{answer_id}"):
+            return
+        where = Where(team, channel, thread_ts, thread_ts, user_id, private=False)
+        ask = Ask(delivered.question, public_conversation(delivered.conversation_id), f"slack:{user_id}",
+                  lambda: self._audience(where))
+        await self.flow.answer(ask, SlackReply(self, where))
+
+
+def _ts_value(ts: str) -> tuple[int, int]:
+    """A Slack ts ("1700000000.000100") as a comparable pair (a float would lose the microseconds)."""
+    seconds, _, micro = ts.partition(".")
+    try:
+        return int(seconds), int(micro or 0)
+    except ValueError:
+        return (0, 0)
+
+
+def _slack_error(exc: SlackClientError) -> str:
+    response = getattr(exc, "response", None)
+    return str(response.get("error")) if response is not None and response.get("error") else type(exc).__name__
+
+
+def share_block(answer_id: int, thread_ts: str | None) -> dict[str, Any]:
+    """The "Share in channel" button under a private answer (Block Kit: an `actions` block holding a `button`
+    element: https://api.slack.com/reference/block-kit/block-elements#button)."""
+    return {"type": "actions", "block_id": "ragbot_share", "elements": [{
+        "type": "button", "action_id": SHARE_ACTION_ID, "text": {"type": "plain_text", "text": "Share in channel"},
+        "value": json.dumps({"a": answer_id, "t": thread_ts}),
+    }]}
+
+
+class SlackEphemeralReply:
+    """The chat flow's `Reply` for a private answer in a channel: nothing is posted until the answer is ready
+    (ephemeral messages cannot be edited), then chat.postEphemeral to the asker alone, in the thread, with a note
+    and the "Share in channel" button; an apology goes the same way."""
+
+    def __init__(self, adapter: "SlackAdapter", where: Where) -> None:
+        self.adapter = adapter
+        self.where = where
+
+    async def begin(self) -> None:
+        return None
+
+    async def open(self) -> OnText | None:
+        return None
+
+    async def end(self) -> None:
+        return None
+
+    async def _post(self, message: SlackMessage) -> None:
+        await self.adapter.client.chat_postEphemeral(
+            channel=self.where.channel, user=self.where.user, thread_ts=self.where.thread_ts, text=message.text,
+            blocks=message.blocks or None,
+        )
+
+    async def deliver(self, answer: "Answer", answer_id: int) -> None:
+        note = NOTE_OFFLINE if answer.note else None
+        messages = answer_messages(answer.text, sources_list(answer.citations), answer_id, note)
+        tail = [{"type": "context", "elements": [{"type": "mrkdwn", "text": PRIVATE_NOTE}]},
+                share_block(answer_id, self.where.thread_ts)]
+        if len(messages[-1].blocks) + len(tail) > BLOCKS_PER_MESSAGE:
+            messages.append(SlackMessage(PRIVATE_NOTE, []))
+        messages[-1].blocks.extend(tail)
+        for message in messages:
+            await self._post(message)
+
+    async def fail(self, text: str) -> None:
+        try:
+            await self._post(SlackMessage(text))
+        except SlackClientError:
+            logger.exception("Slack: could not even post the apology")
 
 
 class SlackReply:

@@ -92,6 +92,9 @@ class FakeDiscordAPI:
         self._sequence = 0
         # As if the Message Content intent were not switched on in the Developer Portal: close code 4014.
         self.refuse_privileged_intents = False
+        self.guild_members: dict[int, list[dict[str, Any]]] = {}  # guild id -> guild member objects
+        # As if the Server Members intent were off in the Developer Portal: GET /guilds/{id}/members answers 403.
+        self.refuse_member_list = False
 
     # ---- set-up -------------------------------------------------------------------------------------------------
 
@@ -111,6 +114,19 @@ class FakeDiscordAPI:
     def add_channel(self, channel_id: int, guild_id: int | None) -> None:
         self._channel_guild[channel_id] = guild_id
         self.messages.setdefault(channel_id, [])
+
+    def add_member(self, guild_id: int, user_id: int, roles: list[int] | None = None, *, bot: bool = False) -> None:
+        """A guild member (https://discord.com/developers/docs/resources/guild#guild-member-object): {"user",
+        "nick", "avatar", "roles": [role ids], "joined_at", "deaf", "mute", "flags", "pending"}."""
+        members = self.guild_members.setdefault(guild_id, [])
+        members[:] = [m for m in members if int(m["user"]["id"]) != user_id]
+        members.append({"user": user_payload(user_id, f"user{user_id}", bot=bot), "nick": None, "avatar": None,
+                        "roles": [str(r) for r in roles or []], "joined_at": now_iso(), "deaf": False,
+                        "mute": False, "flags": 0, "pending": False})
+
+    def remove_member(self, guild_id: int, user_id: int) -> None:
+        self.guild_members[guild_id] = [m for m in self.guild_members.get(guild_id, [])
+                                        if int(m["user"]["id"]) != user_id]
 
     def bind_interaction(self, token: str, channel_id: int) -> None:
         """Where an interaction's responses appear (Discord knows this from the interaction itself)."""
@@ -282,6 +298,16 @@ class FakeDiscordAPI:
                 return 200, self.message(channel_id, message_id)
         if match := re.fullmatch(r"/channels/(\d+)/messages/(\d+)/threads", p):
             return 201, self._thread_from_message(int(match.group(1)), int(match.group(2)), body)
+        if match := re.fullmatch(r"/guilds/(\d+)/members", p):
+            # List Guild Members (https://discord.com/developers/docs/resources/guild#list-guild-members): members
+            # sorted by user id, `limit` 1-1000 (default 1), `after` = the highest user id of the previous page.
+            # Without the Server Members intent: 403 {"message": "Missing Access", "code": 50001}.
+            if self.refuse_member_list:
+                return 403, {"message": "Missing Access", "code": 50001}
+            limit = max(1, min(int(call.query.get("limit", 1)), 1000))
+            after = int(call.query.get("after", 0))
+            members = sorted(self.guild_members.get(int(match.group(1)), []), key=lambda x: int(x["user"]["id"]))
+            return 200, [x for x in members if int(x["user"]["id"]) > after][:limit]
         if m == "POST" and p == "/users/@me/channels":
             channel_id = self.next_id()
             self.add_channel(channel_id, None)

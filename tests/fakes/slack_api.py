@@ -10,6 +10,8 @@ messages that were posted, updated and streamed, so tests can assert what a Slac
         fake.refuse("chat.startStream", "not_allowed")
         fake.calls_to("chat.update")               # recorded calls, args parsed (form or JSON)
         fake.thread("C1", "1700.1")                # the visible messages of a thread, in order
+        fake.add_channel("C9", private=True, members=["U1", "U2"])  # conversations.info / conversations.members
+        fake.ephemeral_for("U1")                   # what chat.postEphemeral showed U1 alone
         await fake.socket_send(envelope)           # Socket Mode: push an envelope to the connected app
 
 Shapes from Slack's documentation (api.slack.com): every method answers `{"ok": true, ...}` or `{"ok": false,
@@ -120,6 +122,8 @@ class FakeSlackAPI:
         self.connections_opened = 0
         self.page_size = 1000  # the most items any paged method returns in one page
         self.members: dict[str, list[str]] = {}  # channel -> member user ids (conversations.members)
+        self.channels: dict[str, dict[str, Any]] = {}  # channel id -> conversations.info's channel object
+        self.ephemeral: list[Message] = []  # chat.postEphemeral: seen by `user` only (Message.user)
 
     # Set-up and scripting.
 
@@ -130,6 +134,27 @@ class FakeSlackAPI:
             "is_admin": is_admin, "is_owner": is_owner, "is_primary_owner": False, "deleted": False,
             "profile": {"email": email} if email else {},
         }
+
+    def add_channel(self, channel_id: str, *, private: bool, members: list[str], name: str | None = None,
+                    mpim: bool = False) -> None:
+        """A channel conversations.info describes and conversations.members lists (the bot is a member too).
+        conversations.info (https://api.slack.com/methods/conversations.info): {"ok", "channel": {"id", "name",
+        "is_channel", "is_group", "is_im", "is_mpim", "is_private", "is_archived", "created", "creator", ...}}; a
+        private channel created after March 2021 has a C id and is_channel true, is_private true."""
+        self.channels[channel_id] = {
+            "id": channel_id, "name": name or channel_id.lower(), "is_channel": not mpim, "is_group": False,
+            "is_im": False, "is_mpim": mpim, "is_private": private or mpim, "created": 1700000000,
+            "is_archived": False, "is_general": False, "is_shared": False, "is_org_shared": False,
+            "is_member": True, "creator": members[0] if members else "U0", "unlinked": 0,
+            "name_normalized": name or channel_id.lower(), "topic": {"value": "", "creator": "", "last_set": 0},
+            "purpose": {"value": "", "creator": "", "last_set": 0},
+        }
+        self.members[channel_id] = [BOT_USER_ID, *members]
+
+    def ephemeral_for(self, user: str, channel: str | None = None) -> list[Message]:
+        """The ephemeral messages `user` was shown (in `channel`), oldest first."""
+        with self._lock:
+            return [m for m in self.ephemeral if m.user == user and (channel is None or m.channel == channel)]
 
     def rate_limit(self, method: str, retry_after: int = 0, times: int = 1) -> None:
         """The next `times` calls of `method` get HTTP 429 with this Retry-After."""
@@ -331,7 +356,15 @@ class FakeSlackAPI:
         return {"ok": True, "channel": message.channel, "ts": message.ts, "text": message.text}
 
     def _m_chat_postEphemeral(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "message_ts": self._next_ts()}
+        # chat.postEphemeral (https://api.slack.com/methods/chat.postEphemeral): {"ok": true, "message_ts"}; the
+        # message is shown to `user` only, in `channel` (in the thread `thread_ts`), and cannot be updated later.
+        if not args.get("channel") or not args.get("user"):
+            return {"ok": False, "error": "channel_not_found" if not args.get("channel") else "user_not_in_channel"}
+        ts = self._next_ts()
+        with self._lock:
+            self.ephemeral.append(Message(args["channel"], ts, args.get("text") or "", args.get("blocks") or [],
+                                          args.get("thread_ts") or None, args["user"], BOT_ID))
+        return {"ok": True, "message_ts": ts}
 
     def _m_chat_startStream(self, args: dict[str, Any]) -> dict[str, Any]:
         if not args.get("thread_ts"):
@@ -374,10 +407,14 @@ class FakeSlackAPI:
     def _m_conversations_replies(self, args: dict[str, Any]) -> dict[str, Any]:
         # conversations.replies: {"messages": [parent, replies oldest first], "has_more", "ok",
         # "response_metadata": {"next_cursor"}}.
+        # `latest` / `inclusive` bound the messages by ts (https://api.slack.com/methods/conversations.replies).
         channel, ts = args.get("channel", ""), args.get("ts", "")
+        latest = _ts_key(str(args["latest"])) if args.get("latest") else None
+        inclusive = str(args.get("inclusive", "")).lower() in ("1", "true")
         with self._lock:
             found = [m.to_api() for m in self.messages
-                     if m.channel == channel and (m.ts == ts or m.thread_ts == ts)]
+                     if m.channel == channel and (m.ts == ts or m.thread_ts == ts)
+                     and (latest is None or _ts_key(m.ts) < latest or (inclusive and _ts_key(m.ts) == latest))]
         if not found:
             return {"ok": False, "error": "thread_not_found"}
         page, metadata = self._page(found, args)
@@ -388,6 +425,10 @@ class FakeSlackAPI:
         # users.list: {"ok", "members": [user], "cache_ts", "response_metadata": {"next_cursor"}}.
         page, metadata = self._page(list(self.users.values()), args)
         return {"ok": True, "members": page, "cache_ts": int(time.time()), "response_metadata": metadata}
+
+    def _m_conversations_info(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel = self.channels.get(args.get("channel", ""))
+        return {"ok": True, "channel": channel} if channel else {"ok": False, "error": "channel_not_found"}
 
     def _m_conversations_members(self, args: dict[str, Any]) -> dict[str, Any]:
         # conversations.members: {"ok", "members": ["U…"], "response_metadata": {"next_cursor"}}.
@@ -405,6 +446,11 @@ class FakeSlackAPI:
 
     def _m_assistant_threads_setTitle(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True}
+
+
+def _ts_key(ts: str) -> tuple[int, int]:
+    seconds, _, micro = ts.partition(".")
+    return int(seconds or 0), int(micro or 0)
 
 
 def _chunk_texts(args: dict[str, Any]) -> list[str]:
