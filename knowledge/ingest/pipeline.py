@@ -578,6 +578,14 @@ class Indexer:
         return _Fetched(data=data)
 
     @property
+    def _chunk_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if getattr(self, "_chunk_lock_loop", None) is not loop:
+            self._chunk_lock_loop = loop
+            self._chunk_lock_value = asyncio.Lock()
+        return self._chunk_lock_value
+
+    @property
     def _fetch_slots(self) -> asyncio.Semaphore:
         # One per event loop: the knowledge base may be used from several loops over its life (tests, the CLI).
         loop = asyncio.get_running_loop()
@@ -627,10 +635,11 @@ class Indexer:
                 f"{item.external_id}: only its first {max_chars:,} characters are indexed (MAX_DOCUMENT_CHUNKS)"
             )
         try:
-            drafts = await asyncio.to_thread(
-                chunk_document, parsed, self.embedder.count_tokens_many, self.settings.chunk_tokens,
-                self.settings.chunk_overlap_tokens,
-            )
+            async with self._chunk_lock:  # files parse side by side; the tokenizer is used by one thread at a time
+                drafts = await asyncio.to_thread(
+                    chunk_document, parsed, self.embedder.count_tokens_many, self.settings.chunk_tokens,
+                    self.settings.chunk_overlap_tokens,
+                )
         except Exception as exc:  # one document the chunker or tokenizer chokes on must not end the whole sync
             logger.exception("could not chunk %s", item.external_id)
             await self._fail(item, old, f"could not be split into chunks: {type(exc).__name__}: {exc}", report)
