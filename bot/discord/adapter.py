@@ -823,7 +823,7 @@ def _register_commands(bot: RagbotDiscord) -> None:
 
     @channel_group.command(name="mode", description="Answer in public or privately (to the asker)")
     @app_commands.check(_admin_only)
-    async def channel_mode(interaction: discord.Interaction, mode: Literal["public", "private"]) -> None:
+    async def channel_mode_command(interaction: discord.Interaction, mode: Literal["public", "private"]) -> None:
         await run(interaction, ["channel", "mode", mode])
 
     @kb.command(name="gaps", description="Questions the bot declined, was unsure about or got 👎 on, by topic")
