@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
@@ -190,3 +192,16 @@ def run(settings: BotSettings | None = None, runner: Callable[..., object] | Non
         asyncio.run(app.serve_forever())
     else:
         runner(app.serve_forever)
+    exit_after_clean_stop()
+
+
+def exit_after_clean_stop(status: int = 0) -> None:
+    """End `ragbot run` once the bots have stopped and the database is closed: run the atexit handlers (the
+    embedded server's bookkeeping, log flushing), then skip the interpreter's teardown of torch and transformers,
+    which writes nothing and took 9 s on 2 cores: most of the 10 s a container's stop allows."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
