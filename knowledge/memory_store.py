@@ -92,3 +92,30 @@ async def rarest_term_fraction(conn: AsyncConnection, text_: str, config: str) -
             {"config": config, "text": text_},
         )
     ).scalar()
+
+
+@dataclass(frozen=True)
+class TermStat:
+    lexeme: str
+    df: int  # indexed chunks holding the term (0: none does)
+    n_chunks: int
+    in_passages: tuple[bool, ...]  # for each passage asked about, whether it holds the term
+
+
+async def term_statistics(conn: AsyncConnection, question: str, passages: Sequence[str], config: str) -> list[TermStat]:
+    """For each (stemmed) term of the question: how many indexed chunks hold it and, for each passage, whether the
+    passage holds it. One round trip; the answer's evidence and the follow-up
+    decision read the index's own statistics instead of word lists."""
+    rows = (
+        await conn.execute(
+            text(
+                "SELECT q.lexeme, coalesce(l.df, 0), s.n_chunks, "
+                "       ARRAY(SELECT q.lexeme = ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), p)))"
+                "             FROM unnest(CAST(:passages AS text[])) WITH ORDINALITY AS t(p, i) ORDER BY i) "
+                "FROM unnest(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :question))) AS q(lexeme) "
+                "CROSS JOIN corpus_stats s LEFT JOIN lexemes l ON l.lexeme = q.lexeme WHERE s.id = 1"
+            ),
+            {"config": config, "question": question, "passages": list(passages)},
+        )
+    ).all()
+    return [TermStat(row[0], int(row[1]), int(row[2]), tuple(row[3])) for row in rows]

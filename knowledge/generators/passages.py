@@ -131,8 +131,10 @@ def render_units(units: Sequence[Unit]) -> str:
     their lead-in, table rows as one table under their header row."""
     blocks: list[str] = []
     shown_leads: set[str] = set()
+    list_leads = {u.lead for u in units if u.kind == "list" and u.lead}
     i = 0
-    ordered = sorted(units, key=lambda u: u.position)
+    # A sentence that is also the lead-in of a quoted list is shown once, above its list.
+    ordered = sorted((u for u in units if not (u.kind == "text" and u.text in list_leads)), key=lambda u: u.position)
     while i < len(ordered):
         unit = ordered[i]
         if unit.kind == "row":
