@@ -102,9 +102,13 @@ _FOLLOW_UP_OPENERS = re.compile(
 )
 # Pronouns that need the conversation to resolve (the word-based fallback's list, _ANAPHORA, is wider).
 _PRONOUNS = frozenset("it its it's they them their theirs those these he she him her mine yours ours".split())
+# "an early one", "the second one": "one" standing for something named before (alone, "one" is just a number).
+_ONE_OF_THEM = re.compile(r"\b(?:a|an|the|that|this|which)\s+(?:[a-z]+\s+)?ones?\b", re.IGNORECASE)
 # A question stands alone when a term of its own is in at most this fraction of the indexed chunks: it finds
 # focused hits without the conversation (tuned on examples/handbook/conversations.jsonl: docs/answers.md).
 SPECIFIC_TERM_FRACTION = 0.10
+# ... and one chunk holds at least this idf-weighted share of its terms: its own words find a confident hit.
+CONFIDENT_HIT = 0.5
 # Without the index (`rewrite_offline` alone): a question with at least this many content words and no pointing
 # words is taken to stand alone.
 STANDALONE_CONTENT_WORDS = 4
@@ -417,18 +421,19 @@ class ConversationMemory:
 
     async def stands_alone(self, question: str) -> bool:
         """Does the question stand on its own, whatever its length? Decided with the index's own statistics: it
-        does when its own terms find focused hits (a term the index holds in at most SPECIFIC_TERM_FRACTION of its
-        chunks), unless it opens as an ellipsis ("and for…", "what about…") or leans on a pronoun while naming
+        does when its own terms find a confident hit: it names a term the index holds in at most
+        SPECIFIC_TERM_FRACTION of its chunks, and one chunk holds CONFIDENT_HIT of its terms by idf weight; unless it opens as an ellipsis ("and for…", "what about…") or leans on a pronoun while naming
         ("When does it vest?"). Everything else is a follow-up. So "What is the company
         401(k) match?" after a card question is searched as asked, and a change of topic drops the old one."""
         if _FOLLOW_UP_OPENERS.match(question):
             return False
+        if any(w.lower() in _PRONOUNS for w in _WORD.findall(question)) or _ONE_OF_THEM.search(question):
+            return False
         async with self.engine.connect() as conn:
             stats = await memory_store.term_statistics(conn, question, [], self.text_search_config)
-        specific = sum(1 for s in stats if 0 < s.df <= SPECIFIC_TERM_FRACTION * max(1, s.n_chunks))
-        if any(w.lower() in _PRONOUNS for w in _WORD.findall(question)):
-            return False
-        return specific >= 1
+            if not any(0 < s.df <= SPECIFIC_TERM_FRACTION * max(1, s.n_chunks) for s in stats):
+                return False
+            return await memory_store.best_chunk_coverage(conn, question, self.text_search_config) >= CONFIDENT_HIT
 
     async def standalone_query(self, question: str, history: History) -> Rewrite:
         """The search query for `question` given the history: the question itself when it stands alone (no call to

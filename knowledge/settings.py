@@ -82,5 +82,5 @@ class KnowledgeSettings(BaseSettings):
     answer_coverage: float = Field(default=0.6, ge=0.0, le=1.0)
     # ... or when the best passage is this similar, both retrievers put the top document first, and its fused score
     # leads the next document's by this much.
-    answer_strong_support: float = Field(default=0.6, ge=0.0, le=1.0)
+    answer_strong_support: float = Field(default=0.55, ge=0.0, le=1.0)
     answer_strong_margin: float = Field(default=0.2, ge=0.0, le=1.0)

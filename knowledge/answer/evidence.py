@@ -43,7 +43,7 @@ class EvidenceSettings:
     answer_coverage: float = 0.6
     # ... or when the passage alone is a close paraphrase of the question and retrieval is sure of its document
     # (first on both sides, clear of the next document).
-    strong_support: float = 0.6
+    strong_support: float = 0.55
     strong_margin: float = 0.2
 
 
