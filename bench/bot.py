@@ -5,7 +5,7 @@
 
 1. Overhead and ack, in process. The handbook (examples/handbook) is synced into a throwaway database; the real
    bot is built by the composition root `ragbot run` uses (`bot.app.BotApp`: the slack-bolt AsyncApp of
-   bot/slack.py in HTTP mode, behind the aiohttp server on a real port), talking to the fake Slack Web API
+   bot/slack/adapter.py in HTTP mode, behind the aiohttp server on a real port), talking to the fake Slack Web API
    (tests/fakes/slack_api.py) and to Claude through the real anthropic SDK pointed at the fake Anthropic server
    (tests/fakes/anthropic_api.py). Answerable questions from examples/handbook/eval.jsonl are sent one after
    another as signed `app_mention` events, each in a channel of its own (a new thread, no history), and each
@@ -22,7 +22,7 @@
    The product's query-vector cache is emptied before every mention and every floor search, so each question
    is embedded, as a first-time question is. The fake servers run in threads of this process (as in the tests), so
    the LLM request's arrival is stamped with the same clock.
-2. RSS: the real `ragbot run` (bot/cli.py) as a subprocess in HTTP mode, configured only through environment
+2. RSS: the real `ragbot run` (bot/cli/main.py) as a subprocess in HTTP mode, configured only through environment
    variables (SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET, SLACK_API_URL → the fake Slack, ANTHROPIC_API_KEY,
    ANTHROPIC_BASE_URL → the fake Anthropic, DATABASE_URL → the handbook database of step 1, PORT). Once /healthz
    answers 200 (which needs the embedding model loaded), a few mentions are answered; then the peak RSS (VmHWM in
@@ -104,8 +104,8 @@ def questions() -> list[str]:
 
 async def measure_overhead(mentions: int, warmup: int, profile: str | None = None) -> dict[str, Any]:
     from bot.app import BotApp
-    from bot.slack import SlackAdapter
-    from knowledge.retrieval import SearchFilters
+    from bot.slack.adapter import SlackAdapter
+    from knowledge.search.retrieval import SearchFilters
 
     handler_started: list[float] = []
     original_handle = SlackAdapter.handle_http
@@ -143,7 +143,7 @@ async def measure_overhead(mentions: int, warmup: int, profile: str | None = Non
         app = BotApp(settings_for(slack), kb=kb)  # the composition root of `ragbot run`, with this knowledge base
         await app.start()
         asked = questions()
-        principals = ("everyone",)  # a channel without grants: what the bot searches with (bot.access)
+        principals = ("everyone",)  # a channel without grants: what the bot searches with (bot.chat.access)
         samples: dict[str, list[float]] = {k: [] for k in (
             "overhead", "overhead_from_post", "ack", "handler_start", "before_answer", "memory", "retrieval",
             "after_retrieval", "without_retrieval", "floor", "floor_embed", "floor_sql")}
@@ -213,7 +213,7 @@ async def measure_overhead(mentions: int, warmup: int, profile: str | None = Non
             embedder = kb.embedder
             encoders = {
                 "sentence_transformers_loaded": "model" in vars(embedder),
-                "query_encoder": "numpy (knowledge/numpy_encoder.py)" if embedder._use_light(["q"])
+                "query_encoder": "numpy (knowledge/embedding/numpy_encoder.py)" if embedder._use_light(["q"])
                 else "sentence-transformers",
             }
             versions = await database_versions(kb.engine)

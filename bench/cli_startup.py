@@ -27,7 +27,7 @@ t0 = time.perf_counter()
 marks = {}
 import bot.cli  # the CLI module, as `ragbot` imports it
 from knowledge.kb import KnowledgeBase
-from knowledge.retrieval import SearchFilters
+from knowledge.search.retrieval import SearchFilters
 marks["imports"] = time.perf_counter() - t0
 from db.engine import create_engine, database_url
 t = time.perf_counter(); url = database_url(); marks["database start/reuse"] = time.perf_counter() - t

@@ -331,7 +331,7 @@ class PlantedQueryEmbedder:
 
 def real_questions() -> list[str]:
     """The handbook's evaluation questions: what a bench embeds in place of a synthetic question (see above)."""
-    from knowledge.evaluation import load_jsonl_questions
+    from knowledge.eval.evaluation import load_jsonl_questions
 
     return [q.question for q in load_jsonl_questions(REPO / "examples" / "handbook" / "eval.jsonl")]
 

@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fakes.discord_api import FakeDiscordAPI  # noqa: E402
 from fakes.discord_gateway import DiscordHarness  # noqa: E402
 
-from bot.discord_bot import RagbotDiscord, configure_api_url  # noqa: E402
+from bot.discord.adapter import RagbotDiscord, configure_api_url  # noqa: E402
 from bot.settings import BotSettings  # noqa: E402
-from knowledge.evaluation import load_jsonl_questions  # noqa: E402
+from knowledge.eval.evaluation import load_jsonl_questions  # noqa: E402
 from knowledge.kb import KnowledgeBase  # noqa: E402
 from knowledge.sources.folder import FolderSource  # noqa: E402
 

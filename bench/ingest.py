@@ -55,9 +55,9 @@ use_throwaway_home()
 import numpy as np  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
-from knowledge import store  # noqa: E402
-from knowledge.chunking import compose_search_text  # noqa: E402
-from knowledge.indexing import BATCH_DOCUMENTS, WRITE_BATCH_CHUNKS, WriterPool, share_out  # noqa: E402
+from knowledge.storage import documents as store  # noqa: E402
+from knowledge.ingest.chunking import compose_search_text  # noqa: E402
+from knowledge.ingest.pipeline import BATCH_DOCUMENTS, WRITE_BATCH_CHUNKS, WriterPool, share_out  # noqa: E402
 from knowledge.settings import KnowledgeSettings  # noqa: E402
 from knowledge.sources.folder import FolderSource  # noqa: E402
 

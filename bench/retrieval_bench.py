@@ -24,11 +24,11 @@ if not os.environ.get("DATABASE_URL"):
     os.environ["RAGBOT_HOME"] = tempfile.mkdtemp(prefix="ragbot-bench-")
 os.environ["ANTHROPIC_API_KEY"] = ""
 
-from knowledge.evaluation import load_jsonl_questions  # noqa: E402
+from knowledge.eval.evaluation import load_jsonl_questions  # noqa: E402
 from knowledge.kb import KnowledgeBase  # noqa: E402
-from knowledge.retrieval import MODES, SearchFilters  # noqa: E402
+from knowledge.search.retrieval import MODES, SearchFilters  # noqa: E402
 from knowledge.sources.folder import FolderSource  # noqa: E402
-from knowledge import store  # noqa: E402
+from knowledge.storage import documents as store  # noqa: E402
 
 HANDBOOK = Path(__file__).resolve().parent.parent / "examples" / "handbook"
 

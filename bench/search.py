@@ -44,8 +44,8 @@ import numpy as np  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from db.engine import read_rows  # noqa: E402
-from knowledge import store  # noqa: E402
-from knowledge.retrieval import SearchFilters  # noqa: E402
+from knowledge.storage import documents as store  # noqa: E402
+from knowledge.search.retrieval import SearchFilters  # noqa: E402
 
 EVERY_DOCUMENT = ("group:all",)
 TEN_PERCENT = ("group:g3",)
@@ -264,7 +264,7 @@ async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object
     """Measured, not assumed: HNSW ef_search, a full-precision HNSW index beside the product's halfvec one, and the
     lexical candidate rule (how many
     postings the rarest question terms may bring)."""
-    import knowledge.retrieval as retrieval
+    import knowledge.search.retrieval as retrieval
 
     dim = kb.embedder.dimension
     out: dict[str, object] = {}

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from aiohttp import web
 
+from bot.context import BotContext
 from bot.server import BotMetrics, build_web_app, start_web_server
 from bot.settings import BotSettings
 
@@ -50,25 +51,16 @@ class Service(Protocol):
     async def stop(self) -> None: ...
 
 
-@dataclass
-class BotContext:
-    """What every adapter gets: built once, shared."""
-
-    kb: "KnowledgeBase"
-    settings: BotSettings
-    metrics: BotMetrics
-
-
 def configured_adapters(context: BotContext) -> list[Adapter]:
     """One adapter per platform whose token is set."""
     adapters: list[Adapter] = []
     platforms = context.settings.chat_platforms
     if "slack" in platforms:
-        from bot.slack import SlackAdapter
+        from bot.slack.adapter import SlackAdapter
 
         adapters.append(SlackAdapter(context))
     if "discord" in platforms:
-        from bot.discord_bot import DiscordAdapter  # issue 7
+        from bot.discord.adapter import DiscordAdapter  # issue 7
 
         adapters.append(DiscordAdapter(context))
     return adapters
@@ -166,7 +158,7 @@ def build_app(
     (a deployment that runs `ragbot scheduler` as its own process)."""
     app = BotApp(settings, knowledge_settings, database_settings)
     if settings.run_scheduler:
-        from knowledge.scheduler import SchedulerService
+        from knowledge.ingest.schedule import SchedulerService
 
         app.services.append(SchedulerService(lambda: app.kb))  # type: ignore[arg-type, return-value]
     return app
@@ -180,7 +172,7 @@ def run(settings: BotSettings | None = None, runner: Callable[..., object] | Non
 
     settings = settings or BotSettings()
     if not settings.chat_platforms:
-        from bot.cli import chat
+        from bot.cli.main import chat
 
         chat(principals=None, sources=None)
         return

@@ -24,7 +24,7 @@ from db.errors import DatabaseUnavailable
 from db.settings import DatabaseSettings
 
 # The HNSW search list every connection starts with; the retriever raises it for large corpora
-# (knowledge.retrieval.ef_search_for, where the measurements are). With the iterative scan on, a longer candidate
+# (knowledge.search.retrieval.ef_search_for, where the measurements are). With the iterative scan on, a longer candidate
 # list is still returned (the scan goes on).
 HNSW_EF_SEARCH = 200
 # How many index tuples an iterative HNSW scan may visit before giving up (pgvector's default). A scan can stop

@@ -1,7 +1,9 @@
 """Typed errors the knowledge core raises.
 
-Their messages describe the problem in plain words and never name a CLI flag: the same errors are shown in the
-terminal, in Slack and in Discord. Each surface adds its own wording (the CLI's lives in bot/cli.py).
+One tree: every error the knowledge core raises on purpose is a `KnowledgeError` (those that were a ValueError or
+RuntimeError before still are, so existing handlers keep working). Their messages describe the problem in plain
+words and never name a CLI command or flag: the same errors are shown in the terminal, in Slack and in Discord.
+Each surface adds its own wording (the CLI's lives in bot/cli/, the chat's in bot/chat/).
 """
 
 from __future__ import annotations
@@ -70,6 +72,41 @@ class SourceUnavailable(SourceError):
     """The host cannot be reached, or kept answering 429/503 past the retry bound."""
 
 
+class InvalidPrincipal(KnowledgeError, ValueError):
+    """Not a principal documents could carry (`everyone`, or `kind:value`), or not a platform identity."""
+
+
 class ItemUnavailable(KnowledgeError):
     """One item cannot be fetched (deleted mid-sync, too large, forbidden): it is skipped and reported, the run
     goes on."""
+
+
+# --- documents, models, evaluation ------------------------------------------------------------------------------
+
+
+class UnsupportedFormat(KnowledgeError, ValueError):
+    """The file's type is not one ragbot reads."""
+
+
+class CorruptDocument(KnowledgeError, ValueError):
+    """The file claims a supported type but could not be read."""
+
+
+class EmbeddingModelError(KnowledgeError, RuntimeError):
+    """The embedding model cannot be found or loaded (the message names the setting to fix)."""
+
+
+class OnnxBuildError(KnowledgeError, RuntimeError):
+    """The ONNX question encoder could not be built or loaded (questions then use the NumPy encoder)."""
+
+
+class GenerationError(KnowledgeError, RuntimeError):
+    """The model could not be reached or refused; the message says what to do, never the API key."""
+
+
+class JudgeError(KnowledgeError, RuntimeError):
+    """The LLM judge's reply could not be read."""
+
+
+class EvalFileError(KnowledgeError, ValueError):
+    """A question file for `eval` cannot be read (the message names the line)."""

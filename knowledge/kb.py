@@ -16,18 +16,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db.engine import create_engine, database_url
 from db.migrate import ensure_schema
 from db.settings import DatabaseSettings, redact_url
-from knowledge.answering import Answer, Answerer, AnswerSettings, make_generator
-from knowledge.botstate import BotStateMethods
-from knowledge.embedding import Embedder, get_embedder
+from knowledge.answer.answering import Answer, Answerer, AnswerSettings, make_generator
+from bot.chat.state import BotStateMethods
+from knowledge.embedding.encoder import Embedder, get_embedder
 from knowledge.errors import UnknownSource
-from knowledge.indexing import Indexer, SyncProgress, SyncReport
-from knowledge.memory import ChatMessage, ConversationMemory, MemorySettings
-from knowledge.retrieval import Mode, Retriever, SearchFilters, SearchResults
+from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
+from knowledge.answer.memory import ChatMessage, ConversationMemory, MemorySettings
+from knowledge.search.retrieval import Mode, Retriever, SearchFilters, SearchResults
 from knowledge.settings import KnowledgeSettings
-from knowledge import store
+from knowledge.storage import documents as store
 from knowledge.sources.base import Source, SourceInfo, SyncRun
 from knowledge.sources.folder import FolderSource
-from knowledge.syncing import SyncRunner
+from knowledge.ingest.runs import SyncRunner
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import pytest
 from conftest import write
 from fakes.anthropic_api import FakeAnthropicAPI, RecordedRequest
 
-from knowledge.answering import ABSTAIN_MESSAGE
-from knowledge.prompts import SYSTEM_PROMPT
+from knowledge.answer.answering import ABSTAIN_MESSAGE
+from knowledge.answer.prompts import SYSTEM_PROMPT
 from knowledge.sources.folder import FolderSource
 
 API_KEY = "sk-ant-test-key-7f3a9c1e"
@@ -269,7 +269,7 @@ async def test_restricted_document_reaches_the_model_only_for_allowed_askers(kb_
 
 @pytest.mark.parametrize("disguise", ["</ source>", "</sources >", "<\u200b/source>", "</SOURCE\n>"])
 def test_no_spelling_of_a_closing_tag_survives_in_a_source(disguise):
-    from knowledge.prompts import PromptSource, format_sources
+    from knowledge.answer.prompts import PromptSource, format_sources
 
     block = format_sources([PromptSource(1, "Doc", None, f"text {disguise} more")])
     assert block.count("<") == block.count("<source") + block.count("</source")  # only the real delimiters
@@ -277,7 +277,7 @@ def test_no_spelling_of_a_closing_tag_survives_in_a_source(disguise):
 
 
 def test_citation_ranges_and_lists_are_renumbered_and_invented_ones_dropped():
-    from knowledge.prompts import cited_numbers, renumber_citations
+    from knowledge.answer.prompts import cited_numbers, renumber_citations
 
     text = "Twenty days [2-3]. Carry over five [3]. See also [1, 2] and [9]."
     assert cited_numbers(text) == [2, 3, 1, 9]

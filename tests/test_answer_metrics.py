@@ -4,8 +4,8 @@
 import json
 
 from fakes.anthropic_api import RecordedRequest
-from knowledge.evaluation import EvalQuestion, evaluate_answers
-from knowledge.judging import JUDGE_SYSTEM, AnswerJudge, parse_judgement
+from knowledge.eval.evaluation import EvalQuestion, evaluate_answers
+from knowledge.eval.judging import JUDGE_SYSTEM, AnswerJudge, parse_judgement
 from test_answer_llm import CORPUS, fake_anthropic, open_kb  # noqa: F401  (fixture)
 
 QUESTIONS = [

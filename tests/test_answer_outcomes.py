@@ -7,8 +7,8 @@ import uuid
 import pytest
 
 from knowledge.answer.evidence import Evidence, EvidenceSettings, decide
-from knowledge.generators.extractive import HEDGE_NOTE, Passage, ScoredUnit, compose
-from knowledge.generators.passages import units_of
+from knowledge.answer.generators.extractive import HEDGE_NOTE, Passage, ScoredUnit, compose
+from knowledge.answer.generators.passages import units_of
 
 EVERYONE = ["everyone"]
 

@@ -6,7 +6,7 @@ from collections import Counter
 from sqlalchemy import text
 
 from conftest import write
-from knowledge.retrieval import SearchFilters
+from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.folder import FolderSource
 
 DOCS = {

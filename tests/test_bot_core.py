@@ -14,16 +14,16 @@ import aiohttp
 import pytest
 from typer.testing import CliRunner
 
-from bot import admin
-from bot.access import private_audience, shared_audience
-from bot.admin import Caller, run_command
+from bot.chat import admin
+from bot.chat.access import private_audience, shared_audience
+from bot.chat.admin import Caller, run_command
 from bot.app import BotApp
 from bot.cli import app as cli_app
-from bot.feedback import button_value, parse_button_value, record_click, remember_answer
-from bot.render import sources_list, split_text
+from bot.chat.feedback import button_value, parse_button_value, record_click, remember_answer
+from bot.chat.render import sources_list, split_text
 from bot.settings import BotSettings
 from conftest import write
-from knowledge.answering import Citation
+from knowledge.answer.answering import Citation
 from knowledge.sources.folder import FolderSource
 
 CHANNEL = "slack:T1:C1"
@@ -191,7 +191,7 @@ async def test_healthz_and_metrics_over_http(handbook_kb) -> None:
 async def test_start_leaves_nothing_to_load_for_the_first_question(handbook_kb) -> None:
     """`ragbot run` loads before serving both sentence-transformers (for syncs; /healthz reports it) and the encoder
     questions are embedded with (the NumPy one for the default model), so the first question waits for neither."""
-    from knowledge.embedding import Embedder
+    from knowledge.embedding.encoder import Embedder
     from knowledge.kb import KnowledgeBase
 
     unloaded = Embedder(handbook_kb.embedder.name)  # not the process-wide one, which other tests have loaded

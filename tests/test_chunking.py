@@ -2,9 +2,9 @@
 
 import pytest
 
-from knowledge.chunking import chunk_document, split_sentences
-from knowledge.embedding import get_embedder
-from knowledge.parsing import parse_document
+from knowledge.ingest.chunking import chunk_document, split_sentences
+from knowledge.embedding.encoder import get_embedder
+from knowledge.ingest.parsing import parse_document
 
 
 @pytest.fixture(scope="module")

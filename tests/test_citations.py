@@ -9,7 +9,7 @@ from fakes.anthropic_api import FakeAnthropicAPI
 from test_answer_llm import API_KEY, CORPUS
 
 from conftest import write
-from knowledge.answering import ABSTAIN_MESSAGE
+from knowledge.answer.answering import ABSTAIN_MESSAGE
 from knowledge.sources.folder import FolderSource
 
 QUESTION = "How many vacation days do full-time employees get?"

@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from fakes.confluence_api import FakeConfluence
 from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable
-from knowledge.retrieval import SearchFilters
+from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.confluence import storage_to_markdown
 
 VPN = (

@@ -19,13 +19,13 @@ from fakes.anthropic_api import FakeAnthropicAPI
 from fakes.discord_api import BOT_USER_ID, FakeDiscordAPI
 from fakes.discord_gateway import MANAGE_GUILD, MEMBER_PERMISSIONS, DiscordHarness
 
-from bot.discord_bot import (
+from bot.discord.adapter import (
     EMBED_DESCRIPTION_LIMIT, EMBED_TOTAL_LIMIT, MESSAGE_LIMIT, Part, ProgressiveReply, RagbotDiscord,
     configure_api_url, group_embeds, render_answer, source_embeds,
 )
 from bot.server import BotMetrics
 from bot.settings import BotSettings
-from knowledge.answering import Answer, Citation
+from knowledge.answer.answering import Answer, Citation
 from knowledge.sources.folder import FolderSource
 
 GUILD = 700000000000000001
@@ -411,7 +411,7 @@ async def test_a_failure_becomes_a_short_message_with_an_error_id_in_the_logs(co
 
         await conn.execute(text("ALTER TABLE chunks RENAME TO chunks_gone"))  # retrieval now fails
 
-    with caplog.at_level(logging.ERROR, logger="bot.discord_bot"):
+    with caplog.at_level(logging.ERROR, logger="bot.discord.adapter"):
         payload = await discord_harness.slash("ask", [option("question", "How do I set up the VPN?")],
                                               guild_id=GUILD, channel_id=CHANNEL, user_id=ALICE)
 
@@ -460,7 +460,7 @@ async def test_ragbot_run_starts_discord_on_the_gateway_and_answers_a_mention(co
 
 async def test_ragbot_run_says_which_setting_to_fix_when_discord_refuses_the_bot(kb_factory, discord_api):
     from bot.app import BotApp
-    from bot.discord_bot import DiscordStartError
+    from bot.discord.adapter import DiscordStartError
 
     kb = await kb_factory()
     settings = dict(discord_api_url=discord_api.base_url, discord_gateway_url=discord_api.gateway_url, port=0)

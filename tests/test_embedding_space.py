@@ -3,8 +3,8 @@
 from sqlalchemy import text
 
 from conftest import write
-from knowledge.embedding import resolve_model_path
-from knowledge.retrieval import SearchFilters
+from knowledge.embedding.encoder import resolve_model_path
+from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.folder import FolderSource
 
 

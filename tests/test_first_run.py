@@ -25,9 +25,9 @@ from typer.testing import CliRunner
 from bot.cli import app
 from conftest import HANDBOOK, REPO, write
 from fakes.anthropic_api import FakeAnthropicAPI
-from knowledge.embedding import get_embedder
-from knowledge.evaluation import evaluate_answers, load_jsonl_questions
-from knowledge.generators.passages import breadcrumb, units_of
+from knowledge.embedding.encoder import get_embedder
+from knowledge.eval.evaluation import evaluate_answers, load_jsonl_questions
+from knowledge.answer.generators.passages import breadcrumb, units_of
 
 runner = CliRunner()
 QUESTIONS = load_jsonl_questions(HANDBOOK / "eval.jsonl")
@@ -138,7 +138,7 @@ def _modules_after(args: list[str], database_url: str) -> dict[str, bool]:
         f"    app({args!r}, standalone_mode=False)\n"
         "finally:\n"
         "    print('MODULES=' + json.dumps({m: m in sys.modules for m in "
-        "('torch', 'sentence_transformers', 'transformers', 'knowledge.numpy_encoder', 'alembic')}))\n"
+        "('torch', 'sentence_transformers', 'transformers', 'knowledge.embedding.numpy_encoder', 'alembic')}))\n"
     )
     env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -150,10 +150,10 @@ def test_status_help_and_lexical_search_load_no_model_and_search_never_imports_t
     for args in (["status"], ["source", "list"], ["db", "--help"], ["search", "carry over", "--mode", "lexical"]):
         loaded = _modules_after(args, handbook_url)
         assert not loaded["torch"] and not loaded["sentence_transformers"] and not loaded["transformers"], (args, loaded)
-        assert not loaded["knowledge.numpy_encoder"], (args, loaded)  # no model of any kind
+        assert not loaded["knowledge.embedding.numpy_encoder"], (args, loaded)  # no model of any kind
         assert not loaded["alembic"], (args, loaded)  # the schema is current: Alembic is not even imported
     hybrid = _modules_after(["search", "How often are laptops refreshed?"], handbook_url)
-    assert not hybrid["torch"] and hybrid["knowledge.numpy_encoder"], hybrid
+    assert not hybrid["torch"] and hybrid["knowledge.embedding.numpy_encoder"], hybrid
 
 
 def test_the_numpy_encoder_matches_sentence_transformers() -> None:

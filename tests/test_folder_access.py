@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from conftest import write
-from knowledge.retrieval import SearchFilters
+from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.base import SourceItem, SourceSpec
 from knowledge.sources.folder import FolderSource, intersect_access, parse_access_lines
 

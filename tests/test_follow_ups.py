@@ -11,7 +11,7 @@ from fakes.anthropic_api import FakeAnthropicAPI
 from conftest import test_settings as settings_for
 from db.settings import DatabaseSettings
 from knowledge.kb import KnowledgeBase
-from knowledge.memory import ChatMessage
+from knowledge.answer.memory import ChatMessage
 
 EVERYONE = ["everyone"]
 

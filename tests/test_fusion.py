@@ -1,7 +1,7 @@
-"""How the dense and BM25 candidate lists become one ranking (knowledge.fusion): what a user sees in the order of
+"""How the dense and BM25 candidate lists become one ranking (knowledge.search.fusion): what a user sees in the order of
 the sources an answer cites."""
 
-from knowledge.fusion import Candidate, Fusion, LexicalCandidates
+from knowledge.search.fusion import Candidate, Fusion, LexicalCandidates
 
 
 def fusion(method: str = "adaptive", per_document: int = 2, limit: int = 10) -> Fusion:

@@ -14,9 +14,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from sqlalchemy import text
 
 from fakes.drive_api import FakeDrive
-from knowledge import sources_store
+from knowledge.storage import sources as sources_store
 from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable
-from knowledge.retrieval import SearchFilters
+from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.base import build_source
 from knowledge.sources.gdrive import GoogleDriveConfig, GoogleDriveSettings, GoogleDriveSource
 
@@ -349,8 +349,8 @@ async def test_a_rate_limit_storm_is_survived_and_one_past_the_bound_fails_clean
 
 async def test_a_sync_killed_midway_and_rerun_ends_with_exactly_the_scope(kb_factory, drive, monkeypatch):
     # Documents commit a batch at a time: batches of 4, so that dying at the fifth document leaves some committed.
-    monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 4)
-    monkeypatch.setattr("knowledge.indexing.WRITE_BATCH_CHUNKS", 4)  # batches waiting for the writer stay apart
+    monkeypatch.setattr("knowledge.ingest.pipeline.BATCH_DOCUMENTS", 4)
+    monkeypatch.setattr("knowledge.ingest.pipeline.WRITE_BATCH_CHUNKS", 4)  # batches waiting for the writer stay apart
     root = drive.add_folder("Wiki")
     pages = [drive.add_doc(f"Page {i}", root, html=f"<h1>Page {i}</h1><p>Fact number {i} is about topic {i}.</p>",
                            permissions=[drive.anyone()]) for i in range(12)]

@@ -3,8 +3,8 @@
 import pytest
 
 from conftest import HANDBOOK
-from knowledge.evaluation import evaluate_retrieval, load_jsonl_questions
-from knowledge.retrieval import SearchFilters
+from knowledge.eval.evaluation import evaluate_retrieval, load_jsonl_questions
+from knowledge.search.retrieval import SearchFilters
 
 QUESTIONS = load_jsonl_questions(HANDBOOK / "eval.jsonl")
 ANSWERABLE = [q for q in QUESTIONS if q.relevant]

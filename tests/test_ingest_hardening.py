@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 import db.engine
 from bot.cli import app
 from conftest import write
-from knowledge import store
-from knowledge.retrieval import SearchFilters
+from knowledge.storage import documents as store
+from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 from knowledge.sources.folder import FolderSource
 
@@ -99,7 +99,7 @@ async def test_dense_search_is_not_blinded_by_a_large_deletion(kb_factory, monke
     # A small scan budget reproduces, with hundreds of rows, what happens at pgvector's default (20,000) with tens
     # of thousands: after a large delete, the iterative index scan meets only dead rows and gives up.
     monkeypatch.setattr(db.engine, "HNSW_MAX_SCAN_TUPLES", 50)
-    monkeypatch.setattr("knowledge.indexing.VACUUM_AFTER_DELETED_CHUNKS", 10**9)  # first, no vacuum at all
+    monkeypatch.setattr("knowledge.ingest.pipeline.VACUUM_AFTER_DELETED_CHUNKS", 10**9)  # first, no vacuum at all
     kb = await kb_factory()
 
     @event.listens_for(kb.engine.sync_engine, "checkout")
@@ -128,7 +128,7 @@ async def test_dense_search_is_not_blinded_by_a_large_deletion(kb_factory, monke
         assert results.best_similarity is not None and results.best_similarity > 0.5
 
     # A large delete now vacuums the table (dead rows leave the index).
-    monkeypatch.setattr("knowledge.indexing.VACUUM_AFTER_DELETED_CHUNKS", 100)
+    monkeypatch.setattr("knowledge.ingest.pipeline.VACUUM_AFTER_DELETED_CHUNKS", 100)
     await _write_many_chunks(kb, "bulk2", ["everyone"], list(near), 200)
     assert await kb.remove_source("bulk2") == 1
     async with kb.engine.connect() as conn:

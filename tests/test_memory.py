@@ -15,8 +15,8 @@ from fakes.anthropic_api import FakeAnthropicAPI, RecordedRequest
 from test_answer_llm import API_KEY, CORPUS, open_kb
 from test_cli import ok_json, on_handbook  # noqa: F401 (a fixture)
 
-from knowledge.memory import REWRITE_SYSTEM, ChatMessage, History, rewrite_offline
-from knowledge.retrieval import SearchFilters
+from knowledge.answer.memory import REWRITE_SYSTEM, ChatMessage, History, rewrite_offline
+from knowledge.search.retrieval import SearchFilters
 
 REPO = Path(__file__).resolve().parent.parent
 CONVERSATIONS = REPO / "examples" / "handbook" / "conversations.jsonl"
@@ -258,7 +258,7 @@ async def test_a_long_conversation_stays_in_budget_and_its_summary_carries_an_ea
 
 
 async def test_the_offline_summary_keeps_figures_within_its_budget(kb_factory):
-    from knowledge.memory import summarize_offline
+    from knowledge.answer.memory import summarize_offline
 
     kb = await kb_factory()
     lines = summarize_offline(

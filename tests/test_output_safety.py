@@ -10,7 +10,7 @@ from typing import Callable
 import pytest
 
 from conftest import write
-from knowledge.sanitize import ZERO_WIDTH_SPACE
+from bot.chat.sanitize import ZERO_WIDTH_SPACE
 from test_cli import ok, ok_json
 
 ESC = "\x1b"

@@ -7,7 +7,7 @@ import pytest
 from reportlab.lib.pagesizes import A4
 from reportlab.pdfgen import canvas
 
-from knowledge.parsing import CorruptDocument, UnsupportedFormat, parse_document
+from knowledge.ingest.parsing import CorruptDocument, UnsupportedFormat, parse_document
 
 
 def make_pdf(title: str, sections: list[tuple[str, str]]) -> bytes:

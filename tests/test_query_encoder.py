@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from bot.cli import app
 from conftest import REPO, create_database, write
-from knowledge import onnx_encoder
-from knowledge.embedding import Embedder, EmbeddingModelError, get_embedder
-from knowledge.numpy_encoder import NumpyBertEncoder
-from knowledge.onnx_encoder import OnnxBertEncoder
+from knowledge.embedding import onnx_encoder
+from knowledge.embedding.encoder import Embedder, EmbeddingModelError, get_embedder
+from knowledge.embedding.numpy_encoder import NumpyBertEncoder
+from knowledge.embedding.onnx_encoder import OnnxBertEncoder
 
 pytest.importorskip("onnxruntime")
 

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import text
 
 from conftest import write
-from knowledge.retrieval import MODES, SearchFilters
+from knowledge.search.retrieval import MODES, SearchFilters
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 from knowledge.sources.folder import FolderSource
 
@@ -68,14 +68,14 @@ async def test_a_filtered_search_still_returns_k_results(fresh_kb):
 
 
 async def test_the_hnsw_search_list_grows_with_the_corpus_and_the_pool_remembers_it_truly(fresh_kb, monkeypatch):
-    """A larger corpus gets a longer HNSW search list (knowledge.retrieval.ef_search_for: at a million chunks the
+    """A larger corpus gets a longer HNSW search list (knowledge.search.retrieval.ef_search_for: at a million chunks the
     default one missed a question's clear answer 33 times in 200). It is SET on a pooled connection only when that
     connection's differs, so what the pool remembers must be what Postgres has."""
     from contextlib import AsyncExitStack
 
     from sqlalchemy.ext.asyncio import AsyncConnection
 
-    from knowledge import retrieval
+    from knowledge.search import retrieval
 
     monkeypatch.setattr(retrieval, "CHUNKS_PER_EF_SEARCH", 1)  # so that a few hundred chunks count as large
     monkeypatch.setattr(retrieval, "CORPUS_SIZE_TTL_S", 0.0)
@@ -136,7 +136,7 @@ async def test_a_lexical_search_for_a_reader_of_few_documents_still_fills_k(fres
     """The rarest question term brings the candidates; its postings are mostly in documents the asker may not see,
     and the more common term that their documents do contain is over the posting budget (its postings mostly hidden
     too). The search looks once more, with every term, among the chunks the asker may see."""
-    import knowledge.retrieval as retrieval
+    import knowledge.search.retrieval as retrieval
 
     monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus: rarest terms only
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 4)
@@ -166,7 +166,7 @@ def hangar_and_inspection_items() -> list[SourceItem]:
 async def test_a_chunk_holding_two_other_terms_together_is_found_without_the_rarest_one(fresh_kb, monkeypatch):
     """In a large corpus BM25's candidates come from the rarest question terms. The best match here lacks the rarest
     term ("zeppelin") but holds the next two ("hangar", "inspection") together: it is found, and ranked first."""
-    import knowledge.retrieval as retrieval
+    import knowledge.search.retrieval as retrieval
 
     monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus: rarest terms only
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 2)  # "zeppelin" (2 chunks) fills the budget alone
@@ -194,7 +194,7 @@ async def test_a_chunk_holding_two_other_terms_together_is_found_without_the_rar
 async def test_a_chunk_holding_three_other_terms_is_found_when_no_pair_of_them_qualifies(fresh_kb, monkeypatch):
     """A short question of fairly common words: no two of its terms are rare enough together to bring candidates,
     but all three together are, and the best match holds all three."""
-    import knowledge.retrieval as retrieval
+    import knowledge.search.retrieval as retrieval
 
     monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus: rarest terms only
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 2)  # "zeppelin" (2 chunks) fills the budget alone
@@ -218,7 +218,7 @@ async def test_a_chunk_holding_three_other_terms_is_found_when_no_pair_of_them_q
 async def test_a_question_of_common_words_finds_the_chunk_holding_two_of_them(fresh_kb, monkeypatch):
     """When every question term is in many chunks, BM25's candidates were the first chunks holding the rarest one;
     the chunk holding both terms came later in the table and was not among them. It is now found through the pair."""
-    import knowledge.retrieval as retrieval
+    import knowledge.search.retrieval as retrieval
 
     monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)  # every term counts as common
@@ -238,7 +238,7 @@ async def test_a_question_of_common_words_finds_the_chunk_holding_two_of_them(fr
 async def test_a_common_term_read_through_the_index_is_read_whole(fresh_kb, monkeypatch):
     """When no question term is rare, the rarest one's chunks are the candidates. Read through the GIN index, its
     posting list is read whole: the scan cap used to keep the first chunks found, which need not hold the best match."""
-    import knowledge.retrieval as retrieval
+    import knowledge.search.retrieval as retrieval
 
     monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)  # every term counts as common
@@ -252,7 +252,7 @@ async def test_a_question_of_common_words_finds_the_chunk_that_repeats_them(fres
     """When every question term is common and read in table order, the chunks read first need not be its best
     matches: those repeat the term, and are found in the index of term-frequency tiers, also by a reader who may see
     only some documents. A repeating chunk the asker may not see is not found."""
-    import knowledge.retrieval as retrieval
+    import knowledge.search.retrieval as retrieval
 
     monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus
     monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)  # every term counts as common
@@ -329,8 +329,8 @@ async def test_empty_query_is_rejected(fresh_kb):
 async def test_rerank_model_reorders_hits_by_its_scores(kb_factory):
     """RERANK_MODEL wiring: hits come back in the cross-encoder's order, scored by it. No trained cross-encoder
     ships offline, so this loads the bundled MiniLM checkpoint as one (its scoring head is untrained)."""
-    from knowledge.embedding import resolve_model_path
-    from knowledge.retrieval import _cross_encoders
+    from knowledge.embedding.encoder import resolve_model_path
+    from knowledge.search.retrieval import _cross_encoders
 
     model = resolve_model_path("all-MiniLM-L6-v2")
     kb = await kb_factory(rerank_model=model)

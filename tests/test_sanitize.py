@@ -1,4 +1,4 @@
-"""knowledge/sanitize.py: document text is shown literally on every surface (terminal, Slack, Discord, JSON)."""
+"""bot/chat/sanitize.py: document text is shown literally on every surface (terminal, Slack, Discord, JSON)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from knowledge.sanitize import ZERO_WIDTH_SPACE, quote_safe, strip_control
+from bot.chat.sanitize import ZERO_WIDTH_SPACE, quote_safe, strip_control
 
 ESC = "\x1b"
 

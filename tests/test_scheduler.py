@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from fakes.confluence_api import FakeConfluence
-from knowledge.scheduler import SchedulerService, format_interval, parse_interval, start_scheduler
+from knowledge.ingest.schedule import SchedulerService, format_interval, parse_interval, start_scheduler
 
 
 async def test_two_schedulers_sync_on_the_interval_and_never_overlap(kb_factory, fresh_database, monkeypatch):

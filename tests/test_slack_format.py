@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from bot.render import SourceEntry
-from bot.slack_format import (
+from bot.chat.render import SourceEntry
+from bot.slack.format import (
     SECTION_LIMIT, answer_messages, question_text, sources_mrkdwn, stream_safe, to_mrkdwn,
 )
 

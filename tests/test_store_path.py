@@ -8,10 +8,10 @@ from sqlalchemy import text
 
 from conftest import _admin, write
 from db import locks
-from knowledge import store
-from knowledge.embedding import EmbeddingModelError, resolve_device
-from knowledge.indexing import join_waiting_batches, share_out
-from knowledge.retrieval import SearchFilters
+from knowledge.storage import documents as store
+from knowledge.embedding.encoder import EmbeddingModelError, resolve_device
+from knowledge.ingest.pipeline import join_waiting_batches, share_out
+from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 from knowledge.sources.folder import FolderSource
 from test_bm25 import assert_statistics_match_chunks, lexical, reference_scores
@@ -197,7 +197,7 @@ def test_batches_waiting_for_the_writer_are_joined_up_to_the_limit_in_order():
 
 
 def test_waiting_batches_are_shared_out_equally_among_the_free_writers(monkeypatch):
-    monkeypatch.setattr("knowledge.indexing.WRITE_BATCH_CHUNKS", 10)
+    monkeypatch.setattr("knowledge.ingest.pipeline.WRITE_BATCH_CHUNKS", 10)
     batches = [[("a", 2), ("b", 2)], [("c", 2)], [("d", 2)], [("e", 2), ("f", 2)]]
 
     def shared(writers: int) -> list[list[str]]:
@@ -240,7 +240,7 @@ async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused
     """When the model is ahead of Postgres (a GPU), the writer commits every batch waiting for it in one
     transaction. Here Postgres is held busy by another session while the model embeds everything. (One writer:
     with two, which of them commits first after the release is a race.)"""
-    monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
+    monkeypatch.setattr("knowledge.ingest.pipeline.BATCH_DOCUMENTS", 2)
     monkeypatch.setattr(fresh_kb.settings, "store_writers", 1)
     items = [SourceItem(external_id=f"room{i}.md", filename=f"room{i}.md",
                         title=f"Meeting room {i}" if i != 1 else "Meeting room \x00one",  # Postgres refuses it
@@ -280,8 +280,8 @@ async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused
 
 async def test_the_model_stops_when_a_writers_worth_of_chunks_waits_for_a_busy_writer(fresh_kb, monkeypatch):
     """However far ahead the model could run, at most WRITE_BATCH_CHUNKS chunks wait in memory for the writer."""
-    monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
-    monkeypatch.setattr("knowledge.indexing.WRITE_BATCH_CHUNKS", 4)
+    monkeypatch.setattr("knowledge.ingest.pipeline.BATCH_DOCUMENTS", 2)
+    monkeypatch.setattr("knowledge.ingest.pipeline.WRITE_BATCH_CHUNKS", 4)
     monkeypatch.setattr(fresh_kb.settings, "store_writers", 1)  # with two, how much each takes is a race
     items = [SourceItem(external_id=f"desk{i}.md", filename=f"desk{i}.md", title=f"Desk {i}",
                         read=(lambda i=i: f"# Desk {i}\n\nDesk {i} is by window {i + 2}.".encode()))
@@ -337,7 +337,7 @@ async def test_two_writers_insert_side_by_side_and_queue_only_for_the_statistics
     released, everything is committed with exact statistics and scores. Into an empty index each writer weighted
     its chunks with the average length of its own batch (one of them holds a longer chunk, but not long enough for
     a re-weighting after the sync); the one that commits second is re-weighted to the index's as it commits."""
-    monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
+    monkeypatch.setattr("knowledge.ingest.pipeline.BATCH_DOCUMENTS", 2)
     items = [SourceItem(external_id=f"plant{i}.md", filename=f"plant{i}.md", title=f"Plant {i}",
                         read=(lambda i=i: (f"# Plant {i}\n\nThe fern{i} by window {i} needs water every {i + 2} days."
                                            + " It likes shade." * (i == 2)).encode()))
@@ -398,7 +398,7 @@ async def test_two_writers_replacing_documents_leave_each_with_its_new_chunks_on
     """Edited documents written by two writers at once: each write inserts the new chunks, then (holding the
     statistics row by then) deletes the old ones, so no document ends with both versions or none, and the
     statistics count exactly what is left."""
-    monkeypatch.setattr("knowledge.indexing.BATCH_DOCUMENTS", 2)
+    monkeypatch.setattr("knowledge.ingest.pipeline.BATCH_DOCUMENTS", 2)
 
     def items(version: str) -> list[SourceItem]:
         return [SourceItem(external_id=f"shelf{i}.md", filename=f"shelf{i}.md", title=f"Shelf {i}",

@@ -11,8 +11,8 @@ import pytest
 from fakes.anthropic_api import FakeAnthropicAPI
 from test_answer_llm import API_KEY, CORPUS, open_kb, sources_sent
 
-from knowledge import memory_store
-from knowledge.answering import ABSTAIN_MESSAGE
+from knowledge.storage import conversations as memory_store
+from knowledge.answer.answering import ABSTAIN_MESSAGE
 
 ALICE = ["user:alice@example.com"]
 

@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from conftest import write
 from knowledge.errors import SourceBusy, SourceUnavailable, UnknownSource
-from knowledge.retrieval import SearchFilters
+from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.folder import FolderSource
 
 

@@ -1,7 +1,7 @@
 """The HNSW index holds half-precision vectors; the column keeps full precision for the scores.
 
 Before: `chunks_embedding_hnsw_<dim>` on `embedding::vector(dim)`. After: `chunks_embedding_hnsw_half_<dim>` on
-`embedding::halfvec(dim)` (see `knowledge.store.vector_index_sql` for the measurements). Searches order by the
+`embedding::halfvec(dim)` (see `knowledge.storage.documents.vector_index_sql` for the measurements). Searches order by the
 halfvec expression, so a database upgraded without this index would scan every chunk: the upgrade builds it (a
 few seconds per 10,000 chunks) and drops the old one. A database that has never been indexed has neither; its
 first sync creates the index.

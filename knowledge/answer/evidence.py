@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from knowledge.memory_store import TermStat
+from knowledge.storage.conversations import TermStat
 
 Outcome = Literal["answer", "uncertain", "decline"]
 OUTCOMES: tuple[Outcome, ...] = ("answer", "uncertain", "decline")

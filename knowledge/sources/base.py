@@ -1,7 +1,7 @@
 """The source interface (version 2): how a place where documents live feeds the index.
 
 A *source* is one configured place (a folder, a Confluence site's spaces, a Google Drive). The indexer
-(`knowledge.indexing.Indexer`) drives it; a source never touches the database. To add a kind of source, write one
+(`knowledge.ingest.pipeline.Indexer`) drives it; a source never touches the database. To add a kind of source, write one
 module in `knowledge/sources/` with a class satisfying `Source` and register a factory for its kind:
 
     @register_source("wiki")
@@ -64,7 +64,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Literal, Mapping, Protocol, Sequence, Union
 
-EVERYONE = "everyone"
+from knowledge.access import EVERYONE
+
 
 ReadResult = Union[bytes, Awaitable[bytes]]
 

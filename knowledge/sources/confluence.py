@@ -45,7 +45,8 @@ from bs4 import BeautifulSoup, NavigableString
 from markdownify import markdownify
 
 from knowledge.errors import ItemUnavailable, SourceAuthError, SourceConfigError, SourceUnavailable
-from knowledge.sources.base import EVERYONE, ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
+from knowledge.access import EVERYONE
+from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator, Mapping
 
 from knowledge.errors import SourceConfigError, SourceUnavailable
-from knowledge.sources.base import EVERYONE, ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
+from knowledge.access import EVERYONE
+from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 
 ACCESS_FILE = ".access"
 MAX_ACCESS_FILE_BYTES = 64 * 1024

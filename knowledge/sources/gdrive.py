@@ -39,7 +39,7 @@ from typing import Any, AsyncIterator, Callable, Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from knowledge.sources.base import EVERYONE
+from knowledge.access import EVERYONE
 
 logger = logging.getLogger(__name__)
 # googleapiclient logs every 403 it inspects (even the per-file ones ragbot reports itself) as a warning.

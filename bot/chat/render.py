@@ -1,0 +1,108 @@
+"""Platform-neutral rendering helpers: splitting long text at a platform's limit without breaking a link, a
+citation or a code block, and the data of a "Sources" list. Each adapter turns these into its own markup.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from knowledge.answer.answering import Citation
+
+from bot.chat.sanitize import quote_safe
+
+# Spans a split must never cut: <...> links and mentions, [text](url) links, bare URLs, citations [1], [1, 2], [2-3].
+_PROTECTED = re.compile(
+    r"<[^<>\n]{1,600}>"
+    r"|\[[^\[\]\n]{0,300}\]\([^()\s]{1,600}\)"
+    r"|https?://[^\s<>()]+"
+    r"|\[\d+(?:\s*[,\u2013-]\s*\d+)*\]"
+)
+_FENCE = "```"
+# Where to prefer breaking, best first. Each separator stays with the text before it.
+_BREAKS = ("\n\n", "\n", ". ", "; ", ", ", " ")
+
+
+def _inside(spans: Sequence[tuple[int, int]], cut: int) -> tuple[int, int] | None:
+    for start, end in spans:
+        if start < cut < end:
+            return start, end
+    return None
+
+
+def _best_cut(text: str, limit: int) -> int:
+    spans = [m.span() for m in _PROTECTED.finditer(text, 0, min(len(text), limit + 700))]
+    floor = limit // 3  # never leave a tiny piece when a later, worse break exists
+    for separator in _BREAKS:
+        position = text.rfind(separator, 0, limit - len(separator) + 1)
+        while position >= floor:
+            cut = position + len(separator)
+            if _inside(spans, cut) is None:
+                return cut
+            position = text.rfind(separator, 0, position)
+    span = _inside(spans, limit)
+    if span is not None and span[0] > 0:
+        return span[0]  # move the whole link or citation to the next piece
+    return limit  # one unbreakable run longer than the limit: nothing better exists
+
+
+def split_text(text: str, limit: int) -> list[str]:
+    """Pieces of at most `limit` characters, broken at paragraphs, lines, sentences or words, never inside a link,
+    URL or citation. A code block cut in two is closed at the end of one piece and reopened in the next."""
+    if limit < 40:
+        raise ValueError("limit is too small to split text sensibly")
+    pieces: list[str] = []
+    rest = text.strip()
+    while rest:
+        if len(rest) <= limit:
+            pieces.append(rest)
+            break
+        cut = _best_cut(rest, limit - len(_FENCE) - 1)
+        piece, rest = rest[:cut].rstrip(), rest[cut:].lstrip(" \n")
+        if piece.count(_FENCE) % 2 == 1:
+            piece += "\n" + _FENCE
+            rest = _FENCE + "\n" + rest
+        if piece:
+            pieces.append(piece)
+    return pieces
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    """One line of a Sources list, every field already made safe to quote (`quote_safe`)."""
+
+    n: int
+    title: str
+    url: str | None
+    location: str  # the path (or the document id) to show when there is no URL
+    heading: str
+    quotes: tuple[str, ...] = ()  # the passages Claude cited from it (Anthropic Citations), each ≤ QUOTE_CHARS
+
+
+# A cited span is shown up to this many characters (the whole passage stays in the answer's JSON).
+QUOTE_CHARS = 300
+
+
+def short_quote(text: str, limit: int = QUOTE_CHARS) -> str:
+    """One line of a cited span, safe to quote, cut at a word with an ellipsis past `limit`."""
+    line = " ".join(quote_safe(text).split())
+    if len(line) <= limit:
+        return line
+    return line[: limit - 1].rsplit(" ", 1)[0].rstrip() + "…"
+
+
+def sources_list(citations: Sequence[Citation]) -> list[SourceEntry]:
+    """The numbered sources an answer cites, in citation order. Titles, paths and headings come from documents:
+    they are neutralised so that, say, a title `<!channel>` can never notify anyone."""
+    entries = []
+    for c in sorted(citations, key=lambda c: c.n):
+        url = c.url if c.url and re.match(r"^https?://[^\s<>|]+$", c.url) else None
+        entries.append(
+            SourceEntry(
+                n=c.n, title=quote_safe(c.title or c.path or c.external_id), url=url,
+                location=quote_safe(c.path or c.external_id), heading=quote_safe(c.heading or ""),
+                quotes=tuple(short_quote(q) for q in getattr(c, "quotes", ())),
+            )
+        )
+    return entries

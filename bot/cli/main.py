@@ -1,0 +1,437 @@
+"""`ragbot`: the command line. Every command is a thin shell over `knowledge.kb.KnowledgeBase`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Awaitable, Callable, Optional, TypeVar
+
+import typer
+from rich.markup import escape
+from typer import _click as click
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+from bot.settings import BotSettings
+from bot.cli.terminal import (
+    RichSyncProgress, chat_session, console, err_console, render_answer, render_hits, render_searched_for, render_status,
+    render_sync_report, shown,
+)
+
+
+
+class _PlainArgument(TyperArgument):
+    """An argument shown the way command-line users expect (`QUESTION`, `[FILE]`, `PATHS...`), without its Python
+    type: Typer would print `{question}` in the usage line and `<str>` beside it."""
+
+    @property
+    def display_name_raw(self) -> str:
+        return self.metavar or (self.name or "").upper()
+
+    def display_type_rich(self, ctx: click.Context) -> str | None:
+        return None
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+
+def _plain_parameters(params: list) -> None:  # type: ignore[type-arg]
+    """Flags show no value, options show their metavar (`--as PRINCIPAL`), never `<bool>` or `<list[str]>`."""
+    for param in params:
+        if type(param) is TyperArgument:
+            param.__class__ = _PlainArgument
+        elif isinstance(param, TyperOption) and param.metavar is None:
+            param.metavar = "" if param.is_flag else (param.name or "value").upper()
+
+
+class PlainHelpCommand(TyperCommand):
+    def get_help_option(self, ctx: click.Context):  # type: ignore[no-untyped-def]
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class PlainHelpGroup(TyperGroup):
+    """The root command: every command and group below it gets plain help (so commands added later do too)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        _make_plain(self)
+
+    def get_help_option(self, ctx: click.Context):  # type: ignore[no-untyped-def]
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+def _make_plain(command: click.Command) -> None:
+    _plain_parameters(command.params)
+    for sub in getattr(command, "commands", {}).values():
+        if type(sub) is TyperCommand:
+            sub.__class__ = PlainHelpCommand
+        elif type(sub) is TyperGroup:
+            sub.__class__ = PlainHelpGroup
+        _make_plain(sub)
+
+
+app = typer.Typer(help="ragbot: answers questions from your documents, with citations.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False, cls=PlainHelpGroup)
+db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+if TYPE_CHECKING:
+    from knowledge.answer.answering import Answer
+    from knowledge.kb import KnowledgeBase
+    from knowledge.search.retrieval import SearchResults
+
+T = TypeVar("T")
+
+AsOption = Annotated[
+    Optional[list[str]],
+    typer.Option("--as", metavar="PRINCIPAL", help="Search as this principal (repeatable), e.g. user:alice@example.com or group:eng. "
+                              "Documents shared with 'everyone' are always included."),
+]
+SourceOption = Annotated[
+    Optional[list[str]], typer.Option("--source", metavar="SOURCE", help="Only this source (repeatable).")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def fail(message: str) -> None:
+    """A clear one-line error and exit code 2, for anything the user can fix."""
+    from bot.chat.sanitize import strip_control
+
+    # escape: paths and messages may contain [brackets]; soft_wrap: one line, however long.
+    one_line = " ".join(strip_control(message).split("\n"))
+    err_console.print(f"[red]Error:[/] {escape(one_line)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def print_json(payload: object) -> None:
+    """--json output: every string in it passes through quote_safe, like every other surface (document titles,
+    paths and text are data, never mentions, markup or terminal control)."""
+    print(json.dumps(_quote_safe_strings(payload), indent=2))
+
+
+def _quote_safe_strings(value: object) -> object:
+    from bot.chat.sanitize import quote_safe
+
+    if isinstance(value, str):
+        return quote_safe(value)
+    if isinstance(value, dict):
+        return {_quote_safe_strings(k): _quote_safe_strings(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_quote_safe_strings(v) for v in value]
+    return value
+
+
+def cli_message(exc: Exception) -> str:
+    """The knowledge core's typed errors, worded for the command line (naming the flag that fixes them)."""
+    from knowledge.errors import SourceConflict, UnknownSource
+
+    if isinstance(exc, SourceConflict):
+        where = f"{exc.kind} {exc.location}" if exc.location else exc.kind
+        return f"source {exc.name!r} already indexes {where}; pick another name with --source"
+    if isinstance(exc, UnknownSource) and exc.names:  # raised with a ready message otherwise (sync by name)
+        return (f"unknown source {', '.join(exc.names)}; indexed sources: {', '.join(exc.known) or 'none yet'} "
+                "(check --source)")
+    return str(exc)
+
+
+def run_async(factory: Callable[[], Awaitable[T]]) -> T:
+    return run_sync(lambda: asyncio.run(factory()))  # type: ignore[arg-type]
+
+
+def run_sync(work: Callable[[], T]) -> T:
+    """Run `work`, turning the errors a user can fix into one clear line and exit code 2."""
+    from knowledge.embedding.encoder import EmbeddingModelError
+    from knowledge.errors import KnowledgeError
+    from knowledge.eval.evaluation import EvalFileError
+
+    from sqlalchemy.exc import DBAPIError
+
+    from db.errors import DatabaseUnavailable
+
+    try:
+        return work()
+    except (KnowledgeError, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError) as exc:
+        fail(cli_message(exc))
+    except DBAPIError as exc:
+        fail(f"database error: {exc.orig or exc}".splitlines()[0])
+    raise AssertionError("unreachable: fail() exits")
+
+
+def with_kb(action: Callable[["KnowledgeBase"], Awaitable[T]]) -> T:
+    """Open the knowledge base (starting the embedded database if needed), run `action`, always close."""
+    from knowledge.kb import KnowledgeBase
+
+    async def go() -> T:
+        kb = await KnowledgeBase.open()
+        try:
+            return await action(kb)
+        finally:
+            await kb.close()
+
+    return run_async(go)
+
+
+async def prepare_query_encoder(kb: "KnowledgeBase", quiet: bool) -> None:
+    """After an ingest or sync (torch is loaded then): build the fast question encoder's file if it is missing."""
+    if not kb.query_encoder_missing():
+        return
+    if quiet:
+        await kb.prepare_query_encoder()
+        return
+    with err_console.status("Preparing the fast question encoder (ONNX, once; a few seconds)…"):
+        built = await kb.prepare_query_encoder()
+    if built:
+        err_console.print(f"Questions now use the {escape(built)}.", highlight=False, soft_wrap=True)
+
+
+@app.callback()
+def main() -> None:
+    logging.basicConfig(level=BotSettings().log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Folders or files to index.")],
+    source: Annotated[Optional[str], typer.Option("--source", metavar="NAME", help="Source name (default: the folder's name).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Index folders of .md, .txt, .html, .pdf and .docx files (incremental: unchanged files are skipped)."""
+    for path in paths:
+        if not path.exists():
+            fail(f"no such file or folder: {path}")
+
+    async def sync_all(kb: KnowledgeBase) -> list[dict[str, object]]:
+        reports = []
+        for path in paths:
+            folder = await kb.folder_source(path, source)
+            with RichSyncProgress(folder.spec.name) as progress:
+                report = await kb.sync(folder, progress)
+            if not as_json:
+                render_sync_report(report)
+            reports.append(report.to_dict())
+        await prepare_query_encoder(kb, as_json)
+        return reports
+
+    reports = with_kb(sync_all)
+    if as_json:
+        print_json({"reports": reports})
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="What to search for.")],
+    k: Annotated[int, typer.Option("-k", metavar="N", help="How many results.", min=1, max=200)] = 10,
+    mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense or lexical.")] = "hybrid",
+    principals: AsOption = None,
+    sources: SourceOption = None,
+    updated_after: Annotated[
+        Optional[datetime], typer.Option("--updated-after", metavar="DATE", help="Only documents updated on or after this date (YYYY-MM-DD).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Search the index and show the best chunks."""
+    from knowledge.search.retrieval import MODES, SearchFilters
+
+    if not query.strip():
+        fail("the search query is empty")
+    if mode not in MODES:
+        fail(f"--mode must be one of {', '.join(MODES)}")
+
+    async def run_search(kb: KnowledgeBase) -> SearchResults:
+        await kb.check_sources(sources)
+        since = updated_after.replace(tzinfo=updated_after.tzinfo or timezone.utc) if updated_after else None
+        filters = SearchFilters(tuple(principals or ()), tuple(sources) if sources else None, since)
+        return await kb.search(query, filters, k=k, mode=mode)  # type: ignore[arg-type]
+
+    results = with_kb(run_search)
+    if as_json:
+        print_json({"results": [hit.to_dict() for hit in results.hits]})
+    else:
+        render_hits(results.hits)
+
+
+@app.command()
+def ask(
+    question: Annotated[str, typer.Argument(help="Your question.")],
+    principals: AsOption = None,
+    sources: SourceOption = None,
+    conversation: Annotated[
+        Optional[str],
+        typer.Option("--conversation", help="Continue this conversation (follow-ups are understood from its "
+                                            "earlier questions). Default: a new conversation for each call."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Answer a question from the documents, with numbered citations."""
+    if not question.strip():
+        fail("the question is empty")
+    conversation_id = conversation or f"cli:{uuid.uuid4()}"
+
+    async def run_ask(kb: KnowledgeBase) -> Answer:
+        await kb.check_sources(sources)
+        return await kb.answer(question, principals or ["everyone"], conversation_id, sources=sources, asker="cli")
+
+    answer = with_kb(run_ask)
+    if as_json:
+        print_json({**answer.to_dict(), "conversation_id": conversation_id})
+    else:
+        render_searched_for(question, answer)
+        render_answer(answer)
+        if conversation is None:  # on stderr, so piping the answer stays clean
+            err_console.print(f"[dim]Follow up with: --conversation {shown(conversation_id)}[/]", highlight=False)
+
+
+@app.command()
+def chat(principals: AsOption = None, sources: SourceOption = None) -> None:
+    """Chat with the knowledge base in the terminal."""
+
+    from knowledge.kb import KnowledgeBase
+
+    def session() -> None:
+        chat_session(KnowledgeBase.open, principals or ["everyone"], sources, lambda kb: kb.check_sources(sources))
+
+    run_sync(session)
+
+
+@app.command()
+def status(as_json: JsonOption = False) -> None:
+    """What is indexed: sources, documents, chunks, model."""
+
+    result = with_kb(lambda kb: kb.status())
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_status(result)
+
+
+@app.command("remove-source", hidden=True)
+def remove_source(name: Annotated[str, typer.Argument(help="The source to forget.")]) -> None:
+    """The old spelling of `ragbot source remove NAME`, kept hidden so existing scripts keep working."""
+    from bot.cli.sources import remove
+
+    remove(name)
+
+
+@app.command()
+def run() -> None:
+    """Start the bots (Slack and/or Discord, per the tokens set) with /healthz and /metrics; with no chat tokens,
+    the terminal chat."""
+    from bot.app import run as run_bots
+
+    run_bots(runner=run_async)
+
+
+@app.command(name="eval")
+def evaluate(
+    file: Annotated[Optional[Path], typer.Argument(help="JSONL, one question per line with \"question\", \"relevant\" (document ids) and, for --answers, \"facts\".")] = None,
+    beir: Annotated[Optional[Path], typer.Option("--beir", metavar="DIR", help="A BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.")] = None,
+    corpus: Annotated[
+        Optional[Path],
+        typer.Option("--corpus", metavar="PATH", help="A folder of documents (ids: paths under it) or a BEIR-style "
+                                      "corpus.jsonl (\"_id\", \"title\", \"text\" per line; ids: _ids), indexed for "
+                                      "the eval only; FILE's questions are searched and answered within it."),
+    ] = None,
+    no_memory: Annotated[
+        bool, typer.Option("--no-memory", help="Search each question alone, ignoring its history (the baseline).")
+    ] = False,
+    last_two: Annotated[
+        bool, typer.Option("--last-two", help="Search the last two user turns together (the other baseline).")
+    ] = False,
+    mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense, lexical, or all.")] = "all",
+    principals: AsOption = None,
+    sources: SourceOption = None,
+    answers: Annotated[
+        bool, typer.Option("--answers", help="Score the answers instead of retrieval: expected facts quoted, right "
+                                             "document cited, no unrelated source, unanswerable questions declined.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Measure retrieval (precision@5, recall@10, recall@100, MRR@10, MAP@100, nDCG@10 per mode), or with
+    --answers the answers themselves."""
+    from bot.cli.evaluate import run_eval
+
+    if (file is None) == (beir is None):
+        fail("give either an eval FILE.jsonl or --beir DIR")
+    if corpus is not None and beir is not None:
+        fail("--corpus goes with an eval FILE.jsonl; a --beir folder has its own corpus")
+    for target in (file, beir, corpus):
+        if target is not None and not target.exists():
+            fail(f"no such file or folder: {target}")
+    if answers:
+        if file is None:
+            fail("--answers needs an eval FILE.jsonl with expected facts")
+        from bot.cli.evaluate import render_answer_eval, run_answer_eval
+
+        summary = with_kb(lambda kb: run_answer_eval(kb, file, principals or ["everyone"], sources or [], corpus=corpus))
+        if as_json:
+            print_json(summary)
+        else:
+            render_answer_eval(summary)
+        return
+    modes = ("dense", "lexical", "hybrid") if mode == "all" else (mode,)
+    if any(m not in ("dense", "lexical", "hybrid") for m in modes):
+        fail("--mode must be one of hybrid, dense, lexical, all")
+
+    if no_memory and last_two:
+        fail("give --no-memory or --last-two, not both")
+    strategy = "last-two" if last_two else ("last" if no_memory else "memory")
+    results = with_kb(lambda kb: run_eval(kb, file, beir, modes, principals or [], sources or [], corpus=corpus,
+                                          strategy=strategy))
+    if as_json:
+        print_json(results)
+    else:
+        from bot.cli.evaluate import render_eval
+
+        render_eval(results)
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Create or upgrade the schema to the newest migration."""
+    from db.engine import create_engine, database_url
+    from db.migrate import current_revision, upgrade_to_head
+
+    async def go() -> str | None:
+        engine = create_engine(database_url())
+        try:
+            await upgrade_to_head(engine)
+            return await current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    console.print(f"Database schema is at revision {run_async(go)}.")
+
+
+@db_app.command("stop")
+def db_stop() -> None:
+    """Stop the embedded Postgres (it is started again by the next command that needs it)."""
+    from db.embedded import stop_embedded
+    from db.settings import DatabaseSettings
+
+    settings = DatabaseSettings()
+    if settings.database_url:
+        fail("DATABASE_URL is set: ragbot is not running an embedded database")
+    console.print("Stopped the embedded database." if stop_embedded(settings.home) else "The embedded database was not running.")
+
+
+from bot.cli.admin import register as _register_admin_commands  # noqa: E402
+
+_register_admin_commands(app)
+
+from bot.cli.sources import register_source_commands  # noqa: E402  (source, sync, sync-runs, scheduler)
+
+register_source_commands(app)
+
+if __name__ == "__main__":
+    sys.exit(app())

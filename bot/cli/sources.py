@@ -1,0 +1,319 @@
+"""`ragbot source add|list|remove`, `ragbot sync`, `ragbot sync-runs` and `ragbot scheduler`.
+
+Registered on the main Typer app by `bot.cli` (`register_source_commands(app)`). Every command is a thin shell
+over `KnowledgeBase` (add_source, list_sources, remove_source, sync_source, sync_runs) and `knowledge.ingest.schedule`.
+"""
+
+from __future__ import annotations
+
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from rich.table import Table
+
+from bot.cli.terminal import shown
+
+if TYPE_CHECKING:
+    from knowledge.ingest.pipeline import SyncReport
+    from knowledge.kb import KnowledgeBase
+    from knowledge.sources.base import SourceInfo, SyncRun
+
+source_app = typer.Typer(help="Stored sources that `ragbot sync` and the scheduler keep fresh.", no_args_is_help=True)
+add_app = typer.Typer(help="Add a source (its connection is checked first; a broken source is not saved).",
+                      no_args_is_help=True)
+source_app.add_typer(add_app, name="add")
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+EveryOption = Annotated[
+    Optional[str], typer.Option("--every", help="Sync on this interval (e.g. 30m, 1h, 1d); default: on demand only.")
+]
+PruneOption = Annotated[
+    str, typer.Option("--prune-every", help="Look for deleted items (and re-check permissions) this often.")
+]
+
+
+def register_source_commands(app: typer.Typer) -> None:
+    app.add_typer(source_app, name="source")
+    app.command("sync")(sync)
+    app.command("sync-runs")(sync_runs)
+    app.command("scheduler")(scheduler)
+
+
+def _intervals(every: Optional[str], prune_every: str) -> tuple[int | None, int]:
+    from bot.cli.main import fail
+    from knowledge.ingest.schedule import parse_interval
+
+    try:
+        return (parse_interval(every) if every else None), parse_interval(prune_every)
+    except ValueError as exc:
+        fail(str(exc))
+    raise AssertionError("unreachable")
+
+
+def _save(name: str, kind: str, config: dict[str, object], every: int | None, prune_every: int) -> None:
+    from bot.cli.main import with_kb
+    from bot.cli.terminal import console
+
+    async def go(kb: "KnowledgeBase") -> "SourceInfo":
+        return await kb.add_source(name, kind, config, schedule_seconds=every, prune_seconds=prune_every)
+
+    info = with_kb(go)
+    from knowledge.ingest.schedule import format_interval
+
+    console.print(
+        f"Saved source [bold]{shown(info.name)}[/] ({info.kind}, {shown(info.location or '')}); syncs "
+        f"{'every ' + format_interval(every) if every else 'on demand'}. Run `ragbot sync {shown(info.name)}` to index it now."
+    )
+
+
+@add_app.command("folder")
+def add_folder(
+    name: Annotated[str, typer.Argument(help="A name for the source.")],
+    path: Annotated[Path, typer.Argument(help="The folder to index.")],
+    every: EveryOption = None,
+    prune_every: PruneOption = "1d",
+) -> None:
+    """A local folder (.md, .txt, .html, .pdf, .docx; `.access` files set who may see what)."""
+    from bot.cli.main import fail
+
+    if not path.is_dir():
+        fail(f"no such folder: {path}")
+    seconds, prune = _intervals(every, prune_every)
+    _save(name, "folder", {"path": str(path.resolve())}, seconds, prune)
+
+
+@add_app.command("confluence")
+def add_confluence(
+    name: Annotated[str, typer.Argument(help="A name for the source.")],
+    url: Annotated[str, typer.Option("--url", help="The wiki root: https://acme.atlassian.net/wiki (Cloud) or the "
+                                                   "server URL with any context path (Data Center).")],
+    space: Annotated[list[str], typer.Option("--space", help="A space KEY (repeatable).")],
+    cql: Annotated[Optional[str], typer.Option("--cql", help="Extra CQL that narrows what is synced.")] = None,
+    email: Annotated[Optional[str], typer.Option("--email", help="Cloud: the account's email (Basic auth with an "
+                                                                 "API token). Omit for Data Center (Bearer PAT).")] = None,
+    token_env: Annotated[str, typer.Option("--token-env", help="The environment variable holding the token.")] = "CONFLUENCE_API_TOKEN",
+    exclude_label: Annotated[Optional[list[str]], typer.Option("--exclude-label", help="Skip pages with this label (repeatable).")] = None,
+    everyone_group: Annotated[str, typer.Option("--everyone-group", help="The all-users group (its pages are for everyone).")] = "confluence-users",
+    every: EveryOption = None,
+    visibility: Annotated[str, typer.Option("--visibility", help="permissions: honour space permissions and page "
+                                                                 "restrictions; everyone: index everything for everyone.")] = "permissions",
+    prune_every: PruneOption = "1d",
+) -> None:
+    """Confluence Cloud or Data Center spaces (REST API v1), with permissions."""
+    seconds, prune = _intervals(every, prune_every)
+    config = {"url": url.rstrip("/"), "spaces": space, "cql": cql, "email": email, "token_env": token_env,
+              "exclude_labels": exclude_label or [], "everyone_group": everyone_group, "visibility": visibility}
+    _save(name, "confluence", config, seconds, prune)
+
+
+@add_app.command("gdrive")
+def add_gdrive(
+    name: Annotated[str, typer.Argument(help="A name for the source.")],
+    folder: Annotated[Optional[list[str]], typer.Option("--folder", help="A folder id or link (repeatable); "
+                                                                       "everything below it is indexed.")] = None,
+    shared_drive: Annotated[Optional[list[str]], typer.Option("--shared-drive", help="A shared drive id or link "
+                                                                                   "(repeatable): the whole drive.")] = None,
+    credentials_env: Annotated[str, typer.Option("--credentials-env", help="The environment variable holding the "
+                                                                           "service account's JSON key (else "
+                                                                           "GOOGLE_APPLICATION_CREDENTIALS names "
+                                                                           "the key file).")] = "GOOGLE_SERVICE_ACCOUNT_JSON",
+    subject: Annotated[Optional[str], typer.Option("--subject", help="Read as this user (domain-wide "
+                                                                     "delegation).")] = None,
+    every: EveryOption = None,
+    visibility: Annotated[str, typer.Option("--visibility", help="permissions: each file's sharing decides who "
+                                                                 "sees it; everyone: index everything for "
+                                                                 "everyone.")] = "permissions",
+    prune_every: PruneOption = "1d",
+) -> None:
+    """Google Drive folders and shared drives (kept fresh through the Changes API), with permissions."""
+    from bot.cli.main import fail
+    from knowledge.sources.gdrive import GoogleDriveConfig, drive_id_from
+
+    if not folder and not shared_drive:
+        fail("give at least one --folder ID or --shared-drive ID (the last part of its drive.google.com link)")
+    if visibility not in ("permissions", "everyone"):
+        fail(f"--visibility must be permissions or everyone, not {visibility!r}")
+    try:
+        folders = tuple(dict.fromkeys(drive_id_from(f) for f in folder or []))
+        drives = tuple(dict.fromkeys(drive_id_from(d) for d in shared_drive or []))
+    except ValueError as exc:
+        fail(str(exc))
+        raise AssertionError("unreachable") from exc
+    seconds, prune = _intervals(every, prune_every)
+    config = GoogleDriveConfig(folders=folders, shared_drives=drives, credentials_env=credentials_env,
+                               subject=subject, visibility=visibility)  # type: ignore[arg-type]
+    _save(name, "gdrive", config.to_dict(), seconds, prune)
+
+
+@source_app.command("list")
+def list_sources(as_json: JsonOption = False) -> None:
+    """Stored sources: kind, schedule, documents, last run."""
+    from bot.cli.main import with_kb
+    from bot.cli.terminal import console, describe_run
+    from knowledge.ingest.schedule import format_interval
+
+    sources = with_kb(lambda kb: kb.list_sources())
+    if as_json:
+        _print_json({"sources": [s.to_dict() for s in sources]})
+        return
+    if not sources:
+        console.print("No sources yet: `ragbot source add folder NAME PATH`, `ragbot source add confluence ...` or "
+                      "`ragbot source add gdrive ...`.")
+        return
+    table = Table("source", "kind", "schedule", "documents", "last run", "where")
+    for s in sources:
+        schedule = format_interval(s.schedule_seconds)
+        if s.schedule_seconds and s.prune_seconds:
+            schedule += f"\nprune {format_interval(s.prune_seconds)}"
+        table.add_row(shown(s.name), s.kind, schedule, str(s.documents), describe_run(s.last_run, s.running),
+                      shown(_where(s)))
+    console.print(table)
+
+
+def _where(info: "SourceInfo") -> str:
+    if info.kind == "confluence":
+        spaces = ", ".join(info.config.get("spaces") or [])
+        edition = "Cloud" if info.config.get("email") else "Data Center"
+        return f"{info.location} ({edition}; spaces {spaces}; {info.config.get('visibility', 'permissions')})"
+    if info.kind == "gdrive":
+        parts = [f"folders {', '.join(info.config.get('folders') or [])}" if info.config.get("folders") else "",
+                 f"shared drives {', '.join(info.config.get('shared_drives') or [])}"
+                 if info.config.get("shared_drives") else "",
+                 f"as {info.config['subject']}" if info.config.get("subject") else "",
+                 info.config.get("visibility", "permissions")]
+        return f"{info.location} ({'; '.join(p for p in parts if p)})"
+    return info.location or ""
+
+
+@source_app.command("remove")
+def remove(name: Annotated[str, typer.Argument(help="The source to forget.")]) -> None:
+    """Remove a source, everything indexed from it and its run history (the originals are not touched)."""
+    from bot.cli.main import with_kb
+    from bot.cli.terminal import console
+
+    removed = with_kb(lambda kb: kb.remove_source(name))
+    console.print(f"Removed source {shown(name)} and its {removed} documents.")
+
+
+def sync(
+    name: Annotated[Optional[str], typer.Argument(help="The source to sync (default: every stored source).")] = None,
+    full: Annotated[bool, typer.Option("--full", help="List everything, not just changes since the last sync, "
+                                                      "and prune deleted items (nothing unchanged is re-embedded).")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Bring stored sources up to date (incremental from each one's checkpoint)."""
+    from bot.cli.main import fail, prepare_query_encoder, with_kb
+    from bot.cli.terminal import RichSyncProgress, err_console, render_sync_report
+    from knowledge.errors import KnowledgeError
+
+    async def go(kb: "KnowledgeBase") -> tuple[list["SyncReport"], list[tuple[str, str]]]:
+        names = [name] if name else [s.name for s in await kb.list_sources() if _syncable(s.kind)]
+        reports, errors = [], []
+        for source in names:
+            try:
+                with RichSyncProgress(source) as progress:
+                    report = await kb.sync_source(source, trigger="cli", full=full, progress=progress)
+            except KnowledgeError as exc:
+                if name:
+                    raise
+                errors.append((source, str(exc)))
+                continue
+            if not as_json:
+                render_sync_report(report)
+            reports.append(report)
+        await prepare_query_encoder(kb, as_json)
+        return reports, errors
+
+    reports, errors = with_kb(go)
+    if as_json:
+        _print_json({"reports": [r.to_dict() for r in reports],
+                          "errors": [{"source": s, "error": e} for s, e in errors]})
+    for source, error in errors:
+        err_console.print(f"[red]Error:[/] {shown(error)}", highlight=False, soft_wrap=True)
+    if not name and not reports and not errors and not as_json:
+        fail("no sources to sync: add one with `ragbot source add folder NAME PATH` (or `ingest PATH`)")
+    if errors:
+        raise typer.Exit(1)
+
+
+def _syncable(kind: str) -> bool:
+    from knowledge.sources.base import registered_kinds
+
+    return kind in registered_kinds()
+
+
+def sync_runs(
+    name: Annotated[Optional[str], typer.Argument(help="Only this source.")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="How many runs, newest first.", min=1, max=1000)] = 20,
+    as_json: JsonOption = False,
+) -> None:
+    """Recorded sync runs: trigger, start and end, counts, error."""
+    from bot.cli.main import with_kb
+    from bot.cli.terminal import console
+
+    runs = with_kb(lambda kb: kb.sync_runs(name, limit))
+    if as_json:
+        _print_json({"runs": [r.to_dict() for r in runs]})
+        return
+    if not runs:
+        console.print("No sync runs yet.")
+        return
+    table = Table("run", "source", "trigger", "status", "started", "took", "counts")
+    for run in runs:
+        counts = ", ".join(f"{n} {label}" for n, label in (
+            (run.added, "added"), (run.updated, "updated"), (run.deleted, "deleted"), (run.unchanged, "unchanged"),
+            (run.skipped, "skipped"), (run.failed, "failed")) if n) or "no changes"
+        if run.error:
+            counts += f"\n[red]{shown(run.error[:300])}[/]"
+        table.add_row(str(run.id), shown(run.source), shown(run.trigger), _status(run),
+                      f"{run.started_at:%Y-%m-%d %H:%M:%S}", _took(run), counts)
+    console.print(table)
+
+
+def _status(run: "SyncRun") -> str:
+    colour = {"ok": "green", "failed": "red", "interrupted": "yellow", "running": "bold yellow"}.get(run.status, "white")
+    return f"[{colour}]{run.status}[/]" + (" +prune" if run.pruned else "")
+
+
+def _took(run: "SyncRun") -> str:
+    if run.finished_at is None:
+        return "…"
+    return f"{(run.finished_at - run.started_at).total_seconds():.1f}s"
+
+
+def scheduler(
+    refresh: Annotated[float, typer.Option("--refresh", help="Re-read the stored sources this often (seconds).")] = 60.0,
+) -> None:
+    """Run scheduled syncs only (for deployments that separate the bots from syncing). Stop with Ctrl-C."""
+    from bot.cli.main import with_kb
+    from bot.cli.terminal import console
+    from knowledge.ingest.schedule import format_interval, start_scheduler
+
+    async def go(kb: "KnowledgeBase") -> None:
+        handle = await start_scheduler(kb, refresh_seconds=refresh)
+        sources = [s for s in await kb.list_sources() if s.schedule_seconds]
+        if sources:
+            listed = ", ".join(f"{s.name} every {format_interval(s.schedule_seconds)}" for s in sources)
+            console.print(f"Scheduler running: {shown(listed)}. Ctrl-C stops it.")
+        else:
+            console.print("Scheduler running, but no source has a schedule yet (`ragbot source add ... --every 1h`); "
+                          "new sources are picked up automatically.")
+        from bot.app import stop_on_signals
+
+        stop = stop_on_signals()
+        try:
+            await stop.wait()
+        finally:
+            await handle.stop()
+            console.print("Scheduler stopped.")
+
+    with_kb(go)
+
+
+def _print_json(payload: object) -> None:
+    from bot.cli.main import print_json
+
+    print_json(payload)

@@ -1,0 +1,1 @@
+"""The Discord adapter: Discord interactions in, Discord messages out; everything else is in bot/chat."""

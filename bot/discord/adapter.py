@@ -1,0 +1,654 @@
+"""The Discord adapter: `/ask`, `@ragbot` mentions answered in threads, DMs, `/kb` admin commands, 👍/👎 feedback.
+
+discord.py does the platform work (gateway, slash command tree, rate limits, persistent components); this module
+turns Discord events into an `Ask` for the shared chat flow (`bot.chat.flow`) and renders the answer within
+Discord's limits (`ProgressiveReply` is the flow's `Reply`). Claiming events, audiences, the answer itself, errors,
+admin actions and feedback are the flow's, shared with Slack.
+
+Audiences (Discord has no email, so a person's documents come from the identity map an admin maintains):
+- a shared channel, a thread in it, or `/ask` there: `everyone` plus the principals granted to that channel;
+- a DM, or `/ask private:True` (an ephemeral answer only the asker sees): the asker's mapped principals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
+
+import discord
+import yarl
+from discord import app_commands
+
+from bot.chat import access, admin
+from bot.chat.errors import new_error_id
+from bot.chat.flow import Ask, ChatFlow, OnText
+from bot.chat.render import SourceEntry, sources_list, split_text
+from bot.chat.sanitize import quote_safe
+from bot.settings import BotSettings
+from knowledge.answer.memory import ChatMessage
+
+if TYPE_CHECKING:
+    from bot.context import BotContext
+    from bot.server import BotMetrics
+    from knowledge.answer.answering import Answer
+    from knowledge.kb import KnowledgeBase
+
+logger = logging.getLogger(__name__)
+
+MESSAGE_LIMIT = 2000  # characters of message content
+EMBED_DESCRIPTION_LIMIT = 4096
+EMBED_TOTAL_LIMIT = 6000  # all embeds of one message together
+EMBEDS_PER_MESSAGE = 10
+THREAD_NAME_LIMIT = 100
+HISTORY_MESSAGES = 20  # thread messages read as history when mentioned mid-thread
+NO_PINGS = discord.AllowedMentions.none()
+PLATFORM = "discord"
+ADMIN_REFUSAL = "`/{command}` needs an admin (Manage Server, or a user listed in ADMIN_USER_IDS). Nothing was changed."
+
+
+def configure_api_url(url: str | None) -> None:
+    """Point discord.py's REST client (bot calls, interaction callbacks, follow-up webhooks) at another base URL.
+
+    discord.py copies the class attribute `Route.BASE` into every route when it is created, so this must run
+    before the client makes its first request (`ragbot run` and the tests call it before `login`)."""
+    if url:
+        discord.http.Route.BASE = url.rstrip("/")
+
+
+def configure_gateway_url(url: str | None) -> None:
+    """Point discord.py's gateway connection at another websocket URL (discord.py 2.x connects a plain Client to
+    the class attribute `DiscordWebSocket.DEFAULT_GATEWAY`, without asking the REST API)."""
+    if url:
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(url)
+
+
+# ---- rendering ----------------------------------------------------------------------------------------------------
+
+
+def discord_safe(text: str) -> str:
+    """Document-derived text as Discord should show it: `quote_safe` (no control characters, mentions or masked
+    links), then discord.py's own mention escaping for the id forms (`@123…`). allowed_mentions=none is sent with
+    every message as well, so even text that slipped through pings nobody."""
+    return discord.utils.escape_mentions(quote_safe(text))
+
+
+def _link_text(title: str) -> str:
+    return discord.utils.escape_markdown(title).replace("[", "(").replace("]", ")")
+
+
+def _safe_url(url: str) -> str:
+    """Characters that would end a masked link, encoded (`sources_list` already kept only http(s) URLs)."""
+    return url.replace("(", "%28").replace(")", "%29").replace(" ", "%20")
+
+
+def source_line(entry: SourceEntry) -> str:
+    """`**[n]** [Title](url)`, or the title and its path when the document has no URL. Entries come from
+    `bot.chat.render.sources_list`, already `quote_safe`; Discord's own mention escaping and markdown escaping go on top."""
+    title = discord.utils.escape_mentions(entry.title)
+    if entry.url:
+        return f"**[{entry.n}]** [{_link_text(title)}]({_safe_url(entry.url)})"
+    line = f"**[{entry.n}]** {discord.utils.escape_markdown(title)}"
+    if entry.location and entry.location != entry.title:
+        line += f" · `{discord.utils.escape_mentions(entry.location).replace('`', 'ʼ')}`"
+    return line
+
+
+def source_embeds(citations: Sequence[Any], title: str = "Sources") -> list[discord.Embed]:
+    """Sources as embeds with linked titles, each description within Discord's 4,096 characters."""
+    lines = [line for entry in sources_list(citations) for line in [source_line(entry), *(
+        f"> *{discord.utils.escape_markdown(discord.utils.escape_mentions(q))}*" for q in entry.quotes)]]
+    embeds: list[discord.Embed] = []
+    for description in split_text("\n".join(lines), EMBED_DESCRIPTION_LIMIT):
+        embeds.append(discord.Embed(title=title if not embeds else None, description=description,
+                                    colour=discord.Colour.blurple()))
+    return embeds
+
+
+def _embed_size(embed: discord.Embed) -> int:
+    return len(embed)
+
+
+def group_embeds(embeds: Sequence[discord.Embed]) -> list[list[discord.Embed]]:
+    """Embeds per message: at most 10, and at most 6,000 characters of embed text together."""
+    groups: list[list[discord.Embed]] = []
+    size = 0
+    for embed in embeds:
+        if not groups or len(groups[-1]) >= EMBEDS_PER_MESSAGE or size + _embed_size(embed) > EMBED_TOTAL_LIMIT:
+            groups.append([])
+            size = 0
+        groups[-1].append(embed)
+        size += _embed_size(embed)
+    return groups
+
+
+@dataclass(frozen=True)
+class Part:
+    content: str | None
+    embeds: list[discord.Embed]
+
+
+def render_answer(answer: "Answer") -> list[Part]:
+    """The final answer as Discord messages: text split at 2,000 characters (never inside a link or a citation),
+    then the sources embed(s) on the last message."""
+    text = discord_safe(answer.text)
+    if answer.mode == "extractive" and answer.note and not answer.abstained:
+        text += "\n\n*Quoted excerpts: the language model is unavailable right now.*"
+    texts = split_text(text, MESSAGE_LIMIT) or [""]
+    parts = [Part(t, []) for t in texts]
+    if answer.citations:
+        embeds = source_embeds(answer.citations)
+    elif answer.abstained and getattr(answer, "related", None):  # the nearest documents the asker may see
+        embeds = source_embeds(answer.related, title="Closest documents")  # type: ignore[attr-defined]
+    else:
+        embeds = []
+    groups = group_embeds(embeds)
+    if groups:
+        parts[-1] = Part(parts[-1].content, groups[0])
+        parts.extend(Part(None, group) for group in groups[1:])
+    return parts
+
+
+def preview(text: str) -> str:
+    """What a message shows while the answer streams in: the text so far (cut to fit one message) and `…`."""
+    shown = discord_safe(text)
+    if len(shown) > MESSAGE_LIMIT - 2:
+        shown = split_text(shown, MESSAGE_LIMIT - 2)[0]
+    return shown + " …"
+
+
+# ---- feedback buttons -----------------------------------------------------------------------------------------------
+
+
+class FeedbackButton(discord.ui.DynamicItem[discord.ui.Button], template=r"ragbot:fb:(?P<answer>\d+):(?P<vote>up|down)"):
+    """👍 / 👎 under an answer. The custom_id carries the delivered answer's id and the vote, and the class is
+    registered with `add_dynamic_items` at start, so a click on a message posted before a restart still works."""
+
+    def __init__(self, answer_id: int, vote: str) -> None:
+        self.answer_id = answer_id
+        self.vote = vote
+        super().__init__(discord.ui.Button(
+            style=discord.ButtonStyle.secondary, emoji="👍" if vote == "up" else "👎",
+            custom_id=f"ragbot:fb:{answer_id}:{vote}",
+        ))
+
+    @classmethod
+    async def from_custom_id(cls, interaction: discord.Interaction, item: discord.ui.Button,
+                             match: re.Match[str]) -> "FeedbackButton":
+        return cls(int(match["answer"]), match["vote"])
+
+    async def callback(self, interaction: discord.Interaction) -> None:
+        client = interaction.client
+        assert isinstance(client, RagbotDiscord)
+        await client.record_feedback(interaction, self.answer_id, self.vote)
+
+
+def feedback_view(answer_id: int) -> discord.ui.View:
+    view = discord.ui.View(timeout=None)
+    view.add_item(FeedbackButton(answer_id, "up"))
+    view.add_item(FeedbackButton(answer_id, "down"))
+    return view
+
+
+# ---- progressive answers ------------------------------------------------------------------------------------------
+
+Send = Callable[..., Awaitable[Any]]  # channel.send / followup.send, returning a message with .edit()
+
+
+class ProgressiveReply:
+    """Posts the answer as it streams, then edits that message at most every `interval` seconds (Discord allows
+    about five edits per five seconds per channel; discord.py waits out any 429 itself). `finish` replaces the
+    preview with the final, split answer; `fail` with an apology, so no half-written message is left behind."""
+
+    def __init__(self, send: Send, interval: float) -> None:
+        self._send = send
+        self._interval = interval
+        self._text = ""
+        self._shown = ""
+        self._changed = asyncio.Event()
+        self._done = False
+        self._task: asyncio.Task[None] | None = None
+        self.message: Any = None
+
+    # The chat flow's `Reply`: the text is shown as it streams, then replaced by the final answer.
+
+    async def begin(self) -> None:
+        return None
+
+    async def open(self) -> OnText:
+        return self.on_text
+
+    async def end(self) -> None:
+        return None
+
+    async def deliver(self, answer: "Answer", answer_id: int) -> None:
+        await self.finish(render_answer(answer), feedback_view(answer_id))
+
+    async def on_text(self, delta: str) -> None:
+        self._text += delta
+        self._changed.set()
+        if self._task is None:
+            self._task = asyncio.create_task(self._show_loop(), name="ragbot-discord-stream")
+
+    async def _show_loop(self) -> None:
+        while not self._done:
+            await self._changed.wait()
+            self._changed.clear()
+            if self._done:
+                return
+            await self._show()
+            await asyncio.sleep(self._interval)
+
+    async def _show(self) -> None:
+        shown = preview(self._text)
+        if not self._text.strip() or shown == self._shown:
+            return
+        if self.message is None:
+            self.message = await self._send(content=shown, allowed_mentions=NO_PINGS)
+        else:
+            await self.message.edit(content=shown, allowed_mentions=NO_PINGS)
+        self._shown = shown
+
+    async def stop(self) -> None:
+        """Stop editing; an edit already under way finishes first."""
+        self._done = True
+        self._changed.set()
+        if self._task is not None:
+            try:
+                await self._task
+            except Exception:  # a failed preview edit must not lose the final answer
+                logger.warning("discord: a streaming preview edit failed", exc_info=True)
+
+    async def finish(self, parts: list[Part], view: discord.ui.View | None) -> list[Any]:
+        await self.stop()
+        sent: list[Any] = []
+        for i, part in enumerate(parts):
+            kwargs: dict[str, Any] = {"embeds": part.embeds, "allowed_mentions": NO_PINGS}
+            if part.content is not None:
+                kwargs["content"] = part.content
+            if i == len(parts) - 1 and view is not None:
+                kwargs["view"] = view
+            if i == 0 and self.message is not None:
+                await self.message.edit(**kwargs)
+                sent.append(self.message)
+            else:
+                sent.append(await self._send(**kwargs))
+        return sent
+
+    async def fail(self, text: str) -> None:
+        await self.stop()
+        if self.message is not None:
+            await self.message.edit(content=text, embeds=[], allowed_mentions=NO_PINGS)
+        else:
+            await self._send(content=text, allowed_mentions=NO_PINGS)
+
+
+# ---- the client ---------------------------------------------------------------------------------------------------
+
+
+class RagbotDiscord(discord.Client):
+    def __init__(self, kb: "KnowledgeBase", settings: BotSettings, metrics: "BotMetrics | None" = None) -> None:
+        intents = discord.Intents.default()  # guilds, guild and DM messages; no members or presences
+        intents.message_content = settings.discord_message_content
+        super().__init__(intents=intents, allowed_mentions=NO_PINGS)
+        self.kb = kb
+        self.settings = settings
+        self.metrics = metrics
+        self.flow = ChatFlow(kb, PLATFORM, metrics)
+        self.tree = app_commands.CommandTree(self)
+        self.tree.on_error = self._on_command_error  # type: ignore[method-assign]
+        self.background: set[asyncio.Task[Any]] = set()  # reindex jobs still running
+        _register_commands(self)
+
+    # ---- start-up -------------------------------------------------------------------------------------------------
+
+    async def setup_hook(self) -> None:
+        """Runs at login: feedback buttons of earlier answers work again, and the commands are registered."""
+        self.add_dynamic_items(FeedbackButton)
+        await self.sync_commands()
+
+    async def sync_commands(self) -> list[app_commands.AppCommand]:
+        """To DISCORD_GUILD_ID when set (instant), otherwise globally (Discord may take up to an hour)."""
+        if self.settings.discord_guild_id:
+            guild = discord.Object(id=self.settings.discord_guild_id)
+            self.tree.copy_global_to(guild=guild)
+            return await self.tree.sync(guild=guild)
+        return await self.tree.sync()
+
+    def run_in_background(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task
+
+    # ---- who asks, who reads ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def identity(user: discord.abc.User) -> str:
+        return f"{PLATFORM}:{user.id}"
+
+    async def private_audience(self, user: discord.abc.User) -> access.Audience:
+        return await access.private_audience(self.kb, self.identity(user))
+
+    async def shared_audience(self, user: discord.abc.User, guild_id: int, channel_id: int) -> access.Audience:
+        return await access.shared_audience(self.kb, self.identity(user), channel_key(guild_id, channel_id))
+
+    def is_admin(self, interaction: discord.Interaction) -> bool:
+        """Manage Server in this server, or listed in ADMIN_USER_IDS. Checked here on every call, whatever
+        Discord's default-permission hint shows to whom."""
+        if self.settings.is_listed_admin(PLATFORM, str(interaction.user.id)):
+            return True
+        return interaction.guild_id is not None and interaction.permissions.manage_guild
+
+    # ---- answering ------------------------------------------------------------------------------------------------
+
+    async def answer_into(self, send: Send, question: str, audience: "Callable[[], Awaitable[access.Audience]]",
+                          conversation_id: str, asker: str,
+                          history: "Callable[[], Awaitable[list[ChatMessage]]] | None" = None) -> "Answer | None":
+        """Answer `question` through the shared chat flow and post it through `send`: progressively while Claude
+        writes, then the final answer split within Discord's limits, its sources and 👍/👎 buttons. A failure
+        anywhere becomes a short message with an error id (the same id is in the log with the traceback)."""
+        reply = ProgressiveReply(send, self.settings.discord_edit_interval_seconds)
+        ask = Ask(question, conversation_id, asker, audience, history)
+        return await self.flow.answer(ask, reply)
+
+    def question_from(self, message: discord.Message) -> str:
+        """The message text without the bot's mention (`<@id>` or `<@!id>`)."""
+        assert self.user is not None
+        return re.sub(rf"<@!?{self.user.id}>", " ", message.content).strip()
+
+    async def claim(self, message: discord.Message) -> bool:
+        """True the first time: a replayed gateway event or a second replica of the bot never answers twice.
+        Only messages the bot acts on are recorded (with the Message Content intent it sees every message)."""
+        return await self.flow.claim(f"{PLATFORM}:message:{message.id}")
+
+    async def on_message(self, message: discord.Message) -> None:
+        if message.author.bot or self.user is None or message.author.id == self.user.id:
+            return  # ourselves and other bots
+        if message.type not in (discord.MessageType.default, discord.MessageType.reply):
+            return  # joins, pins, "thread created" notices...
+        question = self.question_from(message)
+        mentioned = any(user.id == self.user.id for user in message.mentions)  # not via @everyone
+        if message.guild is None:  # a DM: answered as the asker
+            if question and await self.claim(message):
+                await self.answer_into(message.channel.send, question, lambda: self.private_audience(message.author),
+                                       f"{PLATFORM}:dm:{message.channel.id}", self.identity(message.author))
+            return
+        guild_id, channel = message.guild.id, message.channel
+        # A thread (or a channel discord.py has not cached, which may be one): replies there are follow-ups when
+        # the bot has answered in it; a mention there is answered in place.
+        if isinstance(channel, (discord.Thread, discord.PartialMessageable)):
+            if not question:
+                return
+            conversation = f"{PLATFORM}:{guild_id}:{channel.id}"
+            followup = await self.flow.answered_in(conversation)
+            if not (mentioned or followup) or not await self.claim(message):
+                return
+            parent = channel.parent_id if isinstance(channel, discord.Thread) else None
+            await self.answer_into(
+                channel.send, question, lambda: self.shared_audience(message.author, guild_id, parent or channel.id),
+                conversation, self.identity(message.author),
+                None if followup else (lambda: self.thread_history(channel, before=message)),
+            )
+            return
+        if not mentioned or not await self.claim(message):
+            return
+        if not question:
+            await message.reply("Ask me a question after the mention, e.g. `@ragbot how many vacation days do I get?`",
+                                allowed_mentions=NO_PINGS)
+            return
+        try:
+            thread = await message.create_thread(name=thread_name(question), auto_archive_duration=1440)
+        except discord.HTTPException:
+            error_id = new_error_id()
+            logger.exception("discord: could not open a thread (error id %s)", error_id)
+            self.flow.count("errors", "thread")
+            await message.reply("I couldn't open a thread for the answer here: do I have the Create Public Threads "
+                                f"permission in this channel? (error id `{error_id}`)", allowed_mentions=NO_PINGS)
+            return
+        await self.answer_into(thread.send, question, lambda: self.shared_audience(message.author, guild_id, channel.id),
+                               f"{PLATFORM}:{guild_id}:{thread.id}", self.identity(message.author))
+
+    async def thread_history(self, thread: Any, before: discord.Message) -> list[ChatMessage]:
+        """The messages of a thread the bot is mentioned in for the first time, oldest first, as history."""
+        assert self.user is not None
+        history = []
+        async for old in thread.history(limit=HISTORY_MESSAGES, before=before):
+            mine = old.author.id == self.user.id
+            text = old.content if mine else self.question_from(old)
+            if text:
+                history.append(ChatMessage("assistant" if mine else "user", text))
+        return list(reversed(history))
+
+    # ---- feedback -----------------------------------------------------------------------------------------------
+
+    async def record_feedback(self, interaction: discord.Interaction, answer_id: int, vote: str) -> None:
+        ack = await self.flow.feedback(answer_id, self.identity(interaction.user), vote)  # type: ignore[arg-type]
+        await interaction.response.send_message(ack.text, ephemeral=True, allowed_mentions=NO_PINGS)
+
+    # ---- errors -------------------------------------------------------------------------------------------------
+
+    async def _on_command_error(self, interaction: discord.Interaction,
+                                error: app_commands.AppCommandError) -> None:
+        if isinstance(error, app_commands.CheckFailure):
+            command = interaction.command.qualified_name if interaction.command else "kb"
+            text = ADMIN_REFUSAL.format(command=command)
+        else:
+            text = self.flow.failure("command", error, doing="running that command")
+        if interaction.response.is_done():
+            await interaction.followup.send(text, ephemeral=True, allowed_mentions=NO_PINGS)
+        else:
+            await interaction.response.send_message(text, ephemeral=True, allowed_mentions=NO_PINGS)
+
+
+def channel_key(guild_id: int, channel_id: int) -> str:
+    return f"{PLATFORM}:{guild_id}:{channel_id}"
+
+
+def thread_name(question: str) -> str:
+    name = " ".join(quote_safe(question).split())
+    return name if len(name) <= THREAD_NAME_LIMIT else name[: THREAD_NAME_LIMIT - 1].rstrip() + "…"
+
+
+# ---- slash commands -----------------------------------------------------------------------------------------------
+
+
+def _admin_only(interaction: discord.Interaction) -> bool:
+    client = interaction.client
+    return isinstance(client, RagbotDiscord) and client.is_admin(interaction)
+
+
+def _interaction_channel_key(interaction: discord.Interaction) -> str | None:
+    """Grants belong to a channel; a thread uses its parent channel's."""
+    if interaction.guild_id is None or interaction.channel_id is None:
+        return None
+    channel = interaction.channel
+    if isinstance(channel, discord.Thread) and channel.parent_id:
+        return channel_key(interaction.guild_id, channel.parent_id)
+    return channel_key(interaction.guild_id, interaction.channel_id)
+
+
+def _register_commands(bot: RagbotDiscord) -> None:
+    tree = bot.tree
+
+    @tree.command(name="ask", description="Ask a question; the answer cites the documents it comes from.")
+    @app_commands.describe(question="What you want to know",
+                           private="Only you see the answer, and it may also use documents shared with you")
+    async def ask(interaction: discord.Interaction, question: str, private: bool = False) -> None:
+        await interaction.response.defer(thinking=True, ephemeral=private)  # first, within Discord's 3 seconds
+        conversation = f"{PLATFORM}:{interaction.guild_id or 'dm'}:{interaction.channel_id}:ask:{interaction.id}"
+        async def audience() -> access.Audience:
+            if private or interaction.guild_id is None:
+                return await bot.private_audience(interaction.user)
+            return await bot.shared_audience(interaction.user, interaction.guild_id, interaction.channel_id or 0)
+
+        async def send(**kwargs: Any) -> Any:
+            return await interaction.followup.send(wait=True, ephemeral=private, **kwargs)
+
+        await bot.answer_into(send, question, audience, conversation, bot.identity(interaction.user))
+
+    kb = app_commands.Group(name="kb", description="Knowledge base administration (admins)",
+                            default_permissions=discord.Permissions(manage_guild=True))
+    channel_access = app_commands.Group(name="channel-access", parent=kb,
+                                        description="What this channel's answers may draw on besides `everyone`")
+    users = app_commands.Group(name="users", parent=kb, description="Whom a Discord user asks as in DMs")
+
+    async def run(interaction: discord.Interaction, words: list[str], *, defer: bool = False) -> None:
+        """Run a /kb command through the platform-neutral admin actions and reply ephemerally. Long work (a
+        reindex) is acknowledged at once and its result posted as an ephemeral follow-up when it is done."""
+        caller = admin.Caller(bot.identity(interaction.user), bot.is_admin(interaction),
+                              _interaction_channel_key(interaction))
+        if defer:
+            await interaction.response.defer(ephemeral=True, thinking=True)
+        result = await bot.flow.command(shlex.join(words), caller)
+        pieces = split_text(result.text, MESSAGE_LIMIT) or ["Done."]
+        if not interaction.response.is_done():
+            await interaction.response.send_message(pieces.pop(0), ephemeral=True, allowed_mentions=NO_PINGS)
+        for piece in pieces:
+            await interaction.followup.send(piece, ephemeral=True, allowed_mentions=NO_PINGS)
+        if result.followup is not None:
+            job = result.followup
+
+            async def report() -> None:
+                try:
+                    for piece in split_text(await bot.flow.followup(job), MESSAGE_LIMIT):
+                        await interaction.followup.send(piece, ephemeral=True, allowed_mentions=NO_PINGS)
+                except Exception:  # e.g. the interaction's 15 minutes ran out during a long sync
+                    logger.exception("discord: could not report the result of /kb %s", " ".join(words))
+
+            bot.run_in_background(report(), name=f"ragbot-discord-kb-{interaction.id}")
+
+    @kb.command(name="help", description="What ragbot and the /kb commands do")
+    async def kb_help(interaction: discord.Interaction) -> None:
+        await run(interaction, ["help"])
+
+    @kb.command(name="sources", description="The indexed sources and when they last synced")
+    @app_commands.check(_admin_only)
+    async def kb_sources(interaction: discord.Interaction) -> None:
+        await run(interaction, ["sources"], defer=True)
+
+    @kb.command(name="status", description="Documents, chunks and the last sync per source")
+    @app_commands.check(_admin_only)
+    async def kb_status(interaction: discord.Interaction) -> None:
+        await run(interaction, ["status"], defer=True)
+
+    @kb.command(name="reindex", description="Sync a source now (every source when none is given)")
+    @app_commands.describe(source="The source to sync")
+    @app_commands.check(_admin_only)
+    async def kb_reindex(interaction: discord.Interaction, source: str | None = None) -> None:
+        await run(interaction, ["reindex", *([source] if source else [])])
+
+    @kb_reindex.autocomplete("source")
+    async def kb_reindex_source(interaction: discord.Interaction, current: str) -> list[app_commands.Choice[str]]:
+        names = await bot.kb.source_names()
+        return [app_commands.Choice(name=n, value=n) for n in names if current.lower() in n.lower()][:25]
+
+    @channel_access.command(name="add", description="Let answers in this channel use a principal's documents")
+    @app_commands.describe(principal="e.g. group:engineering or user:alice@example.com")
+    @app_commands.check(_admin_only)
+    async def channel_access_add(interaction: discord.Interaction, principal: str) -> None:
+        await run(interaction, ["channel-access", "add", principal])
+
+    @channel_access.command(name="remove", description="Stop answers in this channel using a principal's documents")
+    @app_commands.describe(principal="A principal granted earlier")
+    @app_commands.check(_admin_only)
+    async def channel_access_remove(interaction: discord.Interaction, principal: str) -> None:
+        await run(interaction, ["channel-access", "remove", principal])
+
+    @channel_access.command(name="list", description="The principals granted to this channel")
+    @app_commands.check(_admin_only)
+    async def channel_access_list(interaction: discord.Interaction) -> None:
+        await run(interaction, ["channel-access", "list"])
+
+    @users.command(name="map", description="Answer this user's DMs with a principal's documents as well")
+    @app_commands.describe(user="The Discord user", principal="e.g. user:alice@example.com")
+    @app_commands.check(_admin_only)
+    async def users_map(interaction: discord.Interaction, user: discord.User, principal: str) -> None:
+        await run(interaction, ["users", "map", bot.identity(user), principal])
+
+    @users.command(name="list", description="Which Discord users are mapped to which principals")
+    @app_commands.check(_admin_only)
+    async def users_list(interaction: discord.Interaction) -> None:
+        await run(interaction, ["users", "list"])
+
+    tree.add_command(kb)
+
+
+# ---- running ------------------------------------------------------------------------------------------------------
+
+
+CONNECT_TIMEOUT_SECONDS = 60
+
+
+class DiscordStartError(ValueError):
+    """Discord would not let the bot in (its message names the setting to fix). A ValueError, so `ragbot run`
+    shows it as a one-line error."""
+
+
+class DiscordAdapter:
+    """What `bot/app.py` starts when DISCORD_TOKEN is set: log in (which syncs the commands), then hold the
+    gateway connection in a background task until stopped."""
+
+    name = PLATFORM
+
+    def __init__(self, context: "BotContext") -> None:
+        self.context = context
+        self.client: RagbotDiscord | None = None
+        self._connection: asyncio.Task[None] | None = None
+
+    def routes(self) -> list[Any]:
+        return []  # Discord talks to us over the gateway; nothing to serve on PORT
+
+    async def start(self) -> None:
+        """Log in (syncing the commands) and connect; returns once Discord has accepted the connection. A refused
+        token or intent raises `DiscordStartError`, whose message says what to change."""
+        settings = self.context.settings
+        assert settings.discord_bot_token is not None
+        configure_api_url(settings.discord_api_url)
+        configure_gateway_url(settings.discord_gateway_url)
+        self.client = RagbotDiscord(self.context.kb, settings, self.context.metrics)
+        try:
+            await self.client.login(settings.discord_bot_token.get_secret_value())
+        except discord.LoginFailure as exc:
+            await self.client.close()
+            raise DiscordStartError(
+                "Discord refused DISCORD_TOKEN: copy the bot token again from the Developer Portal (Bot → Reset "
+                "Token) into DISCORD_TOKEN"
+            ) from exc
+        self._connection = asyncio.create_task(self.client.connect(reconnect=True), name="ragbot-discord-gateway")
+        connected = asyncio.create_task(self.client.wait_for("connect"), name="ragbot-discord-connected")
+        done, _ = await asyncio.wait({self._connection, connected}, timeout=CONNECT_TIMEOUT_SECONDS,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        connected.cancel()
+        if self._connection in done:
+            error = self._connection.exception()
+            await self.client.close()
+            if isinstance(error, discord.PrivilegedIntentsRequired):
+                raise DiscordStartError(
+                    "Discord refused the Message Content intent: switch it on in the Developer Portal (Bot → "
+                    "Privileged Gateway Intents → Message Content Intent), or set DISCORD_MESSAGE_CONTENT=false"
+                ) from error
+            raise DiscordStartError(f"could not connect to Discord's gateway: {error}") from error
+        if not done:
+            logger.warning("discord: still connecting after %s s; carrying on in the background",
+                           CONNECT_TIMEOUT_SECONDS)
+        self._connection.add_done_callback(_log_gateway_end)
+
+    async def stop(self) -> None:
+        if self.client is not None and not self.client.is_closed():
+            await self.client.close()
+        if self._connection is not None:
+            self._connection.cancel()
+            try:
+                await self._connection
+            except (asyncio.CancelledError, Exception):
+                pass
+
+
+def _log_gateway_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("discord: the gateway connection ended", exc_info=task.exception())

@@ -1,0 +1,521 @@
+"""The Slack adapter: slack-bolt's AsyncApp in HTTP mode (POST /slack/events on PORT, signed requests) or Socket
+Mode (SLACK_APP_TOKEN).
+
+A Slack event becomes an `Ask` for the shared chat flow (`bot.chat.flow`: claim → audience → history → answer →
+deliver, errors, `/kb`, feedback); `SlackReply` is the flow's `Reply` for Slack: the answer streamed into the thread
+(Claude) or a placeholder replaced by it, then the Sources list and feedback buttons. What is Slack-specific lives
+here and in `bot/slack/format.py`.
+
+Events handled: `app_mention` (answer in the thread, starting one under the mention), `message.im` (answer in the
+DM), replies in a thread the bot already answered in (a follow-up without a re-mention, `SLACK_THREAD_FOLLOWUPS`),
+and the AI-assistant surface (`assistant_thread_started`, messages in assistant threads). The bot's own messages,
+other bots, edits and other subtypes are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.middleware.assistant.async_assistant import AsyncAssistant
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler, AsyncRateLimitErrorRetryHandler, AsyncServerErrorRetryHandler,
+)
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.chat import admin
+from bot.chat.access import Audience, private_audience, shared_audience
+from bot.chat.errors import new_error_id
+from bot.chat.feedback import parse_button_value
+from bot.chat.flow import Ask, ChatFlow, OnText
+from bot.chat.render import sources_list
+from knowledge.answer.memory import ChatMessage
+from bot.slack.format import (
+    FEEDBACK_ACTION_ID, PLACEHOLDER, SlackMessage, answer_messages, question_text, stream_safe, stream_tail_blocks,
+    to_mrkdwn,
+)
+
+if TYPE_CHECKING:
+    from bot.context import BotContext
+    from knowledge.answer.answering import Answer
+
+logger = logging.getLogger(__name__)
+
+PLATFORM = "slack"
+EVENTS_PATH = "/slack/events"
+GREETING = ("Hi! I answer questions from your company's documents, with sources. In this private thread I can use "
+            "every document you may see.")
+SUGGESTED_PROMPTS = [
+    {"title": "What can you answer?", "message": "Which topics do the documents cover?"},
+    {"title": "Time off", "message": "How many vacation days do I get?"},
+    {"title": "Expenses", "message": "How do I submit an expense report?"},
+]
+NOTE_OFFLINE = "Composed answers are unavailable right now, so these are excerpts from the documents."
+STATUS_SEARCHING = "is searching the documents…"
+PRIOR_MESSAGES_LIMIT = 30
+
+
+@dataclass(frozen=True)
+class SlackUser:
+    id: str
+    email: str | None
+    is_admin: bool
+    is_bot: bool
+
+
+class UserDirectory:
+    """users.info with a TTL cache: the asker's email (principal `user:<email>`) and admin flag."""
+
+    def __init__(self, client: AsyncWebClient, ttl_seconds: float) -> None:
+        self.client = client
+        self.ttl = ttl_seconds
+        self._cache: dict[str, tuple[float, SlackUser]] = {}
+
+    async def get(self, user_id: str) -> SlackUser | None:
+        cached = self._cache.get(user_id)
+        if cached and time.monotonic() - cached[0] < self.ttl:
+            return cached[1]
+        try:
+            response = await self.client.users_info(user=user_id)
+        except SlackClientError as exc:
+            logger.warning("users.info failed for %s: %s", user_id, getattr(exc, "response", exc))
+            return None
+        data = response.get("user") or {}
+        user = SlackUser(
+            id=user_id,
+            email=(data.get("profile") or {}).get("email") or None,
+            is_admin=bool(data.get("is_admin") or data.get("is_owner") or data.get("is_primary_owner")),
+            is_bot=bool(data.get("is_bot")),
+        )
+        self._cache[user_id] = (time.monotonic(), user)
+        return user
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a question was asked and where its answer goes."""
+
+    team: str
+    channel: str
+    thread_ts: str | None  # None: answer at the top level of a DM
+    message_ts: str
+    user: str
+    private: bool  # a DM or assistant thread: the asker's own documents may be used
+    assistant: bool = False
+
+    @property
+    def conversation_id(self) -> str:
+        return f"slack:{self.team}:{self.channel}:{self.thread_ts or 'dm'}"
+
+    @property
+    def channel_key(self) -> str:
+        return f"slack:{self.team}:{self.channel}"
+
+
+class SlackAdapter:
+    name = PLATFORM
+
+    def __init__(self, context: "BotContext", *, client: AsyncWebClient | None = None) -> None:
+        self.context = context
+        self.kb = context.kb
+        self.settings = context.settings
+        self.metrics = context.metrics
+        self.flow = ChatFlow(self.kb, PLATFORM, self.metrics)
+        token = self.settings.slack_bot_token.get_secret_value() if self.settings.slack_bot_token else None
+        self.client = client or AsyncWebClient(
+            token=token,
+            base_url=self.settings.slack_api_url.rstrip("/") + "/",
+            retry_handlers=[
+                AsyncConnectionErrorRetryHandler(max_retry_count=2),
+                AsyncRateLimitErrorRetryHandler(max_retry_count=4),
+                AsyncServerErrorRetryHandler(max_retry_count=2),
+            ],
+        )
+        self.socket_mode = bool(self.settings.slack_app_token and self.settings.slack_app_token.get_secret_value())
+        signing_secret = self.settings.slack_signing_secret.get_secret_value() if self.settings.slack_signing_secret else ""
+        if not self.socket_mode and not signing_secret:
+            raise ValueError("SLACK_SIGNING_SECRET is required in HTTP mode (or set SLACK_APP_TOKEN for Socket Mode)")
+        self.app = AsyncApp(
+            client=self.client,
+            signing_secret=signing_secret or "socket-mode-has-no-signatures",
+            request_verification_enabled=not self.socket_mode,
+            logger=logging.getLogger("slack_bolt"),
+        )
+        self.users = UserDirectory(self.client, self.settings.user_cache_seconds)
+        self.bot_user_id: str | None = None
+        self.bot_id: str | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._socket_handler: Any = None
+        self._register()
+
+    # Lifecycle (bot.app.Adapter).
+
+    def routes(self) -> list[web.RouteDef]:
+        return [] if self.socket_mode else [web.post(EVENTS_PATH, self.handle_http)]
+
+    async def start(self) -> None:
+        identity = await self.client.auth_test()
+        self.bot_user_id = identity.get("user_id")
+        self.bot_id = identity.get("bot_id")
+        logger.info("Slack: connected as %s in %s (%s mode)", identity.get("user"), identity.get("team"),
+                    "Socket" if self.socket_mode else "HTTP")
+        if self.socket_mode:
+            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+
+            self._socket_handler = AsyncSocketModeHandler(self.app, self.settings.slack_app_token.get_secret_value())  # type: ignore[union-attr]
+            await self._socket_handler.connect_async()
+
+    async def stop(self) -> None:
+        if self._socket_handler is not None:
+            await self._socket_handler.close_async()
+            self._socket_handler = None
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=30)
+
+    async def handle_http(self, request: web.Request) -> web.Response:
+        """POST /slack/events: events, interactivity and slash commands, verified by bolt (401 on a bad or stale
+        signature). A payload bolt cannot make sense of is a 400, never a crash."""
+        try:
+            bolt_request = await to_bolt_request(request)
+            bolt_response = await self.app.async_dispatch(bolt_request)
+        except Exception:
+            reference = new_error_id()
+            logger.exception("Slack: could not handle a request (error id %s)", reference)
+            return web.json_response({"error": "malformed request", "error_id": reference}, status=400,
+                                     headers={"X-Slack-No-Retry": "1"})
+        return await to_aiohttp_response(bolt_response)
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # Listeners.
+
+    def _register(self) -> None:
+        app = self.app
+        assistant = AsyncAssistant()
+        assistant.thread_started(self._on_assistant_thread_started)
+        assistant.user_message(self._on_assistant_message)
+        app.assistant(assistant)
+        app.event("app_mention")(self._on_mention)
+        app.event("message")(self._on_message)
+        app.command("/kb")(self._on_kb_command)
+        app.action(FEEDBACK_ACTION_ID)(self._on_feedback)
+        app.error(self._on_error)
+
+    async def _on_error(self, error: Exception, body: dict[str, Any]) -> None:
+        logger.error("Slack listener error: %s", error, exc_info=error)
+
+    async def _on_assistant_thread_started(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        thread = event.get("assistant_thread") or {}
+        channel, thread_ts = thread.get("channel_id"), thread.get("thread_ts")
+        if not channel or not thread_ts:
+            return
+        if not await self._claim(body, None):
+            return
+        try:
+            await self.client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=GREETING)
+            await self.client.assistant_threads_setSuggestedPrompts(
+                channel_id=channel, thread_ts=thread_ts, prompts=SUGGESTED_PROMPTS, title="Try asking:"
+            )
+        except SlackClientError:
+            logger.exception("Slack: could not greet a new assistant thread")
+
+    async def _on_assistant_message(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        if not self._is_user_message(event):
+            return
+        where = Where(self._team(body, event), event["channel"], event.get("thread_ts") or event["ts"], event["ts"],
+                      event["user"], private=True, assistant=True)
+        await self._question(body, event, where)
+
+    async def _on_mention(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        if not self._is_user_message(event, allow_subtype=False):
+            return
+        channel = event["channel"]
+        where = Where(self._team(body, event), channel, event.get("thread_ts") or event["ts"], event["ts"],
+                      event["user"], private=channel.startswith("D"))
+        await self._question(body, event, where, mid_thread=bool(event.get("thread_ts")))
+
+    async def _on_message(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        if not self._is_user_message(event):
+            return
+        channel_type = event.get("channel_type")
+        if channel_type == "im":
+            where = Where(self._team(body, event), event["channel"], event.get("thread_ts"), event["ts"],
+                          event["user"], private=True)
+            await self._question(body, event, where)
+            return
+        thread_ts = event.get("thread_ts")
+        text = event.get("text") or ""
+        if (not thread_ts or thread_ts == event["ts"] or not self.settings.slack_thread_followups
+                or (self.bot_user_id and f"<@{self.bot_user_id}" in text)):  # a mention arrives as app_mention
+            return
+        where = Where(self._team(body, event), event["channel"], thread_ts, event["ts"], event["user"], private=False)
+        if not await self.flow.answered_in(where.conversation_id):
+            return
+        await self._question(body, event, where)
+
+    def _is_user_message(self, event: dict[str, Any], allow_subtype: bool = False) -> bool:
+        """A person's new message: not the bot's, not another bot's, not an edit, deletion or other subtype."""
+        if not isinstance(event, dict) or event.get("bot_id") or event.get("bot_profile"):
+            return False
+        if event.get("subtype") and not allow_subtype:
+            return False
+        user = event.get("user")
+        if not user or user == self.bot_user_id or not event.get("channel") or not event.get("ts"):
+            return False
+        return isinstance(event.get("text", ""), str)
+
+    @staticmethod
+    def _team(body: dict[str, Any], event: dict[str, Any]) -> str:
+        return str(body.get("team_id") or event.get("team") or "T")
+
+    async def _claim(self, body: dict[str, Any], event: dict[str, Any] | None) -> bool:
+        """Exactly once: the event id, and for messages channel + ts (an app_mention and a message event for the
+        same message, a retry, a second replica). Claimed in Postgres before any work."""
+        keys = []
+        if body.get("event_id"):
+            keys.append(f"slack:event:{body['event_id']}")
+        if event is not None:
+            keys.append(f"slack:msg:{self._team(body, event)}:{event['channel']}:{event['ts']}")
+        return await self.flow.claim(*keys)
+
+    # Answering.
+
+    async def _question(self, body: dict[str, Any], event: dict[str, Any], where: Where, mid_thread: bool = False) -> None:
+        reply = SlackReply(self, where)
+        try:
+            if not await self._claim(body, event):
+                return
+        except Exception as exc:  # the database is down: say so rather than stay silent
+            await reply.fail(self.flow.failure("claim", exc, where=where.conversation_id))
+            return
+        question = question_text(event.get("text") or "", self.bot_user_id)
+        if not question:
+            await self._post(where, SlackMessage("Ask me a question about your documents, e.g. "
+                                                 "_How many vacation days do I get?_"))
+            return
+        history = (lambda: self._prior_messages(where, event)) if mid_thread else None
+        ask = Ask(question, where.conversation_id, f"slack:{where.user}", lambda: self._audience(where), history)
+        await self.flow.answer(ask, reply)
+
+    async def _audience(self, where: Where) -> Audience:
+        identity = f"slack:{where.user}"
+        if where.private:
+            user = await self.users.get(where.user)
+            return await private_audience(self.kb, identity, user.email if user else None)
+        return await shared_audience(self.kb, identity, where.channel_key)
+
+    async def _prior_messages(self, where: Where, event: dict[str, Any]) -> list[ChatMessage] | None:
+        """Mentioned mid-thread: the thread's earlier messages (which the bot never saw) become the history."""
+        if await self.flow.answered_in(where.conversation_id):
+            return None
+        try:
+            response = await self.client.conversations_replies(channel=where.channel, ts=where.thread_ts,
+                                                               limit=PRIOR_MESSAGES_LIMIT + 1)
+        except SlackClientError as exc:
+            logger.warning("Slack: could not read the thread for context: %s", exc)
+            return None
+        prior = []
+        for message in response.get("messages") or []:
+            if message.get("ts") == where.message_ts or message.get("subtype") not in (None, "thread_broadcast"):
+                continue
+            text = question_text(message.get("text") or "", self.bot_user_id)
+            if not text:
+                continue
+            mine = message.get("user") == self.bot_user_id or (self.bot_id and message.get("bot_id") == self.bot_id)
+            prior.append(ChatMessage("assistant" if mine else "user", text))
+        return prior[-PRIOR_MESSAGES_LIMIT:] or None
+
+    # Posting.
+
+    async def _post(self, where: Where, message: SlackMessage) -> str | None:
+        response = await self.client.chat_postMessage(
+            channel=where.channel, thread_ts=where.thread_ts, text=message.text, blocks=message.blocks or None,
+            unfurl_links=False, unfurl_media=False,
+        )
+        return response.get("ts")
+
+    async def _deliver(self, where: Where, messages: list[SlackMessage], placeholder_ts: str | None) -> None:
+        first, rest = messages[0], messages[1:]
+        if placeholder_ts:
+            await self.client.chat_update(channel=where.channel, ts=placeholder_ts, text=first.text,
+                                          blocks=first.blocks or None)
+        else:
+            await self._post(where, first)
+        for message in rest:
+            await self._post(where, message)
+
+    async def _set_status(self, where: Where, status: str) -> None:
+        try:
+            await self.client.assistant_threads_setStatus(channel_id=where.channel, thread_ts=where.thread_ts,
+                                                          status=status)
+        except SlackClientError as exc:
+            logger.info("Slack: setStatus failed: %s", exc)
+
+    # /kb and feedback.
+
+    async def _on_kb_command(self, ack: Any, command: dict[str, Any], respond: Any) -> None:
+        user_id = command.get("user_id") or ""
+        channel = command.get("channel_id") or ""
+        team = command.get("team_id") or "T"
+        user = await self.users.get(user_id) if user_id else None
+        is_admin = bool(user and user.is_admin) or self.settings.is_listed_admin(PLATFORM, user_id)
+        caller = admin.Caller(f"slack:{user_id}", is_admin,
+                              channel_key=None if channel.startswith("D") or not channel else f"slack:{team}:{channel}")
+        result = await self.flow.command(command.get("text") or "", caller)
+        await ack(response_type="ephemeral", text=to_mrkdwn(result.text))
+        if result.followup is not None:
+            self._spawn(self._run_followup(result.followup, respond, channel, user_id))
+
+    async def _run_followup(self, job: Callable[[], Awaitable[str]], respond: Any, channel: str, user_id: str) -> None:
+        text = await self.flow.followup(job)
+        try:
+            await respond(response_type="ephemeral", text=to_mrkdwn(text), replace_original=False)
+        except Exception:  # the response_url lasts 30 minutes: fall back to an ephemeral message
+            await self.client.chat_postEphemeral(channel=channel, user=user_id, text=to_mrkdwn(text))
+
+    async def _on_feedback(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
+        await ack()
+        parsed = parse_button_value(str(action.get("value") or ""))
+        user_id = (body.get("user") or {}).get("id")
+        if parsed is None or not user_id:
+            return
+        rating, answer_id = parsed
+        result = await self.flow.feedback(answer_id, f"slack:{user_id}", rating)
+        channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get("channel_id")
+        message = body.get("message") or {}
+        if channel:
+            try:
+                await self.client.chat_postEphemeral(channel=channel, user=user_id, text=result.text,
+                                                     thread_ts=message.get("thread_ts") or message.get("ts"))
+            except SlackClientError as exc:
+                logger.info("Slack: could not acknowledge feedback: %s", exc)
+
+
+class SlackReply:
+    """The chat flow's `Reply` for Slack: an assistant-thread status while searching, then the answer streamed into
+    the thread (Claude, SLACK_STREAM_ANSWERS) or a placeholder that the answer replaces; an apology replaces
+    whichever of them was posted."""
+
+    def __init__(self, adapter: "SlackAdapter", where: Where) -> None:
+        self.adapter = adapter
+        self.where = where
+        self.placeholder_ts: str | None = None
+        self.stream: _AnswerStream | None = None
+
+    async def begin(self) -> None:
+        if self.where.assistant:
+            await self.adapter._set_status(self.where, STATUS_SEARCHING)
+
+    async def open(self) -> OnText | None:
+        streaming = (self.adapter.settings.slack_stream_answers and self.where.thread_ts is not None
+                     and self.adapter.kb.answer_mode == "llm")
+        if streaming:
+            self.stream = _AnswerStream(self.adapter, self.where)
+            return self.stream.on_text
+        self.placeholder_ts = await self.adapter._post(self.where, SlackMessage(PLACEHOLDER))
+        return None
+
+    async def end(self) -> None:
+        if self.stream is not None and self.stream.refused and self.placeholder_ts is None:
+            self.placeholder_ts = self.stream.placeholder_ts
+        if self.where.assistant:
+            await self.adapter._set_status(self.where, "")
+
+    async def deliver(self, answer: "Answer", answer_id: int) -> None:
+        sources = sources_list(answer.citations)
+        note = NOTE_OFFLINE if answer.note else None
+        if self.stream is not None and self.stream.started:
+            await self.stream.finish(answer, sources, answer_id, note)
+        else:
+            await self.adapter._deliver(self.where, answer_messages(answer.text, sources, answer_id, note),
+                                        self.placeholder_ts)
+
+    async def fail(self, text: str) -> None:
+        stream, client, where = self.stream, self.adapter.client, self.where
+        try:
+            if stream is not None and stream.started:
+                await stream.abort(text)
+            elif self.placeholder_ts or (stream is not None and stream.placeholder_ts):
+                await client.chat_update(channel=where.channel, ts=self.placeholder_ts or stream.placeholder_ts,  # type: ignore[union-attr]
+                                         text=text, blocks=[])
+            else:
+                await self.adapter._post(where, SlackMessage(text))
+        except SlackClientError:
+            logger.exception("Slack: could not even post the apology")
+
+
+class _AnswerStream:
+    """Claude's text streamed into the thread with chat.startStream/appendStream/stopStream. If Slack refuses to
+    stream (older workspace, unsupported channel), it falls back to a placeholder that is updated at the end."""
+
+    def __init__(self, adapter: SlackAdapter, where: Where) -> None:
+        self.adapter = adapter
+        self.where = where
+        self.streamer: Any = None
+        self.started = False
+        self.refused = False
+        self.placeholder_ts: str | None = None
+        self._pending = ""
+        self.received = ""  # every delta, as Claude wrote it
+
+    async def on_text(self, delta: str) -> None:
+        self.received += delta
+        if self.refused:
+            return
+        self._pending += delta
+        # Hold back the last partial word: a mention split across deltas is neutralised only once it is whole.
+        cut = max(self._pending.rfind(" "), self._pending.rfind("\n"))
+        if cut < 0:
+            return
+        ready, self._pending = self._pending[: cut + 1], self._pending[cut + 1 :]
+        await self._append(ready)
+
+    async def _append(self, text: str) -> None:
+        client = self.adapter.client
+        try:
+            if self.streamer is None:
+                self.streamer = await client.chat_stream(
+                    channel=self.where.channel, thread_ts=self.where.thread_ts, buffer_size=80,
+                    recipient_team_id=self.where.team, recipient_user_id=self.where.user,
+                )
+            await self.streamer.append(markdown_text=stream_safe(text))
+            if self.streamer.ts:
+                self.started = True
+        except SlackApiError as exc:
+            if self.started:
+                raise
+            logger.info("Slack refused to stream (%s); answering with a placeholder instead",
+                        exc.response.get("error") if exc.response else exc)
+            self.refused = True
+            self.placeholder_ts = await self.adapter._post(self.where, SlackMessage(PLACEHOLDER))
+
+    async def finish(self, answer: "Answer", sources: list[Any], answer_id: int, note: str | None) -> None:
+        tail = stream_tail_blocks(sources, answer_id, note)
+        remaining = stream_safe(self._pending) if self._pending else None
+        self._pending = ""
+        response = await self.streamer.stop(markdown_text=remaining, blocks=tail or None)
+        ts = self.streamer.ts or response.get("ts")
+        if ts and (answer.abstained or answer.note or answer.text.strip() != self.received.strip()):
+            # What was streamed is not the answer (the stream broke off and excerpts replaced it, or the model
+            # declined): the message becomes the final answer.
+            messages = answer_messages(answer.text, sources, answer_id, note)
+            await self.adapter._deliver(self.where, messages, ts)
+
+    async def abort(self, text: str) -> None:
+        try:
+            await self.streamer.stop()
+        except SlackClientError:
+            pass
+        if self.streamer.ts:
+            await self.adapter.client.chat_update(channel=self.where.channel, ts=self.streamer.ts, text=text,
+                                                  blocks=[])

@@ -1,0 +1,1 @@
+"""Offline evaluation: retrieval metrics on question sets, and the LLM judge for answers."""

@@ -1,0 +1,394 @@
+"""Turn a file's bytes into a structured document: a title and a list of blocks, each under a heading path.
+
+Keeping the heading path is what lets the chunker split on structure and what lets every chunk say where it came
+from ("Expenses > Travel > Hotels"). Each format uses the library that already reads it: BeautifulSoup for HTML,
+pypdf for PDF, python-docx for Word.
+"""
+
+from __future__ import annotations
+
+import codecs
+import io
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from knowledge.errors import CorruptDocument, UnsupportedFormat
+
+# pypdf logs every oddity of a damaged file; the sync reports unreadable files itself.
+logging.getLogger("pypdf").setLevel(logging.ERROR)
+
+SUPPORTED_SUFFIXES = (".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".docx", ".csv", ".xlsx")
+
+
+@dataclass(frozen=True)
+class Block:
+    """A run of text (a paragraph, list item, table row...) under a heading path.
+
+    `header` is set for spreadsheet rows: the sheet's header row, which the chunker repeats at the top of every chunk
+    so a row such as "| Berlin | 12 |" still says what its columns are."""
+
+    headings: tuple[str, ...]
+    text: str
+    header: str = ""
+
+
+@dataclass
+class ParsedDocument:
+    title: str
+    blocks: list[Block] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "\n\n".join(block.text for block in self.blocks)
+
+
+def parse_document(data: bytes, filename: str) -> ParsedDocument:
+    """Parse `data` according to `filename`'s suffix. Raises UnsupportedFormat or CorruptDocument."""
+    suffix = PurePosixPath(filename).suffix.lower()
+    parser = _PARSERS.get(suffix)
+    if parser is None:
+        raise UnsupportedFormat(
+            f"unsupported file type {suffix or '(none)'}; ragbot reads {', '.join(SUPPORTED_SUFFIXES)}"
+        )
+    try:
+        parsed = parser(data, _title_from_filename(filename))
+    except (UnsupportedFormat, CorruptDocument):
+        raise
+    except Exception as exc:  # each library raises its own zoo of errors on a damaged file
+        raise CorruptDocument(f"could not read {suffix} file: {exc}") from exc
+    # Postgres text cannot hold NUL characters; they carry no meaning in a document anyway.
+    return ParsedDocument(
+        parsed.title.replace("\x00", ""),
+        [Block(b.headings, b.text.replace("\x00", ""), b.header.replace("\x00", ""))
+         for b in parsed.blocks if b.text.replace("\x00", "").strip()],
+    )
+
+
+def _title_from_filename(filename: str) -> str:
+    stem = PurePosixPath(filename).stem
+    return re.sub(r"[-_]+", " ", stem).strip().capitalize() or filename
+
+
+def _decode(data: bytes) -> str:
+    """UTF-8 (with or without BOM), UTF-16 with a BOM, else Windows-1252, the usual legacy encoding."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return data.decode("utf-16")
+    if b"\x00" in data[:4096]:
+        raise CorruptDocument("file looks binary (contains NUL bytes), not text")
+    for encoding in ("utf-8-sig", "cp1252"):
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+    return data.decode("latin-1")
+
+
+def _clean(text: str) -> str:
+    return re.sub(r"[ \t\r\f\v]+", " ", text).strip()
+
+
+_MD_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_MD_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def parse_markdown(text: str, fallback_title: str) -> ParsedDocument:
+    """Headings start sections; blank lines end paragraphs; fenced code stays one block."""
+    title = ""
+    headings: list[tuple[int, str]] = []
+    blocks: list[Block] = []
+    paragraph: list[str] = []
+    in_fence = False
+
+    def flush() -> None:
+        if paragraph:
+            body = "\n".join(paragraph).strip()
+            if body:
+                blocks.append(Block(tuple(h for _, h in headings), body))
+            paragraph.clear()
+
+    for line in text.splitlines():
+        if _MD_FENCE.match(line):
+            in_fence = not in_fence
+            paragraph.append(line)
+            continue
+        heading = None if in_fence else _MD_HEADING.match(line)
+        if heading:
+            flush()
+            level, name = len(heading.group(1)), _strip_markdown(heading.group(2))
+            if level == 1 and not title:
+                title = name
+                continue
+            headings = [(lvl, h) for lvl, h in headings if lvl < level] + [(level, name)]
+        elif not line.strip() and not in_fence:
+            flush()
+        else:
+            paragraph.append(line.rstrip())
+    flush()
+    return ParsedDocument(title or fallback_title, blocks)
+
+
+def _strip_markdown(text: str) -> str:
+    return re.sub(r"[*_`]+", "", text).strip()
+
+
+def parse_plain_text(text: str, fallback_title: str) -> ParsedDocument:
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    return ParsedDocument(fallback_title, [Block((), p) for p in paragraphs])
+
+
+_HTML_HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
+# Elements whose text is one block. Text directly inside a container (a <div> of a Confluence export, a <section>)
+# becomes a block of its own; table cells join their row.
+_HTML_BLOCKS = frozenset(
+    ("p", "li", "pre", "blockquote", "tr", "dt", "dd", "figcaption", "caption", "summary", "div", "section",
+     "article", "main", "aside", "header", "body", "table", "ul", "ol", "dl", "details", "form", "address")
+    + _HTML_HEADINGS
+)
+_HTML_DROP = ("script", "style", "noscript", "nav", "footer", "template", "svg")
+
+
+def parse_html(html: str, fallback_title: str) -> ParsedDocument:
+    """Walk every text node in document order, grouped by its nearest block element: headings open sections,
+    everything else becomes blocks, so no text is lost whatever tags a page uses."""
+    from bs4 import BeautifulSoup, Comment, NavigableString, Tag
+
+    soup = BeautifulSoup(html, "html.parser")
+    for tag in soup(list(_HTML_DROP)):
+        tag.decompose()
+    title = _clean(soup.title.get_text()) if soup.title else ""
+    if soup.title:
+        soup.title.decompose()
+    root = soup.body or soup
+
+    def block_of(node: NavigableString) -> tuple[Tag | None, Tag | None]:
+        """The node's block element, and its table cell when it is in one."""
+        cell = None
+        for parent in node.parents:
+            if parent.name in ("td", "th") and cell is None:
+                cell = parent
+            elif parent.name in _HTML_BLOCKS or parent is root:
+                return parent, cell
+        return None, cell
+
+    groups: list[tuple[Tag | None, list[tuple[Tag | None, str]]]] = []
+    for node in root.find_all(string=True):
+        if isinstance(node, Comment) or not node.strip():
+            continue
+        block, cell = block_of(node)
+        if groups and groups[-1][0] is block:
+            groups[-1][1].append((cell, str(node)))
+        else:
+            groups.append((block, [(cell, str(node))]))
+
+    headings: list[tuple[int, str]] = []
+    blocks: list[Block] = []
+    for block, parts in groups:
+        text = _join_html_parts(parts)
+        if not text:
+            continue
+        name = block.name if block is not None else ""
+        if name in _HTML_HEADINGS:
+            level = int(name[1])
+            if level == 1 and (not title or text == title):
+                title = title or text
+                continue
+            headings = [(lvl, h) for lvl, h in headings if lvl < level] + [(level, text)]
+            continue
+        blocks.append(Block(tuple(h for _, h in headings), text))
+    return ParsedDocument(title or fallback_title, blocks)
+
+
+def _join_html_parts(parts: list[tuple[object, str]]) -> str:
+    """Join a block's text nodes: inline pieces run together, different table cells are separated by ' | '."""
+    cells: list[str] = []
+    current_cell: object = object()
+    for cell, text in parts:
+        if cell is not current_cell and cell is not None:
+            cells.append("")
+            current_cell = cell
+        elif not cells:
+            cells.append("")
+        cells[-1] += text
+    return " | ".join(c for c in (_clean(cell) for cell in cells) if c)
+
+
+def parse_pdf(data: bytes, fallback_title: str) -> ParsedDocument:
+    """Headings are the lines set in a larger font than the body text (pypdf reports each run's font size);
+    lines repeated on most pages (running headers, footers) and page numbers are dropped."""
+    from pypdf import PdfReader
+
+    reader = PdfReader(io.BytesIO(data))
+    if reader.is_encrypted:
+        raise CorruptDocument("PDF is encrypted; export an unencrypted copy to index it")
+    pages: list[list[tuple[str, float]]] = []  # per page: (line, largest font size on it)
+    for page in reader.pages:
+        fragments: list[tuple[str, float]] = []
+
+        def visit(text: str, _cm: object, tm: list[float], _font: object, size: float) -> None:
+            fragments.append((text, round(abs(size * (tm[3] or 1)), 1)))
+
+        page.extract_text(visitor_text=visit)
+        lines: list[tuple[str, float]] = []
+        line, line_size = "", 0.0
+        for fragment, size in fragments + [("\n", 0.0)]:
+            if fragment.strip():
+                line_size = max(line_size, size)
+            line += fragment
+            if fragment.endswith("\n"):
+                for part in line.splitlines():
+                    if part.strip():
+                        lines.append((_clean(part), line_size))
+                line, line_size = "", 0.0
+        pages.append(lines)
+
+    if not any(pages):
+        raise CorruptDocument("PDF has no extractable text (scanned images need OCR first)")
+    repeated = _repeated_lines([[text for text, _ in page] for page in pages])
+    weight: Counter[float] = Counter()  # font size -> characters of body text set in it
+    for text, size in (entry for page in pages for entry in page):
+        if text not in repeated:
+            weight[size] += len(text)
+    body_size = weight.most_common(1)[0][0] if weight else 0.0
+    heading_sizes = sorted({size for page in pages for _, size in page if body_size and size >= body_size * 1.15},
+                           reverse=True)
+    meta_title = _clean((reader.metadata.title if reader.metadata else None) or "")
+    title = meta_title
+    headings: list[tuple[int, str]] = []
+    blocks: list[Block] = []
+    paragraph: list[str] = []
+
+    def flush() -> None:
+        if paragraph:
+            blocks.append(Block(tuple(h for _, h in headings), "\n".join(paragraph)))
+            paragraph.clear()
+
+    for line, size in (entry for page in pages for entry in page):
+        if line in repeated or _PAGE_NUMBER.match(line) or not any(ch.isalnum() for ch in line):
+            continue
+        if size in heading_sizes:
+            flush()
+            level = heading_sizes.index(size) + 1
+            if not title:
+                title = line
+                continue
+            if line == title:
+                continue
+            headings = [(lvl, h) for lvl, h in headings if lvl < level] + [(level, line)]
+        else:
+            paragraph.append(line)
+    flush()
+    return ParsedDocument(title or fallback_title, blocks)
+
+
+_PAGE_NUMBER = re.compile(r"^(page\s*)?\d+(\s*(of|/)\s*\d+)?$", re.IGNORECASE)
+
+
+def _repeated_lines(pages: list[list[str]]) -> set[str]:
+    """Lines on at least half the pages (and at least two): running headers and footers."""
+    if len(pages) < 2:
+        return set()
+    counts = Counter(line for page in pages for line in set(page))
+    return {line for line, n in counts.items() if n >= max(2, len(pages) / 2)}
+
+
+def parse_docx(data: bytes, fallback_title: str) -> ParsedDocument:
+    """Word's built-in Title/Heading N styles give the structure; tables become one block per row."""
+    import docx
+
+    document = docx.Document(io.BytesIO(data))
+    title = _clean(document.core_properties.title or "")
+    headings: list[tuple[int, str]] = []
+    blocks: list[Block] = []
+    for item in document.iter_inner_content():
+        if isinstance(item, docx.table.Table):
+            for row in item.rows:
+                cells = [_clean(cell.text) for cell in row.cells]
+                text = " | ".join(dict.fromkeys(c for c in cells if c))  # merged cells repeat their text
+                if text:
+                    blocks.append(Block(tuple(h for _, h in headings), text))
+            continue
+        text = _clean(item.text)
+        if not text:
+            continue
+        style = (item.style.name if item.style is not None else "") or ""
+        if style == "Title":
+            title = title or text
+            continue
+        match = re.match(r"Heading (\d)", style)
+        if match:
+            level = int(match.group(1))
+            if level == 1 and not title:
+                title = text
+                continue
+            headings = [(lvl, h) for lvl, h in headings if lvl < level] + [(level, text)]
+            continue
+        blocks.append(Block(tuple(h for _, h in headings), text))
+    return ParsedDocument(title or fallback_title, blocks)
+
+
+def _table_line(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _rows_to_blocks(rows: list[list[str]], headings: tuple[str, ...]) -> list[Block]:
+    """Spreadsheet rows → one block per row, each carrying the header row (the first non-empty row) so every chunk
+    can repeat it. Empty rows and trailing empty cells are dropped."""
+    cleaned = []
+    for row in rows:
+        cells = [_clean(cell) for cell in row]
+        while cells and not cells[-1]:
+            cells.pop()
+        if any(cells):
+            cleaned.append(cells)
+    if not cleaned:
+        return []
+    header, body = cleaned[0], cleaned[1:]
+    header_line = _table_line(header)
+    if not body:
+        return [Block(headings, header_line)]
+    return [Block(headings, _table_line(cells), header_line) for cells in body]
+
+
+def parse_csv(text: str, fallback_title: str) -> ParsedDocument:
+    """A CSV file: rows read with the csv module (quoted commas and newlines kept), the first row as the header."""
+    import csv
+
+    try:
+        dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t")
+    except csv.Error:
+        dialect = csv.excel  # type: ignore[assignment]
+    rows = list(csv.reader(io.StringIO(text), dialect))
+    return ParsedDocument(fallback_title, _rows_to_blocks(rows, ()))
+
+
+def parse_xlsx(data: bytes, fallback_title: str) -> ParsedDocument:
+    """An Excel workbook (and Google Sheets, exported as one): each sheet is a section named after it, read as rows
+    under its own header row."""
+    import openpyxl
+
+    workbook = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
+    blocks: list[Block] = []
+    try:
+        for sheet in workbook.worksheets:
+            rows = [["" if value is None else str(value) for value in row] for row in sheet.iter_rows(values_only=True)]
+            blocks.extend(_rows_to_blocks(rows, (sheet.title,) if len(workbook.worksheets) > 1 else ()))
+    finally:
+        workbook.close()
+    title = _clean(workbook.properties.title or "") if workbook.properties else ""
+    return ParsedDocument(title or fallback_title, blocks)
+
+
+_PARSERS = {
+    ".md": lambda data, title: parse_markdown(_decode(data), title),
+    ".markdown": lambda data, title: parse_markdown(_decode(data), title),
+    ".txt": lambda data, title: parse_plain_text(_decode(data), title),
+    ".html": lambda data, title: parse_html(_decode(data), title),
+    ".htm": lambda data, title: parse_html(_decode(data), title),
+    ".pdf": lambda data, title: parse_pdf(data, title),
+    ".docx": lambda data, title: parse_docx(data, title),
+    ".csv": lambda data, title: parse_csv(_decode(data), title),
+    ".xlsx": lambda data, title: parse_xlsx(data, title),
+}

@@ -1,0 +1,204 @@
+"""The sync job: one function that the CLI, the scheduler and the chat adapters' `/kb reindex` all call.
+
+A run: take the source's lock (or raise SourceBusy), record the run, rebuild the source from its stored row,
+check the connection (bad credentials fail here, before anything is touched), apply the changes since the
+stored checkpoint (saving each batch's checkpoint once its documents are committed), prune when due, and record
+the outcome. Any error fails the run with its message recorded; the index keeps everything committed before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, AsyncIterator
+from contextlib import asynccontextmanager
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from knowledge.storage import sources as sources_store, documents as store
+from knowledge.errors import SourceBusy, SourceConfigError, SourceError, UnknownSource
+from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
+from knowledge.sources.base import Source, SourceInfo, SyncRun, as_source, build_source
+from knowledge.sources.folder import FolderSource
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PRUNE_SECONDS = 24 * 3600
+
+
+@dataclass
+class SyncRunner:
+    engine: AsyncEngine
+    indexer: Indexer
+
+    async def sync_stored(
+        self, name: str, *, trigger: str, full: bool, progress: SyncProgress | None, prune: bool | None,
+    ) -> SyncReport:
+        async with self.engine.connect() as conn:
+            row = await sources_store.get_source(conn, name)
+        if row is None:
+            raise UnknownSource(f"unknown source {name!r}; sources: {', '.join(await self.names()) or 'none yet'}"
+                                " (add one with `ragbot source add`)")
+        try:
+            source = build_source(row.name, row.kind, row.config)
+        except SourceError as exc:  # e.g. the folder is gone: a failed run, recorded like any other
+            async with self.source_lock(row.id, name):
+                async with self.engine.begin() as conn:
+                    run_id = await sources_store.start_run(conn, row.id, trigger, full)
+                await self._record(SyncReport(source=name, run_id=run_id), "failed", str(exc))
+            raise
+        if prune is None and not full:
+            prune = self._prune_due(row) or None
+        return await self._run(source, row.id, trigger=trigger, full=full, progress=progress, prune=prune,
+                               checkpoint=row.checkpoint, save_checkpoints=True)
+
+    async def sync_adhoc(self, source: Source, progress: SyncProgress | None, trigger: str = "cli") -> SyncReport:
+        """A one-off sync of a source object (`ragbot ingest PATH`, BEIR corpora, tests): recorded and locked like
+        any run; a folder becomes a stored source that `ragbot sync NAME` can run again."""
+        source = as_source(source)
+        async with self.engine.begin() as conn:
+            source_id = await store.ensure_source(conn, source.spec.name, source.spec.kind, source.spec.location)
+            if isinstance(source, FolderSource):
+                await sources_store.ensure_folder_config(conn, source_id, str(source.root))
+        return await self._run(source, source_id, trigger=trigger, full=False, progress=progress, prune=None,
+                               checkpoint=None, save_checkpoints=False, close=False, wait=True)
+
+    async def _run(
+        self, source: Source, source_id: int, *, trigger: str, full: bool, progress: SyncProgress | None,
+        prune: bool | None, checkpoint: str | None, save_checkpoints: bool, close: bool = True, wait: bool = False,
+    ) -> SyncReport:
+        name = source.spec.name
+        report = SyncReport(source=name, trigger=trigger)
+        try:
+            async with self.source_lock(source_id, name, wait=wait):
+                async with self.engine.begin() as conn:
+                    report.run_id = await sources_store.start_run(conn, source_id, trigger, full)
+                status, error = "failed", None
+                try:
+                    await source.check()
+
+                    async def save(value: str) -> None:
+                        async with self.engine.begin() as conn:
+                            await sources_store.save_checkpoint(conn, source_id, value)
+
+                    await self.indexer.sync(
+                        source, progress, source_id=source_id, checkpoint=checkpoint, full=full,
+                        prune=True if full else prune, on_checkpoint=save if save_checkpoints else None,
+                        report=report,
+                    )
+                    if report.pruned:
+                        async with self.engine.begin() as conn:
+                            await sources_store.mark_pruned(conn, source_id)
+                    status = "ok"
+                except SourceError as exc:
+                    error = str(exc)
+                    raise
+                except (asyncio.CancelledError, KeyboardInterrupt) as exc:  # stopped mid-run: resumes next time
+                    status, error = "interrupted", f"stopped before the end ({type(exc).__name__}); the next run resumes"
+                    raise
+                except BaseException as exc:  # a bug: recorded, then re-raised
+                    error = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+                    raise
+                finally:
+                    report.finish()
+                    await self._record(report, status, error)
+        finally:
+            if close:
+                await source.aclose()
+        return report
+
+    async def _record(self, report: SyncReport, status: str, error: str | None) -> None:
+        if report.run_id is None:
+            return
+        counts = {
+            "added": len(report.added), "updated": len(report.updated),
+            "metadata_updated": len(report.metadata_updated), "deleted": len(report.deleted),
+            "unchanged": report.unchanged, "skipped": len(report.skipped), "failed": len(report.failed),
+        }
+        details = {"skipped": report.skipped[:200], "failed": report.failed[:200], "warnings": report.warnings}
+        try:
+            async with self.engine.begin() as conn:
+                await sources_store.finish_run(conn, report.run_id, status=status, counts=counts,
+                                               pruned=report.pruned, error=error, details=details)
+        except Exception:  # the run's own outcome matters more than its record; the next run marks it
+            logger.exception("could not record the end of sync run %s", report.run_id)
+
+    @asynccontextmanager
+    async def source_lock(self, source_id: int, name: str, wait: bool = False) -> AsyncIterator[None]:
+        """Hold the source's sync lock. Raises SourceBusy if another run holds it, unless `wait` (a one-off
+        `ragbot ingest` queues behind a scheduled run of the same folder instead of failing)."""
+        conn = await self.engine.connect()
+        try:
+            if wait:
+                await sources_store.lock_source(conn, source_id)
+            elif not await sources_store.try_lock_source(conn, source_id):
+                raise SourceBusy(f"source {name!r} is being synced right now (by this or another process); "
+                                 "try again when that run finishes (`ragbot status` shows it)")
+            try:
+                yield
+            finally:
+                try:
+                    await sources_store.unlock_source(conn, source_id)
+                except Exception:  # a broken connection: dropping it releases the lock
+                    await conn.invalidate()
+        finally:
+            await conn.close()
+
+    def _prune_due(self, row: sources_store.StoredSource) -> bool:
+        if not row.prune_seconds:
+            return False
+        if row.last_pruned_at is None:
+            return True
+        return datetime.now(timezone.utc) - row.last_pruned_at >= timedelta(seconds=row.prune_seconds)
+
+    async def names(self) -> list[str]:
+        async with self.engine.connect() as conn:
+            return [s.name for s in await sources_store.list_sources(conn)]
+
+    async def list_sources(self) -> list[SourceInfo]:
+        async with self.engine.connect() as conn:
+            rows = await sources_store.list_sources(conn)
+            last = await sources_store.last_runs(conn)
+            running = await sources_store.locked_source_ids(conn)
+            documents = await sources_store.document_counts(conn)
+        return [
+            SourceInfo(r.name, r.kind, r.location, dict(r.config), r.schedule_seconds, r.prune_seconds,
+                       documents.get(r.id, 0), last.get(r.name), r.id in running)
+            for r in rows
+        ]
+
+    async def runs(self, name: str | None = None, limit: int = 20) -> list[SyncRun]:
+        async with self.engine.connect() as conn:
+            if name is not None and await sources_store.get_source(conn, name) is None:
+                raise UnknownSource(f"unknown source {name!r}")
+            return await sources_store.list_runs(conn, name, limit)
+
+    async def add(
+        self, name: str, kind: str, config: dict[str, Any], *, schedule_seconds: int | None,
+        prune_seconds: int | None, check: bool = True,
+    ) -> SourceInfo:
+        """Check the connection and save the source. A source that fails its check is not saved. Adding a name
+        again with the same kind and location updates its settings (schedule, options) and keeps its index."""
+        source = build_source(name, kind, config)
+        async with self.engine.connect() as conn:
+            existing = await sources_store.get_source(conn, name)
+        if existing is not None and (existing.kind != kind or (existing.location or "") != (source.spec.location or "")):
+            await source.aclose()
+            raise SourceConfigError(
+                f"source {name!r} already indexes {existing.kind} {existing.location or ''}".rstrip()
+                + f"; pick another name, or `ragbot source remove {name}` first"
+            )
+        try:
+            if check:
+                await source.check()
+        finally:
+            await source.aclose()
+        async with self.engine.begin() as conn:
+            await sources_store.save_source(
+                conn, name=name, kind=kind, location=source.spec.location, config=config,
+                schedule_seconds=schedule_seconds,
+                prune_seconds=prune_seconds if prune_seconds is not None else DEFAULT_PRUNE_SECONDS,
+            )
+        return next(s for s in await self.list_sources() if s.name == name)
