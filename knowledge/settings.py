@@ -69,6 +69,9 @@ class KnowledgeSettings(BaseSettings):
     anthropic_timeout_seconds: float = 60.0
     anthropic_max_retries: int = 3
     answer_max_tokens: int = 1024
+    # Send the passages as search_result blocks with Anthropic's Citations (cited spans come back with the answer);
+    # false: the classic prompt with numbered <source> elements and [n] markers written by the model.
+    anthropic_citations: bool = True
     context_token_budget: int = 3000  # how much retrieved text goes into the prompt
     context_chunks: int = 8
     # The whole prompt (system + conversation + sources + question) never exceeds this many tokens.
@@ -81,9 +84,19 @@ class KnowledgeSettings(BaseSettings):
     anthropic_rewrite_model: str = "claude-haiku-4-5"
     rewrite_max_tokens: int = Field(default=100, ge=16)
     summary_max_tokens: int = Field(default=400, ge=32)
-    # Abstain when the best chunk's cosine similarity to the question is below this (measured on the handbook
-    # eval set; see the README's "Retrieval quality" section).
-    abstain_below_similarity: float = 0.20
+    # Answer, hedge ("uncertain": the closest passages, labelled) or decline: decided on several signals, not one
+    # cosine (knowledge/answer/evidence.py; tuned on examples/handbook, reported on a held-out set: docs/answers.md).
+    # Decline when the best chunk and the best passage are both below this similarity to the question ...
+    answer_decline_below_similarity: float = Field(default=0.25, ge=0.0, le=1.0)
+    # ... and the top document holds less than this idf-weighted share of the question's terms.
+    answer_decline_below_coverage: float = Field(default=0.5, ge=0.0, le=1.0)
+    # Answer (rather than hedge) when the best passage is this similar and the top document holds this share ...
+    answer_support: float = Field(default=0.5, ge=0.0, le=1.0)
+    answer_coverage: float = Field(default=0.6, ge=0.0, le=1.0)
+    # ... or when the best passage is this similar, both retrievers put the top document first, and its fused score
+    # leads the next document's by this much.
+    answer_strong_support: float = Field(default=0.55, ge=0.0, le=1.0)
+    answer_strong_margin: float = Field(default=0.2, ge=0.0, le=1.0)
 
     # Group membership (knowledge.access). A source's synced groups grant access for at most this long after its
     # last successful directory refresh; past it they grant nothing (fail closed) until a refresh succeeds.

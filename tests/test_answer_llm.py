@@ -53,7 +53,8 @@ async def open_kb(kb_factory, fake: FakeAnthropicAPI, tmp_path: Path, files: dic
     for relative, content in files.items():
         write(docs, relative, content)
     settings = dict(
-        anthropic_api_key=API_KEY, anthropic_base_url=fake.url, anthropic_max_retries=2, anthropic_timeout_seconds=10
+        anthropic_api_key=API_KEY, anthropic_base_url=fake.url, anthropic_max_retries=2, anthropic_timeout_seconds=10,
+        anthropic_citations=False,  # these tests read the classic <source> prompt; tests/test_citations.py the other
     )
     kb = await kb_factory(**{**settings, **overrides})
     report = await kb.sync(FolderSource(docs))

@@ -77,6 +77,19 @@ class SourceEntry:
     url: str | None
     location: str  # the path (or the document id) to show when there is no URL
     heading: str
+    quotes: tuple[str, ...] = ()  # the passages Claude cited from it (Anthropic Citations), each ≤ QUOTE_CHARS
+
+
+# A cited span is shown up to this many characters (the whole passage stays in the answer's JSON).
+QUOTE_CHARS = 300
+
+
+def short_quote(text: str, limit: int = QUOTE_CHARS) -> str:
+    """One line of a cited span, safe to quote, cut at a word with an ellipsis past `limit`."""
+    line = " ".join(quote_safe(text).split())
+    if len(line) <= limit:
+        return line
+    return line[: limit - 1].rsplit(" ", 1)[0].rstrip() + "…"
 
 
 def sources_list(citations: Sequence[Citation]) -> list[SourceEntry]:
@@ -89,6 +102,7 @@ def sources_list(citations: Sequence[Citation]) -> list[SourceEntry]:
             SourceEntry(
                 n=c.n, title=quote_safe(c.title or c.path or c.external_id), url=url,
                 location=quote_safe(c.path or c.external_id), heading=quote_safe(c.heading or ""),
+                quotes=tuple(short_quote(q) for q in getattr(c, "quotes", ())),
             )
         )
     return entries

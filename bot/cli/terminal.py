@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from bot.chat.render import short_quote
 from bot.chat.sanitize import quote_safe
 
 if TYPE_CHECKING:  # the knowledge core (SQLAlchemy and friends) is imported only by commands that use it
@@ -150,6 +151,8 @@ def render_answer(answer: Answer) -> None:
     # The answer is built from document text: printed literally (a Text is never parsed as markup or Markdown),
     # so `<!channel> …`, `[bold]` or `![image](url)` in a document show as written. Offline answers are written
     # as plain Markdown source (a table is `| a | b |` rows under a header), which reads well as it is.
+    if answer.outcome == "uncertain" and answer.mode != "extractive":
+        console.print("[yellow]Closest passages: they may not answer the question.[/]")
     console.print(Text(quote_safe(answer.text)), soft_wrap=plain_output())
     if answer.citations:
         console.print()
@@ -168,6 +171,8 @@ def _print_reference(citation) -> None:  # type: ignore[no-untyped-def]
     location = citation.url or citation.path or citation.external_id
     where = citation.title + (f" › {citation.heading}" if citation.heading else "")
     console.print(f"  [bold][{citation.n}][/] {shown(where)} [dim]{shown(location)}[/]", soft_wrap=True, highlight=False)
+    for quote in getattr(citation, "quotes", ()):  # the spans Claude cited (Anthropic Citations)
+        console.print(Text(f"      “{short_quote(quote)}”", style="italic"), soft_wrap=True)
 
 
 def render_searched_for(question: str, answer: Answer) -> None:

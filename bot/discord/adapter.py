@@ -113,7 +113,8 @@ def source_line(entry: SourceEntry) -> str:
 
 def source_embeds(citations: Sequence[Any], title: str = "Sources") -> list[discord.Embed]:
     """Sources as embeds with linked titles, each description within Discord's 4,096 characters."""
-    lines = [source_line(entry) for entry in sources_list(citations)]
+    lines = [line for entry in sources_list(citations) for line in [source_line(entry), *(
+        f"> *{discord.utils.escape_markdown(discord.utils.escape_mentions(q))}*" for q in entry.quotes)]]
     embeds: list[discord.Embed] = []
     for description in split_text("\n".join(lines), EMBED_DESCRIPTION_LIMIT):
         embeds.append(discord.Embed(title=title if not embeds else None, description=description,

@@ -104,6 +104,7 @@ def sources_mrkdwn(entries: Sequence[SourceEntry]) -> str:
         else:
             location = f" (`{escape(e.location)}`)" if e.location and e.location != e.title else ""
             lines.append(f"[{e.n}] {escape(e.title)}{location}{heading}")
+        lines += [f">_“{escape(q)}”_" for q in e.quotes]  # the span Claude cited (Anthropic Citations)
     return "\n".join(lines)
 
 

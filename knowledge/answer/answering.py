@@ -16,13 +16,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol, Sequence
 
+from knowledge.storage import conversations as memory_store
+from knowledge.answer.evidence import Evidence, EvidenceSettings, Outcome, coverage, decide
 from knowledge.embedding.encoder import Embedder
 from knowledge.errors import EmptyQuestion
-from knowledge.answer.generators.anthropic_client import AnthropicGenerator, GenerationError
+from knowledge.answer.generators.anthropic_client import AnthropicGenerator, CitedReply, GenerationError, SearchSource, Span
 from knowledge.answer.generators import extractive
 from knowledge.answer.generators.passages import section_path
 from knowledge.answer.memory import ChatMessage, ConversationMemory, CountTokens, History, format_conversation
-from knowledge.answer.prompts import NO_ANSWER, SYSTEM_PROMPT, PromptSource, build_user_message, cited_numbers, renumber_citations
+from knowledge.answer.prompts import (
+    CITED_SYSTEM_PROMPT, NO_ANSWER, SYSTEM_PROMPT, PromptSource, build_question_text, build_user_message, cited_numbers,
+    renumber_citations,
+)
 from knowledge.search.retrieval import Retriever, SearchFilters, SearchHit
 
 logger = logging.getLogger(__name__)
@@ -56,12 +61,19 @@ class AnswerSettings:
     context_chunks: int = 8  # at most this many retrieved chunks in the prompt
     context_token_budget: int = 3000  # retrieved text in the prompt, in tokens
     prompt_token_budget: int = 6000  # the whole prompt: system + conversation + sources + question
-    abstain_below_similarity: float = 0.20
+    evidence: EvidenceSettings = EvidenceSettings()  # where answer / uncertain / decline split
+    text_search_config: str = "english"
 
     @classmethod
     def from_settings(cls, settings) -> "AnswerSettings":  # type: ignore[no-untyped-def]
-        return cls(settings.context_chunks, settings.context_token_budget, settings.prompt_token_budget,
-                   settings.abstain_below_similarity)
+        evidence = EvidenceSettings(
+            decline_below_similarity=settings.answer_decline_below_similarity,
+            decline_below_coverage=settings.answer_decline_below_coverage,
+            answer_support=settings.answer_support, answer_coverage=settings.answer_coverage,
+            strong_support=settings.answer_strong_support, strong_margin=settings.answer_strong_margin,
+        )
+        return cls(settings.context_chunks, settings.context_token_budget, settings.prompt_token_budget, evidence,
+                   settings.text_search_config)
 
 
 @dataclass(frozen=True)
@@ -74,11 +86,12 @@ class Citation:
     source: str
     heading: str
     snippet: str
+    quotes: tuple[str, ...] = ()  # the exact passages Claude cited from this source (Anthropic Citations)
 
     def to_dict(self) -> dict[str, object]:
         return {"n": self.n, "title": self.title, "url": self.url, "path": self.path,
                 "external_id": self.external_id, "source": self.source, "heading": self.heading,
-                "snippet": self.snippet}
+                "snippet": self.snippet, "quotes": list(self.quotes)}
 
 
 @dataclass
@@ -93,19 +106,31 @@ class Answer:
     id: int | None = None  # the stored turn's id: feedback refers to it
     standalone_query: str = ""  # what was searched: the question, or its rewrite when it was a follow-up
     related: list[Citation] = field(default_factory=list)  # when abstaining: the nearest documents, numbered 1..n
+    # "answer", "uncertain" (the closest passages, labelled as such, cited) or "decline" (`abstained`)
+    outcome: Outcome = "answer"
+    evidence: Evidence | None = None  # what the outcome was decided on
+
+    def __post_init__(self) -> None:
+        if self.abstained:
+            self.outcome = "decline"
+        elif self.outcome == "decline":
+            self.abstained = True
 
     def to_dict(self) -> dict[str, object]:
-        fields = ("n", "title", "url", "path", "external_id", "heading")
+        fields = ("n", "title", "url", "path", "external_id", "heading", "quotes")
         result: dict[str, object] = {
             "id": self.id,
             "answer": self.text,
             "standalone_query": self.standalone_query,
             "mode": self.mode,
+            "outcome": self.outcome,
             "abstained": self.abstained,
-            "citations": [{f: getattr(c, f) for f in fields} for c in self.citations],
+            "citations": [_plain_dict(c, fields) for c in self.citations],
         }
         if self.abstained:
-            result["related"] = [{f: getattr(c, f) for f in fields} for c in self.related]
+            result["related"] = [_plain_dict(c, fields) for c in self.related]
+        if self.evidence is not None:
+            result["evidence"] = self.evidence.to_dict()
         return result
 
 
@@ -125,11 +150,19 @@ class _SourceGroup:
         body = "\n[...]\n".join(f"{h.heading}\n{h.text}" if h.heading else h.text for h in ordered)
         return PromptSource(self.n, self.first.title, self.first.path, body)
 
-    def citation(self, n: int) -> Citation:
+    def citation(self, n: int, quotes: Sequence[str] = ()) -> Citation:
         best = self.first
         snippet = best.text if len(best.text) <= SNIPPET_CHARS else best.text[: SNIPPET_CHARS - 1].rstrip() + "…"
         heading = section_path(best.title, best.heading)
-        return Citation(n, best.title, best.url, best.path, best.external_id, best.source, heading, snippet)
+        return Citation(n, best.title, best.url, best.path, best.external_id, best.source, heading, snippet,
+                        tuple(quotes))
+
+    def search_source(self) -> SearchSource:
+        """This source as a search_result block's fields: one text block per chunk, in document order."""
+        ordered = sorted(self.hits, key=lambda h: h.ordinal)
+        best = self.first
+        return SearchSource(self.n, best.url or best.path or best.external_id, best.title,
+                            tuple(f"{h.heading}\n{h.text}" if h.heading else h.text for h in ordered))
 
 
 def group_into_sources(hits: Sequence[SearchHit], count_tokens, budget: int) -> list[_SourceGroup]:  # type: ignore[no-untyped-def]
@@ -185,13 +218,20 @@ class Answerer:
         filters = SearchFilters(tuple(principals), tuple(sources) if sources else None)
         results = await self.retriever.search(query, filters, k=settings.context_chunks)
         timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
-        best = results.best_similarity
-        if not results.hits or best is None or best < settings.abstain_below_similarity:
+        if not results.hits or results.best_similarity is None:
             answer = Answer(ABSTAIN_MESSAGE, self.mode, True, [], results.hits, timings, rewrite.note)
             return await self._remember(conversation_id, question, query, principals, asker, answer, [], history)
 
         conversation, groups = self._fit_prompt(question, history, results.hits)
         in_context = [hit for group in groups for hit in group.hits]
+        started = time.perf_counter()
+        evidence, scored = await self._evidence(query, results.best_similarity, results.hits, groups)
+        outcome = decide(evidence, settings.evidence)
+        timings["evidence_ms"] = (time.perf_counter() - started) * 1000
+        if outcome == "decline" or not groups:
+            answer = Answer(ABSTAIN_MESSAGE, self.mode, True, [], results.hits, timings, rewrite.note,
+                            related=related_documents(groups), evidence=evidence)
+            return await self._remember(conversation_id, question, query, principals, asker, answer, [], history)
         started = time.perf_counter()
         note = None
         if self.generator is not None:
@@ -201,9 +241,10 @@ class Answerer:
             except GenerationError as exc:
                 logger.warning("LLM unavailable, answering with excerpts: %s", exc)
                 note = str(exc) if gate is None or not gate.sent else f"the answer stopped while being written ({exc})"
-                answer, cited = await self._extract(query, groups, in_context)
+                answer, cited = await self._extract(query, groups, in_context, outcome, scored)
         else:
-            answer, cited = await self._extract(query, groups, in_context)
+            answer, cited = await self._extract(query, groups, in_context, outcome, scored)
+        answer.evidence = evidence
         timings["generation_ms"] = (time.perf_counter() - started) * 1000
         answer.timings = timings
         answer.note = note or rewrite.note
@@ -246,8 +287,16 @@ class Answerer:
         gate: "_StreamGate | None",
     ) -> tuple[Answer, list[int]]:
         assert self.generator is not None
-        user = build_user_message(question, [g.prompt_source() for g in groups], conversation)
-        reply = await self.generator.generate(SYSTEM_PROMPT, user, on_text=gate)
+        spans: list[Span] = []
+        if getattr(self.generator, "citations", False):
+            cited_reply: CitedReply = await self.generator.generate_cited(  # type: ignore[attr-defined]
+                CITED_SYSTEM_PROMPT, [g.search_source() for g in groups], build_question_text(question, conversation),
+                on_text=gate,
+            )
+            reply, spans = cited_reply.text, cited_reply.spans
+        else:
+            user = build_user_message(question, [g.prompt_source() for g in groups], conversation)
+            reply = await self.generator.generate(SYSTEM_PROMPT, user, on_text=gate)
         if gate is not None:
             await gate.finish(reply)
         if _is_no_answer(reply):
@@ -257,28 +306,59 @@ class Answerer:
             # Streamed: the asker has seen these numbers; keep them and list only the sources cited.
             text_out = gate.text
             used = sorted(n for n in cited_numbers(text_out) if n in by_number)
-            citations = [by_number[n].citation(n) for n in used]
+            citations = [by_number[n].citation(n, _quotes(spans, n)) for n in used]
         else:
             used = [n for n in cited_numbers(reply) if n in by_number]
             mapping = {old: new for new, old in enumerate(used, start=1)}
             text_out = renumber_citations(reply, mapping)
-            citations = [by_number[old].citation(new) for old, new in mapping.items()]
+            citations = [by_number[old].citation(new, _quotes(spans, old)) for old, new in mapping.items()]
         cited = [hit.chunk_id for n in used for hit in by_number[n].hits]
         return Answer(text_out, self.generator.mode, False, citations, hits), cited
 
-    async def _extract(self, query: str, groups: list[_SourceGroup], hits: list[SearchHit]) -> tuple[Answer, list[int]]:
-        """Offline: quote the passage that best answers the standalone query (a follow-up's own words are too thin),
-        or decline and offer the nearest documents when nothing retrieved addresses it."""
-        passages = [
-            extractive.Passage(g.n, h.title, h.heading, h.ordinal, h.text) for g in groups[:3] for h in g.hits
-        ]
-        offline = await asyncio.to_thread(extractive.compose, query, passages, self.embedder)
-        if offline is None:  # retrieved, but nothing in it addresses the question
+    async def _evidence(
+        self, query: str, best_similarity: float, hits: Sequence[SearchHit], groups: Sequence[_SourceGroup],
+    ) -> tuple[Evidence, list[extractive.ScoredUnit] | None]:
+        """What the outcome is decided on (knowledge.answer.evidence). Offline, the passage-level support is the
+        best quotable unit's similarity (the units are scored once, for the quote too); with Claude, which judges
+        the passages itself, the best chunk's similarity stands in for it (no extra embedding)."""
+        if not groups:
+            return Evidence(best_similarity, best_similarity, 0.0, 0.0, 0), None
+        top = groups[0].first.document_id
+        best_by_document: dict[int, float] = {}
+        for hit in hits:
+            best_by_document[hit.document_id] = max(best_by_document.get(hit.document_id, hit.score), hit.score)
+        others = [score for document, score in best_by_document.items() if document != top]
+        margin = best_by_document.get(top, 0.0) - (max(others) if others else 0.0)
+        dense_best = max(hits, key=lambda h: -1.0 if h.dense_score is None else h.dense_score)
+        lexical_best = max(hits, key=lambda h: -1.0 if h.lexical_score is None else h.lexical_score)
+        agreement = int(dense_best.document_id == top) + int(lexical_best.lexical_score is not None
+                                                             and lexical_best.document_id == top)
+        group = groups[0]
+        passage = " ".join([group.first.title] + [f"{h.heading} {h.text}" for h in group.hits])
+        async with self.retriever.engine.connect() as conn:
+            stats = await memory_store.term_statistics(conn, query, [passage], self.settings.text_search_config)
+        scored = None
+        support = best_similarity
+        if self.generator is None:
+            scored = await asyncio.to_thread(extractive.score_units, query, _passages(groups), self.embedder)
+            support = scored[0].similarity if scored else 0.0
+        return Evidence(best_similarity, support, coverage(stats), margin, agreement), scored
+
+    async def _extract(
+        self, query: str, groups: list[_SourceGroup], hits: list[SearchHit], outcome: Outcome = "answer",
+        scored: list[extractive.ScoredUnit] | None = None,
+    ) -> tuple[Answer, list[int]]:
+        """Offline: quote the passage that best answers the standalone query (a follow-up's own words are too thin);
+        for an `uncertain` outcome, the closest passages, labelled as possibly not answering."""
+        offline = await asyncio.to_thread(
+            extractive.compose, query, _passages(groups), self.embedder, scored=scored, hedge=outcome == "uncertain"
+        )
+        if offline is None:  # retrieved, but nothing quotable in it
             return Answer(ABSTAIN_MESSAGE, "extractive", True, [], hits, related=related_documents(groups)), []
         by_number = {g.n: g for g in groups}
         citations = [by_number[old].citation(new) for new, old in enumerate(offline.sources, start=1)]
         cited = [hit.chunk_id for n in offline.sources for hit in by_number[n].hits]
-        return Answer(offline.text, "extractive", False, citations, hits), cited
+        return Answer(offline.text, "extractive", False, citations, hits, outcome=outcome), cited
 
     async def _remember(
         self, conversation_id: str, question: str, query: str, principals: Sequence[str], asker: str | None,
@@ -291,6 +371,19 @@ class Answerer:
             asker=asker, cited_chunk_ids=cited_chunk_ids, history=history,
         )
         return answer
+
+
+def _plain_dict(citation: Citation, fields: Sequence[str]) -> dict[str, object]:
+    return {f: list(v) if isinstance(v := getattr(citation, f), tuple) else v for f in fields}
+
+
+def _quotes(spans: Sequence[Span], n: int) -> list[str]:
+    return [span.text for span in spans if span.n == n]
+
+
+def _passages(groups: Sequence[_SourceGroup]) -> list[extractive.Passage]:
+    """The chunks of the first three sources, as the offline answer reads them."""
+    return [extractive.Passage(g.n, h.title, h.heading, h.ordinal, h.text) for g in groups[:3] for h in g.hits]
 
 
 def _is_no_answer(reply: str) -> bool:

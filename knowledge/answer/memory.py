@@ -74,7 +74,7 @@ class History:
 @dataclass(frozen=True)
 class Rewrite:
     query: str
-    by: str  # "none" (no history), "llm", "offline"
+    by: str  # "none" (no history), "standalone" (stands alone: searched as asked), "llm", "offline"
     note: str | None = None  # why Claude was not used for it, when it should have been
 
 
@@ -100,7 +100,17 @@ _FOLLOW_UP_OPENERS = re.compile(
     r"^\s*(and|but|also|so|or|what about|how about|what if|same for|same|then|ok|okay|and what|and how|and if)\b",
     re.IGNORECASE,
 )
-# A question with at least this many content words and no pointing words is taken to stand alone.
+# Pronouns that need the conversation to resolve (the word-based fallback's list, _ANAPHORA, is wider).
+_PRONOUNS = frozenset("it its it's they them their theirs those these he she him her mine yours ours".split())
+# "an early one", "the second one": "one" standing for something named before (alone, "one" is just a number).
+_ONE_OF_THEM = re.compile(r"\b(?:a|an|the|that|this|which)\s+(?:[a-z]+\s+)?ones?\b", re.IGNORECASE)
+# A question stands alone when a term of its own is in at most this fraction of the indexed chunks: it finds
+# focused hits without the conversation (tuned on examples/handbook/conversations.jsonl: docs/answers.md).
+SPECIFIC_TERM_FRACTION = 0.10
+# ... and one chunk holds at least this idf-weighted share of its terms: its own words find a confident hit.
+CONFIDENT_HIT = 0.5
+# Without the index (`rewrite_offline` alone): a question with at least this many content words and no pointing
+# words is taken to stand alone.
 STANDALONE_CONTENT_WORDS = 4
 # A shorter one stands alone too when it names a rare term (in at most this fraction of chunks): "How do I report
 # phishing?" names its topic, "What happens if I started recently?" does not.
@@ -130,6 +140,7 @@ def _stem(word: str) -> str:
 def rewrite_offline(
     question: str, history: History, *, rarest_term: float | None = None,
     min_content_words: int = STANDALONE_CONTENT_WORDS, pick: str = "overlap", limit: int = 8,
+    stands_alone: bool | None = None,
 ) -> str:
     """A deterministic standalone query: the question, followed, when it looks like a follow-up, by the content
     words of the earlier user turn it most likely refers to (each earlier turn itself resolved the same way) that
@@ -138,14 +149,19 @@ def rewrite_offline(
     unchanged, so single-turn retrieval cannot get worse and a change of topic does not drag the old topic along.
     `rarest_term`: the fraction of indexed chunks holding the question's rarest term, if known: a short question
     naming a rare term stands alone. The defaults were chosen by measurement (README, "Conversation memory").
+    `stands_alone`: decided from the index's statistics (`ConversationMemory.stands_alone`); when given, it
+    replaces the word-based guess above for the question itself.
     """
     previous = history.user_messages()
     if not previous and not history.summary:
         return question
-    if not looks_like_follow_up(question, min_content_words):
+    if stands_alone is True:
         return question
-    if not points_back(question) and rarest_term is not None and rarest_term <= RARE_TERM_FRACTION:
-        return question
+    if stands_alone is None:
+        if not looks_like_follow_up(question, min_content_words):
+            return question
+        if not points_back(question) and rarest_term is not None and rarest_term <= RARE_TERM_FRACTION:
+            return question
     # Resolve each earlier user turn in order, so a chain of follow-ups keeps the topic of its start (stored turns
     # come resolved already: what they searched for).
     resolved: list[str] = list(history.searched) if len(history.searched) == len(previous) else []
@@ -419,11 +435,30 @@ class ConversationMemory:
 
     # Rewrite -----------------------------------------------------------------------------------------------
 
+    async def stands_alone(self, question: str) -> bool:
+        """Does the question stand on its own, whatever its length? Decided with the index's own statistics: it
+        does when its own terms find a confident hit: it names a term the index holds in at most
+        SPECIFIC_TERM_FRACTION of its chunks, and one chunk holds CONFIDENT_HIT of its terms by idf weight; unless it opens as an ellipsis ("and for…", "what about…") or leans on a pronoun while naming
+        ("When does it vest?"). Everything else is a follow-up. So "What is the company
+        401(k) match?" after a card question is searched as asked, and a change of topic drops the old one."""
+        if _FOLLOW_UP_OPENERS.match(question):
+            return False
+        if any(w.lower() in _PRONOUNS for w in _WORD.findall(question)) or _ONE_OF_THEM.search(question):
+            return False
+        async with self.engine.connect() as conn:
+            stats = await memory_store.term_statistics(conn, question, [], self.text_search_config)
+            if not any(0 < s.df <= SPECIFIC_TERM_FRACTION * max(1, s.n_chunks) for s in stats):
+                return False
+            return await memory_store.best_chunk_coverage(conn, question, self.text_search_config) >= CONFIDENT_HIT
+
     async def standalone_query(self, question: str, history: History) -> Rewrite:
-        """The search query for `question` given the history: Claude's rewrite when configured (falling back to
-        the offline rewrite if the API fails), else the offline rewrite. Without history: the question."""
+        """The search query for `question` given the history: the question itself when it stands alone (no call to
+        Claude), else Claude's rewrite when configured (falling back to the offline rewrite if the API fails), else
+        the offline rewrite. Without history: the question."""
         if history.empty:
             return Rewrite(question, "none")
+        if await self.stands_alone(question):
+            return Rewrite(question, "standalone")
         if self.generator is None:
             return Rewrite(await self.rewrite_offline(question, history), "offline")
         from knowledge.answer.generators.anthropic_client import GenerationError
@@ -442,12 +477,8 @@ class ConversationMemory:
         return Rewrite(query, "llm")
 
     async def rewrite_offline(self, question: str, history: History) -> str:
-        """`rewrite_offline`, told how rare the question's rarest term is when that decides (short questions)."""
-        rarest = None
-        if looks_like_follow_up(question) and not points_back(question):
-            async with self.engine.connect() as conn:
-                rarest = await memory_store.rarest_term_fraction(conn, question, self.text_search_config)
-        return rewrite_offline(question, history, rarest_term=rarest)
+        """`rewrite_offline` of a question that does not stand alone (`stands_alone` decided it, from the index)."""
+        return rewrite_offline(question, history, stands_alone=await self.stands_alone(question))
 
     # Storing -----------------------------------------------------------------------------------------------
 

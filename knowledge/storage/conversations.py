@@ -108,6 +108,8 @@ async def turns_hidden_from(conn: AsyncConnection, conversation_id: str, princip
         {"c": conversation_id, "p": list(principals)},
     )
     return {int(r.id) for r in rows}
+
+
 async def delete_turns_older_than(conn: AsyncConnection, days: int) -> int:
     """Retention: turns older than `days`, and summaries of conversations left with no turn."""
     turns = (
@@ -146,3 +148,53 @@ async def delete_turns_of(conn: AsyncConnection, askers: Sequence[str]) -> tuple
         )
     ).rowcount or 0
     return turns, summaries
+
+
+@dataclass(frozen=True)
+class TermStat:
+    lexeme: str
+    df: int  # indexed chunks holding the term (0: none does)
+    n_chunks: int
+    in_passages: tuple[bool, ...]  # for each passage asked about, whether it holds the term
+
+
+async def term_statistics(conn: AsyncConnection, question: str, passages: Sequence[str], config: str) -> list[TermStat]:
+    """For each (stemmed) term of the question: how many indexed chunks hold it and, for each passage, whether the
+    passage holds it. One round trip; the answer's evidence and the follow-up
+    decision read the index's own statistics instead of word lists."""
+    rows = (
+        await conn.execute(
+            text(
+                "SELECT q.lexeme, coalesce(l.df, 0), s.n_chunks, "
+                "       ARRAY(SELECT q.lexeme = ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), p)))"
+                "             FROM unnest(CAST(:passages AS text[])) WITH ORDINALITY AS t(p, i) ORDER BY i) "
+                "FROM unnest(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :question))) AS q(lexeme) "
+                "CROSS JOIN corpus_stats s LEFT JOIN lexemes l ON l.lexeme = q.lexeme WHERE s.id = 1"
+            ),
+            {"config": config, "question": question, "passages": list(passages)},
+        )
+    ).all()
+    return [TermStat(row[0], int(row[1]), int(row[2]), tuple(row[3])) for row in rows]
+
+
+async def best_chunk_coverage(conn: AsyncConnection, question: str, config: str, scan: int = 2000) -> float:
+    """The largest idf-weighted share of the question's terms that any one indexed chunk holds (0..1): whether
+    the question's own words find a confident hit, without the conversation. Candidates are the chunks holding
+    one of its terms (at most `scan`, rarest terms' chunks first by GIN order is not guaranteed; enough here)."""
+    value = (
+        await conn.execute(
+            text(
+                "WITH q AS (SELECT DISTINCT t.lexeme, coalesce(l.df, 0) AS df, s.n_chunks AS n "
+                "           FROM unnest(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :question))) AS t(lexeme) "
+                "           CROSS JOIN corpus_stats s LEFT JOIN lexemes l ON l.lexeme = t.lexeme WHERE s.id = 1), "
+                "w AS (SELECT lexeme, ln((n - df + 0.5) / (df + 0.5) + 1.0) AS idf FROM q), "
+                "cand AS (SELECT tsvector_to_array(c.tsv) AS lex FROM chunks c "
+                "         WHERE c.tsv @@ CAST((SELECT string_agg(quote_literal(lexeme), ' | ') FROM w) AS tsquery) "
+                "         LIMIT :scan) "
+                "SELECT coalesce(max((SELECT sum(idf) FROM w WHERE w.lexeme = ANY(cand.lex))), 0) "
+                "       / nullif((SELECT sum(idf) FROM w), 0) FROM cand"
+            ),
+            {"config": config, "question": question, "scan": scan},
+        )
+    ).scalar()
+    return float(value or 0.0)

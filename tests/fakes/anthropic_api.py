@@ -9,6 +9,8 @@ The anthropic SDK (>= 1.0) sends its requests through httpx2, which respx cannot
         fake.reply_text("Paris [1].")       # then: 200 with this text
         fake.reply_stream(["Par", "is [1]."])  # then: this text in these deltas (if the request streams)
         fake.stream_breaks(["Par"], "overloaded_error")  # then: a stream that fails after these deltas
+        fake.reply_cited([("Paris", [(0, 0)])])  # then: text blocks citing (search result, text block) of the
+                                            # request's search_result blocks, streamed with citations_delta or not
         ...                                 # afterwards: `fake.default(request)` answers
         fake.requests[0].body["messages"]   # every request, parsed
 """
@@ -101,6 +103,12 @@ class FakeAnthropicAPI:
         """A reply whose text arrives in exactly these deltas when the request asks to stream (else all at once)."""
         self.script(200, {"deltas": list(deltas)})
 
+    def reply_cited(self, blocks: list[tuple[str, list[tuple[int, int] | dict[str, Any]]]]) -> None:
+        """A reply of text blocks with Anthropic Citations. Each citation is (search result index, text block index)
+        into the request's own search_result blocks (its `source`, `title` and `cited_text` copied from them, as
+        the API does), or a ready `search_result_location` dict (to send one pointing elsewhere)."""
+        self.script(200, {"cited": [(text, list(citations)) for text, citations in blocks]})
+
     def stream_breaks(self, deltas: list[str], error_type: str = "overloaded_error") -> None:
         """A streamed reply that sends these deltas and then an SSE `error` event instead of finishing."""
         self.script(200, {"deltas": list(deltas), "error": error_type})
@@ -133,6 +141,55 @@ class FakeAnthropicAPI:
             "stop_sequence": None,
             "usage": {"input_tokens": len(json.dumps(request.body)) // 4, "output_tokens": max(1, len(text) // 4)},
         }
+
+    def cited_content(self, request: RecordedRequest, blocks: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
+        """Text blocks with `citations` of type `search_result_location`, shaped as in the response example of
+        https://platform.claude.com/docs/en/build-with-claude/search-results ("Citation fields": type, source, title,
+        cited_text, search_result_index, start_block_index, end_block_index)."""
+        results = [block for message in request.body["messages"] if isinstance(message["content"], list)
+                   for block in message["content"] if block.get("type") == "search_result"]
+        content = []
+        for text, citations in blocks:
+            located = []
+            for citation in citations:
+                if isinstance(citation, dict):
+                    located.append(citation)
+                    continue
+                index, block = citation
+                result = results[index]
+                located.append({
+                    "type": "search_result_location", "source": result["source"], "title": result["title"],
+                    "cited_text": result["content"][block]["text"], "search_result_index": index,
+                    "start_block_index": block, "end_block_index": block + 1,
+                })
+            content.append({"type": "text", "text": text, **({"citations": located} if located else {})})
+        return content
+
+    def cited_stream_events(self, request: RecordedRequest, content: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+        """The streamed form, as in https://platform.claude.com/docs/en/build-with-claude/citations ("Streaming
+        support"): each text block opens with `content_block_start` (`{"type": "text", "text": ""}`), its citations
+        come as `content_block_delta` events whose delta is `{"type": "citations_delta", "citation": {...}}`, then its
+        text as `text_delta`s, then `content_block_stop`."""
+        message = self.message(request, "")
+        message["content"], message["stop_reason"] = [], None
+        message["usage"] = {"input_tokens": message["usage"]["input_tokens"], "output_tokens": 1}
+        events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": message})]
+        for index, block in enumerate(content):
+            events.append(("content_block_start", {"type": "content_block_start", "index": index,
+                                                   "content_block": {"type": "text", "text": ""}}))
+            for citation in block.get("citations", []):
+                events.append(("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                       "delta": {"type": "citations_delta", "citation": citation}}))
+            for delta in _split_into_deltas(block["text"]):
+                events.append(("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                       "delta": {"type": "text_delta", "text": delta}}))
+            events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+        text = "".join(block["text"] for block in content)
+        return events + [
+            ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                               "usage": {"output_tokens": max(1, len(text) // 4)}}),
+            ("message_stop", {"type": "message_stop"}),
+        ]
 
     def stream_events(
         self, request: RecordedRequest, deltas: list[str], error_type: str | None = None
@@ -176,6 +233,13 @@ class FakeAnthropicAPI:
             scripted = ScriptedResponse(200, {"text": self.default(request)}, {})
         if scripted.status != 200 or not isinstance(scripted.body, dict):
             return scripted
+        if "cited" in scripted.body:
+            content = self.cited_content(request, scripted.body["cited"])
+            if streaming:
+                return ScriptedResponse(200, _SSE(self.cited_stream_events(request, content)), scripted.headers)
+            message = self.message(request, "")
+            message["content"] = content
+            return ScriptedResponse(200, message, scripted.headers)
         if set(scripted.body) == {"text"}:
             deltas = _split_into_deltas(scripted.body["text"])
         elif "deltas" in scripted.body:

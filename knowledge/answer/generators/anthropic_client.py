@@ -2,12 +2,22 @@
 
 With `on_text`, the reply is streamed (`messages.stream`, server-sent events) and each text delta is handed over
 as it arrives, so a chat surface can show the answer while Claude writes it.
+
+`generate_cited` uses Anthropic's Citations: the retrieved passages go in as `search_result` content blocks with
+`citations: {"enabled": true}` (https://platform.claude.com/docs/en/build-with-claude/search-results), and every
+cited claim comes back as a text block carrying `search_result_location` citations: which result, which of its
+text blocks, and the exact `cited_text`. Streamed, they arrive as `citations_delta` events inside
+`content_block_delta` (https://platform.claude.com/docs/en/build-with-claude/citations, "Streaming support").
+A citation that does not point into the sources sent (index out of range, another source, text not in it) is
+dropped, so an answer never shows a quote its sources do not hold.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Awaitable, Callable
+import re
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
 
 from knowledge.errors import GenerationError
 from knowledge.settings import KnowledgeSettings
@@ -15,6 +25,91 @@ from knowledge.settings import KnowledgeSettings
 logger = logging.getLogger(__name__)
 
 TextCallback = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class SearchSource:
+    """One numbered source as a `search_result` block: its passages are the block's text blocks."""
+
+    n: int
+    source: str  # the document's URL or path (what the reader can open)
+    title: str
+    passages: tuple[str, ...]
+
+    def block(self) -> dict[str, Any]:
+        return {
+            "type": "search_result", "source": self.source, "title": self.title or self.source,
+            "content": [{"type": "text", "text": text} for text in self.passages],
+            "citations": {"enabled": True},
+        }
+
+
+@dataclass(frozen=True)
+class Span:
+    """A passage Claude cited for a claim: the source's number and the exact text."""
+
+    n: int
+    text: str
+
+
+@dataclass
+class CitedReply:
+    text: str  # the reply, with a [n] marker after each block that cites source n
+    spans: list[Span] = field(default_factory=list)
+    rejected: int = 0  # citations dropped because they pointed outside the sources
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def valid_span(citation: Any, sources: Sequence[SearchSource]) -> Span | None:
+    """The citation as a span of one of `sources`, or None when it points anywhere else."""
+    if getattr(citation, "type", None) != "search_result_location":
+        return None
+    index = getattr(citation, "search_result_index", -1)
+    if not isinstance(index, int) or not 0 <= index < len(sources):
+        return None
+    source = sources[index]
+    start, end = getattr(citation, "start_block_index", -1), getattr(citation, "end_block_index", -1)
+    if getattr(citation, "source", None) != source.source or not (0 <= start < end <= len(source.passages)):
+        return None
+    cited = _squash(getattr(citation, "cited_text", "") or "")
+    if not cited or cited not in _squash(" ".join(source.passages[start:end])):
+        return None
+    return Span(source.n, cited)
+
+
+class _CitedBlocks:
+    """Assembles a reply block by block: text, then the markers of the sources that block cites."""
+
+    def __init__(self, sources: Sequence[SearchSource]) -> None:
+        self.sources = sources
+        self.parts: list[str] = []
+        self.spans: list[Span] = []
+        self.rejected = 0
+        self.block_numbers: list[int] = []
+
+    def cite(self, citation: Any) -> None:
+        span = valid_span(citation, self.sources)
+        if span is None:
+            self.rejected += 1
+            logger.warning("dropped a citation that points outside the sources sent")
+            return
+        if span not in self.spans:
+            self.spans.append(span)
+        if span.n not in self.block_numbers:
+            self.block_numbers.append(span.n)
+
+    def end_block(self) -> str:
+        """The markers to put after the block just finished ("" when it cites nothing)."""
+        markers = "".join(f"[{n}]" for n in self.block_numbers)
+        self.block_numbers = []
+        return markers
+
+    def reply(self) -> CitedReply:
+        text = re.sub(r"[ \t]+\n", "\n", "".join(self.parts)).strip()
+        return CitedReply(text, self.spans, self.rejected)
 
 
 class AnthropicGenerator:
@@ -27,6 +122,7 @@ class AnthropicGenerator:
             raise GenerationError("ANTHROPIC_API_KEY is not set")
         self.model = settings.anthropic_model
         self.max_tokens = settings.answer_max_tokens
+        self.citations = settings.anthropic_citations  # answers through generate_cited (search_result blocks)
         self.client = AsyncAnthropic(
             api_key=settings.anthropic_api_key.get_secret_value(),
             base_url=settings.anthropic_base_url,
@@ -70,6 +166,65 @@ class AnthropicGenerator:
                 "could not reach the Anthropic API (network or ANTHROPIC_BASE_URL); answering with excerpts"
             ) from exc
         return "".join(block.text for block in message.content if getattr(block, "type", "") == "text").strip()
+
+    async def generate_cited(
+        self, system: str, sources: Sequence[SearchSource], user: str, *, on_text: TextCallback | None = None,
+    ) -> CitedReply:
+        """The answer with Claude's own citations: `sources` as search_result blocks, then `user` (the conversation
+        and the question) as a text block. With `on_text`, text deltas stream as they arrive, and each block's
+        markers follow its text, so what was streamed equals the returned text."""
+        request = dict(
+            model=self.model,
+            max_tokens=self.max_tokens,
+            system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+            messages=[{"role": "user", "content": [*(s.block() for s in sources), {"type": "text", "text": user}]}],
+        )
+        blocks = _CitedBlocks(sources)
+
+        async def emit(text: str) -> None:
+            if text:
+                blocks.parts.append(text)
+                if on_text is not None:
+                    await on_text(text)
+
+        async def run() -> None:
+            if on_text is None:
+                message = await self.client.messages.create(**request)  # type: ignore[arg-type]
+                for block in message.content:
+                    if getattr(block, "type", "") != "text":
+                        continue
+                    await emit(block.text)
+                    for citation in getattr(block, "citations", None) or []:
+                        blocks.cite(citation)
+                    await emit(blocks.end_block())
+                return
+            async with self.client.messages.stream(**request) as stream:  # type: ignore[arg-type]
+                async for event in stream:
+                    if event.type == "text":
+                        await emit(event.text)
+                    elif event.type == "citation":
+                        blocks.cite(event.citation)
+                    elif event.type == "content_block_stop":
+                        await emit(blocks.end_block())
+
+        await self._call(run, self.model)
+        return blocks.reply()
+
+    async def _call(self, run: Callable[[], Awaitable[None]], model: str) -> None:
+        import anthropic
+
+        try:
+            await run()
+        except anthropic.AuthenticationError as exc:
+            raise GenerationError("Anthropic rejected the API key: check ANTHROPIC_API_KEY") from exc
+        except anthropic.NotFoundError as exc:
+            raise GenerationError(f"Anthropic does not know model {model!r}: check ANTHROPIC_MODEL") from exc
+        except anthropic.APIStatusError as exc:
+            raise GenerationError(f"Anthropic API error {exc.status_code} after retries: {_error_type(exc)}") from exc
+        except anthropic.APIConnectionError as exc:
+            raise GenerationError(
+                "could not reach the Anthropic API (network or ANTHROPIC_BASE_URL); answering with excerpts"
+            ) from exc
 
     async def close(self) -> None:
         await self.client.close()

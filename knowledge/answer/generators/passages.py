@@ -131,8 +131,15 @@ def render_units(units: Sequence[Unit]) -> str:
     their lead-in, table rows as one table under their header row."""
     blocks: list[str] = []
     shown_leads: set[str] = set()
+    list_leads = {u.lead for u in units if u.kind == "list" and u.lead}
     i = 0
-    ordered = sorted(units, key=lambda u: u.position)
+    # A sentence that is also the lead-in of a quoted list is shown once, above its list.
+    ordered, seen = [], set()
+    for u in sorted(units, key=lambda u: u.position):
+        if (u.kind == "text" and u.text in list_leads) or (u.kind, u.text) in seen:
+            continue  # overlapping chunks repeat units: each is shown once
+        seen.add((u.kind, u.text))
+        ordered.append(u)
     while i < len(ordered):
         unit = ordered[i]
         if unit.kind == "row":
