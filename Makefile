@@ -27,6 +27,7 @@ run: setup
 	$(BIN)/ragbot run
 
 test: setup
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 # The quick set (< 5 minutes on 2 cores): search at 10k chunks, a small ingest, the Slack bot's overhead, ack and

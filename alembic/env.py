@@ -6,9 +6,9 @@ DATABASE_URL / the embedded server when `alembic` is run by hand.
 
 import asyncio
 
-from alembic import context
 from sqlalchemy.engine import Connection
 
+from alembic import context
 from db.engine import create_engine, database_url
 from db.models import Base
 

@@ -53,7 +53,14 @@ sys.path.insert(1, str(HERE.parent / "tests"))  # the fake servers and the Slack
 sys.path.append(str(HERE))  # bench/common.py
 
 from common import (  # noqa: E402
-    REPO, database_versions, drop_database, machine_info, open_fresh_kb, summary, timer, use_throwaway_home,
+    REPO,
+    database_versions,
+    drop_database,
+    machine_info,
+    open_fresh_kb,
+    summary,
+    timer,
+    use_throwaway_home,
     write_results,
 )
 

@@ -25,9 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -274,7 +274,7 @@ class SyntheticCorpus:
         `self.query_sources[i]` is the index in `sample_chunks` of the chunk question i was drawn from."""
         out = []
         self.query_sources: list[int] = []
-        for i in range(count):
+        for _i in range(count):
             picked = int(self.rng.integers(len(sample_chunks)))
             self.query_sources.append(picked)
             source = sample_chunks[picked].split()
@@ -322,11 +322,11 @@ class PlantedQueryEmbedder:
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         vectors = self._embedder.embed(self.embedded_texts(texts))
-        return [self.planted.get(text, vector) for text, vector in zip(texts, vectors)]
+        return [self.planted.get(text, vector) for text, vector in zip(texts, vectors, strict=False)]
 
     async def embed_async(self, texts: Sequence[str]) -> list[list[float]]:
         vectors = await self._embedder.embed_async(self.embedded_texts(texts))
-        return [self.planted.get(text, vector) for text, vector in zip(texts, vectors)]
+        return [self.planted.get(text, vector) for text, vector in zip(texts, vectors, strict=False)]
 
 
 def real_questions() -> list[str]:

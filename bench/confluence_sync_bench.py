@@ -25,6 +25,7 @@ os.environ["CONFLUENCE_API_TOKEN"] = "good-token"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from fakes.confluence_api import FakeConfluence  # noqa: E402
+
 from knowledge.kb import KnowledgeBase  # noqa: E402
 
 TOPICS = ["deploys", "on-call", "expenses", "travel", "security", "hiring", "laptops", "vpn", "payroll", "offsites"]

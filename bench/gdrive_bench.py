@@ -28,6 +28,7 @@ os.environ["ANTHROPIC_API_KEY"] = ""
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from fakes.drive_api import FakeDrive  # noqa: E402
+
 from knowledge.kb import KnowledgeBase  # noqa: E402
 
 TOPICS = ["expenses", "travel", "security", "onboarding", "benefits", "payroll", "hardware", "support"]

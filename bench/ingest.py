@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -46,7 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    SyntheticCorpus, database_versions, drop_database, machine_info, open_fresh_kb, timer, use_throwaway_home,
+    SyntheticCorpus,
+    database_versions,
+    drop_database,
+    machine_info,
+    open_fresh_kb,
+    timer,
+    use_throwaway_home,
     write_results,
 )
 
@@ -55,11 +61,11 @@ use_throwaway_home()
 import numpy as np  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
-from knowledge.storage import documents as store  # noqa: E402
 from knowledge.ingest.chunking import compose_search_text  # noqa: E402
 from knowledge.ingest.pipeline import BATCH_DOCUMENTS, WRITE_BATCH_CHUNKS, WriterPool, share_out  # noqa: E402
 from knowledge.settings import KnowledgeSettings  # noqa: E402
 from knowledge.sources.folder import FolderSource  # noqa: E402
+from knowledge.storage import documents as store  # noqa: E402
 
 STORE_WRITERS = KnowledgeSettings(_env_file=None).store_writers  # the setting's default
 
@@ -181,7 +187,7 @@ def synthetic_writes(
     for document in corpus.documents(n_chunks):
         rows = [store.ChunkRow(i, body, "", len(body.split()), f"{prefix}{document.number}-{i}",
                                store.as_vector(vector), body)
-                for i, (body, vector) in enumerate(zip(document.chunks, document.vectors))]
+                for i, (body, vector) in enumerate(zip(document.chunks, document.vectors, strict=False))]
         writes.append(store.DocumentWrite(f"{prefix}{document.number}", f"Document {document.number}", None, None,
                                           None, None, f"{prefix}h{document.number}", document.access, rows))
     batches = [writes[i : i + BATCH_DOCUMENTS] for i in range(0, len(writes), BATCH_DOCUMENTS)]

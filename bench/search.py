@@ -34,8 +34,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    PlantedQueryEmbedder, SyntheticCorpus, database_versions, drop_database, machine_info, open_existing_kb, open_fresh_kb, parse_size, real_questions, summary, timer,
-    use_throwaway_home, write_results,
+    PlantedQueryEmbedder,
+    SyntheticCorpus,
+    database_versions,
+    drop_database,
+    machine_info,
+    open_existing_kb,
+    open_fresh_kb,
+    parse_size,
+    real_questions,
+    summary,
+    timer,
+    use_throwaway_home,
+    write_results,
 )
 
 use_throwaway_home()
@@ -44,8 +55,8 @@ import numpy as np  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from db.engine import read_rows  # noqa: E402
-from knowledge.storage import documents as store  # noqa: E402
 from knowledge.search.retrieval import SearchFilters  # noqa: E402
+from knowledge.storage import documents as store  # noqa: E402
 
 EVERY_DOCUMENT = ("group:all",)
 TEN_PERCENT = ("group:g3",)
@@ -88,7 +99,7 @@ async def load_corpus(kb, n_chunks: int) -> tuple[SyntheticCorpus, list[tuple[st
             rows = [
                 store.ChunkRow(i, body, "", len(body.split()), f"{document.number}-{i}",
                                store.as_vector(vector), body)
-                for i, (body, vector) in enumerate(zip(document.chunks, document.vectors))
+                for i, (body, vector) in enumerate(zip(document.chunks, document.vectors, strict=False))
             ]
             if len(sample) < 2000 and document.number % 7 == 0:
                 sample.append((document.chunks[0], document.vectors[0]))
@@ -272,7 +283,7 @@ async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object
 
     async def dense_run(sql: str, settings: str = "") -> dict[str, float]:
         samples, hits = [], 0.0
-        for vector, truth in zip(vectors, exact):
+        for vector, truth in zip(vectors, exact, strict=False):
             async with kb.engine.begin() as conn:
                 if settings:
                     await conn.execute(text(settings))
@@ -315,7 +326,7 @@ async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object
         for postings in (1000, 2000, 3000, 5000, 10000):
             retrieval.CANDIDATE_POSTINGS = postings
             samples, hits = [], 0.0
-            for query, truth in zip(queries, truths):
+            for query, truth in zip(queries, truths, strict=False):
                 started = timer()
                 got = await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="lexical", max_per_document=10)
                 samples.append((timer() - started) * 1000)
@@ -359,7 +370,7 @@ async def run_size(
         print(f"  HNSW search list (hnsw.ef_search): {figures['hnsw_ef_search']}")
         queries = corpus.queries(n_queries, [text for text, _ in sample])
         planted = {q: corpus.question_vector(sample[i][1]).tolist()
-                   for q, i in zip(queries, corpus.query_sources)}
+                   for q, i in zip(queries, corpus.query_sources, strict=False)}
         embedder = PlantedQueryEmbedder(kb.embedder, planted, real_questions())
         kb.retriever.embedder = embedder
         figures["question_tokens"] = {  # what the model embeds, beside the synthetic questions (PlantedQueryEmbedder)

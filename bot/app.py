@@ -20,8 +20,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
@@ -71,16 +72,16 @@ def configured_adapters(context: BotContext) -> list[Adapter]:
 @dataclass
 class BotApp:
     settings: BotSettings
-    knowledge_settings: "KnowledgeSettings | None" = None
-    database_settings: "DatabaseSettings | None" = None
-    kb: "KnowledgeBase | None" = None  # given: used as is and not closed here (tests)
+    knowledge_settings: KnowledgeSettings | None = None
+    database_settings: DatabaseSettings | None = None
+    kb: KnowledgeBase | None = None  # given: used as is and not closed here (tests)
     adapters: list[Adapter] | None = None  # given: used instead of the configured ones (tests)
     services: list[Service] = field(default_factory=list)
     metrics: BotMetrics = field(default_factory=BotMetrics)
     port: int | None = None  # the bound port once started
     _runner: web.AppRunner | None = None
     _owns_kb: bool = False
-    _encoder_build: "asyncio.Task[str | None] | None" = None
+    _encoder_build: asyncio.Task[str | None] | None = None
     _started: list[object] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -157,8 +158,8 @@ def stop_on_signals() -> asyncio.Event:
 
 
 def build_app(
-    settings: BotSettings, knowledge_settings: "KnowledgeSettings | None" = None,
-    database_settings: "DatabaseSettings | None" = None,
+    settings: BotSettings, knowledge_settings: KnowledgeSettings | None = None,
+    database_settings: DatabaseSettings | None = None,
 ) -> BotApp:
     """The bots with their background services: the sync scheduler runs beside them unless RUN_SCHEDULER=false
     (a deployment that runs `ragbot scheduler` as its own process)."""

@@ -17,6 +17,6 @@ if TYPE_CHECKING:
 class BotContext:
     """What every adapter gets: built once, shared."""
 
-    kb: "KnowledgeBase"
+    kb: KnowledgeBase
     settings: BotSettings
     metrics: BotMetrics

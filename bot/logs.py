@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-from datetime import datetime, timezone
-from typing import IO, Iterable
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import IO
 
 # Slack tokens (xoxb-, xoxp-, xapp-...), Anthropic keys, and the password in scheme://user:password@host.
 _TOKEN_SHAPES = re.compile(r"\b(?:xox[abposr]|xapp)-[A-Za-z0-9-]+|\bsk-ant-[A-Za-z0-9_-]+")
@@ -51,7 +52,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, str] = {
-            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -50,7 +51,7 @@ class BotMetrics:
         self.stage_seconds = Histogram("ragbot_stage_seconds", "Latency per answer stage (retrieval, generation, "
                                        "first_text, total, ...).", ["stage"], buckets=_BUCKETS, registry=r)
 
-    def observe_answer(self, platform: str, answer: "Answer", total_seconds: float | None = None) -> None:
+    def observe_answer(self, platform: str, answer: Answer, total_seconds: float | None = None) -> None:
         self.answers.labels(platform, answer.mode).inc()
         if answer.abstained:
             self.abstentions.labels(platform).inc()
@@ -70,7 +71,7 @@ class Health:
     checks: dict[str, str] = field(default_factory=dict)
 
 
-async def check_health(kb: "KnowledgeBase", timeout: float = 3.0) -> Health:
+async def check_health(kb: KnowledgeBase, timeout: float = 3.0) -> Health:
     """Healthy when the database answers and the embedding model is loaded (answers need both)."""
     checks: dict[str, str] = {}
     try:
@@ -87,7 +88,7 @@ async def check_health(kb: "KnowledgeBase", timeout: float = 3.0) -> Health:
 
 
 def build_web_app(
-    kb: "KnowledgeBase", metrics: BotMetrics, routes: Sequence[web.RouteDef] = (),
+    kb: KnowledgeBase, metrics: BotMetrics, routes: Sequence[web.RouteDef] = (),
     extra_health: Mapping[str, object] | None = None,
 ) -> web.Application:
     """/healthz and /metrics, plus adapter routes."""

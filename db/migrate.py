@@ -22,7 +22,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 VERSIONS = PROJECT_ROOT / "alembic" / "versions"
 
 
-def alembic_config() -> "Config":
+def alembic_config() -> Config:
     from alembic.config import Config
 
     config = Config(str(PROJECT_ROOT / "alembic.ini"))
@@ -61,7 +61,7 @@ def head_revisions() -> frozenset[str]:
     return frozenset(revisions - parents)
 
 
-async def stored_revisions(engine: "AsyncEngine") -> frozenset[str]:
+async def stored_revisions(engine: AsyncEngine) -> frozenset[str]:
     """What `alembic_version` says the database is at (empty for a database never migrated)."""
     from sqlalchemy import text
 
@@ -72,7 +72,7 @@ async def stored_revisions(engine: "AsyncEngine") -> frozenset[str]:
         return frozenset((await connection.execute(text("SELECT version_num FROM alembic_version"))).scalars())
 
 
-async def ensure_schema(engine: "AsyncEngine") -> bool:
+async def ensure_schema(engine: AsyncEngine) -> bool:
     """Migrate only when the stored revision is not the head (one cheap query otherwise). Returns True if
     Alembic ran."""
     try:
@@ -90,7 +90,7 @@ async def ensure_schema(engine: "AsyncEngine") -> bool:
     return True
 
 
-def _unavailable(engine: "AsyncEngine", exc: Exception) -> Exception:
+def _unavailable(engine: AsyncEngine, exc: Exception) -> Exception:
     from db.errors import DatabaseUnavailable
     from db.settings import redact_url
 
@@ -101,15 +101,15 @@ def _unavailable(engine: "AsyncEngine", exc: Exception) -> Exception:
     )
 
 
-async def upgrade_to_head(engine: "AsyncEngine") -> None:
+async def upgrade_to_head(engine: AsyncEngine) -> None:
     """Bring the schema to the newest revision. Safe to call on every start: a current schema is a no-op.
 
     A transaction-level advisory lock keeps two processes starting at once from racing each other.
     """
-    from alembic import command
     from sqlalchemy import text
     from sqlalchemy.exc import DBAPIError, OperationalError
 
+    from alembic import command
     from db.errors import DatabaseUnavailable
 
     def _upgrade(sync_connection) -> None:  # type: ignore[no-untyped-def]
@@ -134,7 +134,7 @@ async def upgrade_to_head(engine: "AsyncEngine") -> None:
         raise
 
 
-async def current_revision(engine: "AsyncEngine") -> str | None:
+async def current_revision(engine: AsyncEngine) -> str | None:
     from alembic.runtime.migration import MigrationContext
 
     async with engine.connect() as connection:

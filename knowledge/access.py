@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Awaitable, Callable, Iterable, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -131,7 +131,7 @@ class Person:
     identity: str | None = None
 
     @classmethod
-    def parse(cls, value: "str | Person | Sequence[str]") -> "Person":
+    def parse(cls, value: str | Person | Sequence[str]) -> Person:
         if isinstance(value, Person):
             return value
         values = [value] if isinstance(value, str) else list(value)
@@ -162,7 +162,7 @@ class AccessResolver:
         self._snapshot = None
         self._cache.clear()
 
-    async def principals_for(self, person: "str | Person | Sequence[str]") -> ResolvedPrincipals:
+    async def principals_for(self, person: str | Person | Sequence[str]) -> ResolvedPrincipals:
         who = Person.parse(person)
         now = self.clock()
         snapshot = await self._current(now)

@@ -8,7 +8,7 @@ Each surface adds its own wording (the CLI's lives in bot/cli/, the chat's in bo
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class KnowledgeError(Exception):

@@ -6,30 +6,31 @@ Adapters and the CLI talk only to this class (and the dataclasses it returns); t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bot.chat.state import BotStateMethods
 from db.engine import create_engine, database_url
 from db.migrate import ensure_schema
 from db.settings import DatabaseSettings, redact_url
-from knowledge.answer.answering import Answer, Answerer, AnswerSettings, make_generator
-from bot.chat.state import BotStateMethods
-from knowledge.embedding.encoder import Embedder, get_embedder
 from knowledge.access import AccessResolver, DocumentVerdict, Person, ResolvedPrincipals, verdict
+from knowledge.answer.answering import Answer, Answerer, AnswerSettings, make_generator
+from knowledge.answer.memory import ChatMessage, ConversationMemory, MemorySettings
+from knowledge.embedding.encoder import Embedder, get_embedder
 from knowledge.errors import UnknownSource
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
-from knowledge.answer.memory import ChatMessage, ConversationMemory, MemorySettings
+from knowledge.ingest.runs import SyncRunner
 from knowledge.search.retrieval import Mode, Retriever, SearchFilters, SearchResults
 from knowledge.settings import KnowledgeSettings
-from knowledge.storage import conversations, usage
-from knowledge.storage import documents as store
 from knowledge.sources.base import Source, SourceInfo, SyncRun
 from knowledge.sources.folder import FolderSource
-from knowledge.ingest.runs import SyncRunner
+from knowledge.storage import conversations, usage
+from knowledge.storage import documents as store
 
 if TYPE_CHECKING:
     from knowledge.ingest.groups import DirectoryReport
@@ -114,7 +115,7 @@ class KnowledgeBase(BotStateMethods):
     @classmethod
     async def open(
         cls, settings: KnowledgeSettings | None = None, db_settings: DatabaseSettings | None = None
-    ) -> "KnowledgeBase":
+    ) -> KnowledgeBase:
         """Connect (starting the embedded Postgres if DATABASE_URL is unset), migrate, and check the model."""
         settings = settings or KnowledgeSettings()
         url = database_url(db_settings)
@@ -171,7 +172,7 @@ class KnowledgeBase(BotStateMethods):
             on_text=on_text,
         )
 
-    async def __aenter__(self) -> "KnowledgeBase":
+    async def __aenter__(self) -> KnowledgeBase:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -302,12 +303,12 @@ class KnowledgeBase(BotStateMethods):
 
     # --- who sees what (knowledge.access, knowledge.ingest.groups) ---
 
-    async def principals_for(self, person: "str | Person | Sequence[str]") -> ResolvedPrincipals:
+    async def principals_for(self, person: str | Person | Sequence[str]) -> ResolvedPrincipals:
         """A person's principals (given, admin-mapped, every synced group containing them, `everyone`), each with
         where it came from. `person`: "user:alice@acme.com", a platform identity "slack:U1", or several."""
         return await self.access.principals_for(person)
 
-    async def refresh_groups(self, name: str) -> "DirectoryReport":
+    async def refresh_groups(self, name: str) -> DirectoryReport:
         """Fetch the source's group membership now (the scheduler does it every `groups_every_seconds`). Raises
         UnknownSource, SourceConfigError (no directory), SourceAuthError / SourceUnavailable (the last good
         membership is kept, for at most GROUP_MEMBERSHIP_TTL_SECONDS)."""
@@ -318,7 +319,7 @@ class KnowledgeBase(BotStateMethods):
         finally:
             self.access.invalidate()
 
-    async def group_directories(self) -> list["DirectoryState"]:
+    async def group_directories(self) -> list[DirectoryState]:
         """Every source's directory: last good refresh, last attempt and error, counts."""
         from knowledge.storage import directory as directory_store
 
@@ -326,7 +327,7 @@ class KnowledgeBase(BotStateMethods):
             return await directory_store.list_states(conn)
 
     async def explain_access(
-        self, person: "str | Person | Sequence[str]", document: str | None = None,
+        self, person: str | Person | Sequence[str], document: str | None = None,
     ) -> tuple[ResolvedPrincipals, list[DocumentVerdict]]:
         """A person's principals with their origins and, for the documents `document` names (an id, URL,
         `SOURCE:ID` or title), whether they may see each and which of its principals matched."""
@@ -340,12 +341,12 @@ class KnowledgeBase(BotStateMethods):
         return resolved, [verdict(resolved, d) for d in found]
     # Usage and retention (issue 34): what the gaps report and the retention job need from the knowledge side.
 
-    async def documents_of_chunks(self, chunk_ids: Sequence[int]) -> "dict[int, usage.DocumentRef]":
+    async def documents_of_chunks(self, chunk_ids: Sequence[int]) -> dict[int, usage.DocumentRef]:
         """chunk id → its document (title, source, url, path, last update), for chunks that still exist."""
         async with self.engine.connect() as conn:
             return await usage.documents_of_chunks(conn, chunk_ids)
 
-    async def documents_not_in(self, document_ids: Sequence[int], limit: int = 50) -> "tuple[int, list[usage.DocumentRef]]":
+    async def documents_not_in(self, document_ids: Sequence[int], limit: int = 50) -> tuple[int, list[usage.DocumentRef]]:
         """How many indexed documents are not among `document_ids` (e.g. never cited), and the first `limit`."""
         async with self.engine.connect() as conn:
             return await usage.documents_not_in(conn, document_ids, limit)

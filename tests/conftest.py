@@ -12,8 +12,8 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import AsyncIterator, Callable
 
 # Before anything reads settings: no developer .env, no real keys, no external database, an isolated home.
 _HOME = Path(tempfile.mkdtemp(prefix="ragbot-tests-"))

@@ -7,8 +7,9 @@ import asyncio
 import itertools
 import json
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
@@ -35,7 +36,7 @@ def settings_for(fake: FakeSlackAPI, **overrides: Any) -> BotSettings:
 
 
 @asynccontextmanager
-async def running_bot(kb: Any, fake: FakeSlackAPI, **overrides: Any) -> AsyncIterator["SlackClient"]:
+async def running_bot(kb: Any, fake: FakeSlackAPI, **overrides: Any) -> AsyncIterator[SlackClient]:
     app = BotApp(settings_for(fake, **overrides), kb=kb)
     await app.start()
     try:

@@ -14,6 +14,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import discord
 import pytest
 import pytest_asyncio
 from conftest import write
@@ -22,7 +23,6 @@ from fakes.discord_gateway import DiscordHarness
 from fakes.slack_api import FakeSlackAPI
 from slack_harness import answer_in, finished, mention, new_ts, running_bot, settle, wait_for
 
-import discord
 from bot.discord.adapter import RagbotDiscord, configure_api_url
 from bot.server import BotMetrics
 from bot.settings import BotSettings

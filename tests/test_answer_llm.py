@@ -134,7 +134,7 @@ async def test_citations_renumbered_in_order_of_use_and_invented_ones_dropped(kb
     assert "[9]" not in answer.text and "[3]" not in answer.text
     assert [c.n for c in answer.citations] == [1, 2]
     # Citation 1 is what the model saw as source 2, citation 2 what it saw as source 1.
-    for citation, old in zip(answer.citations, (2, 1)):
+    for citation, old in zip(answer.citations, (2, 1), strict=False):
         assert citation.title == sent[old]["title"]
         assert citation.path == sent[old]["path"]
         assert citation.external_id == sent[old]["path"].removeprefix("docs/")

@@ -4,9 +4,10 @@
 import json
 
 from fakes.anthropic_api import RecordedRequest
+from test_answer_llm import CORPUS, fake_anthropic, open_kb  # noqa: F401  (fixture)
+
 from knowledge.eval.evaluation import EvalQuestion, evaluate_answers
 from knowledge.eval.judging import JUDGE_SYSTEM, AnswerJudge, parse_judgement
-from test_answer_llm import CORPUS, fake_anthropic, open_kb  # noqa: F401  (fixture)
 
 QUESTIONS = [
     EvalQuestion("q1", "How many vacation days do full-time employees get?", {"policies/vacation.md": 1},

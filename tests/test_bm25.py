@@ -3,9 +3,9 @@
 import math
 from collections import Counter
 
+from conftest import write
 from sqlalchemy import text
 
-from conftest import write
 from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.folder import FolderSource
 

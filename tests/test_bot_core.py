@@ -7,22 +7,22 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import aiohttp
 import pytest
+from conftest import write
 from typer.testing import CliRunner
 
+from bot.app import BotApp
 from bot.chat import admin
 from bot.chat.access import private_audience, shared_audience
 from bot.chat.admin import Caller, run_command
-from bot.app import BotApp
-from bot.cli import app as cli_app
 from bot.chat.feedback import button_value, parse_button_value, record_click, remember_answer
 from bot.chat.render import sources_list, split_text
+from bot.cli import app as cli_app
 from bot.settings import BotSettings
-from conftest import write
 from knowledge.answer.answering import Citation
 from knowledge.sources.folder import FolderSource
 

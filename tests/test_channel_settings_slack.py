@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
 from conftest import create_database, write
 from conftest import test_settings as kb_settings
-from fakes.slack_api import BOT_USER_ID, FakeSlackAPI
-from slack_harness import answer_in, mention, message, new_ts, running_bot, settle, wait_for
+from fakes.slack_api import FakeSlackAPI
+from slack_harness import answer_in, mention, message, new_ts, running_bot, settle
 
 from bot.chat.channels import channel_settings
 from db.settings import DatabaseSettings

@@ -429,10 +429,10 @@ async def test_no_document_reaches_anyone_who_may_not_see_it(surface, kb_factory
         channels = {820000000000001000 + i: 830000000000001000 + i for i in range(len(audiences))}
         bot, harness = await start_discord(kb, discord_api, channels)
         try:
-            for (channel, role), members in zip(channels.items(), audiences):
+            for (channel, role), members in zip(channels.items(), audiences, strict=False):  # noqa: B007 (the name documents the tuple's shape)
                 for member in members:
                     discord_api.add_member(GUILD, PEOPLE[member][2], [role, *_roles_of(discord_api, member)])
-            for (channel, _), members in zip(channels.items(), audiences):
+            for (channel, _), members in zip(channels.items(), audiences, strict=False):
                 for kind in DOCUMENTS:
                     question = DOCUMENTS[kind][0]
                     await check(members, kind, await discord_mention(harness, discord_api, channel, question,
@@ -456,7 +456,7 @@ async def test_no_document_reaches_anyone_who_may_not_see_it(surface, kb_factory
                         channel = new_channel("D")
                         event = message(question, user=asker, channel=channel, channel_type="im")
                         await bot.send_event(event)
-                        await wait_for(lambda: [m for m in slack.thread(channel, None) if finished(m)])
+                        await wait_for(lambda: [m for m in slack.thread(channel, None) if finished(m)])  # noqa: B023 (the closure runs within this iteration)
                         shown = answer_text(slack, channel, None)
                     elif surface == "slack_private_channel":
                         channel = new_channel("C")
@@ -467,7 +467,7 @@ async def test_no_document_reaches_anyone_who_may_not_see_it(surface, kb_factory
                         slack.add_channel(channel, private=False, members=[p[0] for p in PEOPLE.values()])
                         event = mention(f"privately {question}", user=asker, channel=channel)
                         await bot.send_event(event)
-                        done = await wait_for(lambda: ephemeral_done(slack, asker, channel))
+                        done = await wait_for(lambda: ephemeral_done(slack, asker, channel))  # noqa: B023 (the closure runs within this iteration)
                         shown = "\n".join(m.visible_text for m in done)
                         public = answer_text(slack, channel, event["ts"])
                         if DOCUMENTS[kind][1] in public:

@@ -2,8 +2,8 @@
 
 import pytest
 
-from knowledge.ingest.chunking import chunk_document, split_sentences
 from knowledge.embedding.encoder import get_embedder
+from knowledge.ingest.chunking import chunk_document, split_sentences
 from knowledge.ingest.parsing import parse_document
 
 
@@ -31,7 +31,7 @@ def test_long_sections_split_within_budget_with_sentence_overlap(embedder):
     chunks = chunk_document(parsed, embedder.count_tokens_many, max_tokens=128, overlap_tokens=30)
     assert len(chunks) > 3
     assert all(c.token_count <= 128 for c in chunks)
-    for first, second in zip(chunks, chunks[1:]):
+    for first, second in zip(chunks, chunks[1:], strict=False):
         first_sentences, second_sentences = split_sentences(first.text), split_sentences(second.text)
         carried = second_sentences[0]
         assert carried in first_sentences[-3:]  # the next chunk opens with the previous one's last sentences

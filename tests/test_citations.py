@@ -5,10 +5,10 @@ Against the fake Anthropic API (tests/fakes/anthropic_api.py), which builds its 
 from __future__ import annotations
 
 import pytest
+from conftest import write
 from fakes.anthropic_api import FakeAnthropicAPI
 from test_answer_llm import API_KEY, CORPUS
 
-from conftest import write
 from knowledge.answer.answering import ABSTAIN_MESSAGE
 from knowledge.sources.folder import FolderSource
 

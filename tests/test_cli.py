@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
+from conftest import write
 from typer.testing import CliRunner
 
 from bot.cli import app
-from conftest import write
 
 REPO = Path(__file__).resolve().parent.parent
 RAGBOT = REPO / ".venv" / "bin" / "ragbot"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import write
 from fakes.confluence_api import FakeConfluence
 from test_cli import assert_usage_error, cli, ok, ok_json, text

@@ -6,10 +6,10 @@ import asyncio
 import time
 
 import pytest
+from fakes.confluence_api import FakeConfluence
 from sqlalchemy import text
 
-from fakes.confluence_api import FakeConfluence
-from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable, SourceError
+from knowledge.errors import SourceAuthError, SourceConfigError, SourceError, SourceUnavailable
 from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.confluence import storage_to_markdown
 

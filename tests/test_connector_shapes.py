@@ -12,11 +12,10 @@ import time
 import aiohttp
 import discord
 import pytest
-from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
-from slack_sdk.web.async_client import AsyncWebClient
-
 from fakes.discord_api import FakeDiscordAPI
 from fakes.slack_api import FakeSlackAPI
+from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
+from slack_sdk.web.async_client import AsyncWebClient
 
 
 @pytest.fixture

@@ -103,7 +103,6 @@ async def test_upgrading_an_indexed_database_rebuilds_its_vector_index_in_half_p
     """Migration 0007: a database indexed before it (full-precision HNSW) gets the halfvec index that searches now
     order by, and loses the old one; the chunks and their full-precision vectors are untouched."""
     from alembic import command
-
     from db.migrate import alembic_config, upgrade_to_head
 
     url = fresh_database()

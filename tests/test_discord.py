@@ -16,12 +16,20 @@ import pytest
 import pytest_asyncio
 from conftest import write
 from fakes.anthropic_api import FakeAnthropicAPI
-from fakes.discord_api import BOT_USER_ID, FakeDiscordAPI
+from fakes.discord_api import FakeDiscordAPI
 from fakes.discord_gateway import MANAGE_GUILD, MEMBER_PERMISSIONS, DiscordHarness
 
 from bot.discord.adapter import (
-    EMBED_DESCRIPTION_LIMIT, EMBED_TOTAL_LIMIT, MESSAGE_LIMIT, Part, ProgressiveReply, RagbotDiscord,
-    configure_api_url, group_embeds, render_answer, source_embeds,
+    EMBED_DESCRIPTION_LIMIT,
+    EMBED_TOTAL_LIMIT,
+    MESSAGE_LIMIT,
+    Part,
+    ProgressiveReply,
+    RagbotDiscord,
+    configure_api_url,
+    group_embeds,
+    render_answer,
+    source_embeds,
 )
 from bot.server import BotMetrics
 from bot.settings import BotSettings
@@ -211,7 +219,7 @@ async def test_a_streamed_answer_is_posted_early_then_edited_at_most_once_per_in
     assert 1 <= len(previews) <= elapsed / 0.3 + 1  # throttled, not one edit per delta
     shown = [post.body["content"]] + [e.body["content"] for e in previews]
     assert all(text.endswith(" …") for text in shown)
-    assert all(a[:-2] in b for a, b in zip(shown, shown[1:]))  # each edit extends the last
+    assert all(a[:-2] in b for a, b in zip(shown, shown[1:], strict=False))  # each edit extends the last
     assert final.body["content"] == "The final answer [1]."
     assert discord_api.bot_messages(CHANNEL)[0]["content"] == "The final answer [1]."
 
@@ -427,8 +435,9 @@ async def test_a_failure_becomes_a_short_message_with_an_error_id_in_the_logs(co
 async def test_ragbot_run_starts_discord_on_the_gateway_and_answers_a_mention(corpus_kb, discord_api):
     """The composition root `ragbot run` uses, with DISCORD_TOKEN set: log in, sync the commands globally (no
     DISCORD_GUILD_ID), connect to the gateway, and answer a mention that arrives over the websocket."""
-    from bot.app import BotApp
     from fakes.discord_gateway import guild_payload, message_payload
+
+    from bot.app import BotApp
 
     kb = await corpus_kb()
     discord_api.guild_creates.append(guild_payload(GUILD, [CHANNEL]))

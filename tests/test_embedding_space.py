@@ -1,8 +1,8 @@
 """Changing EMBEDDING_MODEL re-embeds every chunk with the new model instead of mixing two models' vectors."""
 
+from conftest import write
 from sqlalchemy import text
 
-from conftest import write
 from knowledge.embedding.encoder import resolve_model_path
 from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.folder import FolderSource

@@ -14,11 +14,16 @@ import pytest
 from conftest import write
 from test_cli import cli, ok_json
 
+from knowledge.answer.memory import ChatMessage
 from knowledge.eval.evaluation import (
-    EvalQuestion, balanced_score, last_two_user_turns, load_jsonl_questions, outcome_of, score_answer,
+    EvalQuestion,
+    balanced_score,
+    last_two_user_turns,
+    load_jsonl_questions,
+    outcome_of,
+    score_answer,
     summarise_answers,
 )
-from knowledge.answer.memory import ChatMessage
 
 CORPUS = {
     "policies/vacation.md": "# Vacation\n\nFull-time employees get 25 days of paid vacation per year. Part-time "

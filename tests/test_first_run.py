@@ -15,19 +15,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
+from conftest import HANDBOOK, REPO, write
+from fakes.anthropic_api import FakeAnthropicAPI
 from typer.testing import CliRunner
 
 from bot.cli import app
-from conftest import HANDBOOK, REPO, write
-from fakes.anthropic_api import FakeAnthropicAPI
+from knowledge.answer.generators.passages import breadcrumb, units_of
 from knowledge.embedding.encoder import get_embedder
 from knowledge.eval.evaluation import evaluate_answers, load_jsonl_questions
-from knowledge.answer.generators.passages import breadcrumb, units_of
 
 runner = CliRunner()
 QUESTIONS = load_jsonl_questions(HANDBOOK / "eval.jsonl")

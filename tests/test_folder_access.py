@@ -10,11 +10,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import write
 from sqlalchemy import text
 
-from conftest import write
 from knowledge.search.retrieval import SearchFilters
-from knowledge.sources.base import SourceItem, SourceSpec
+from knowledge.sources.base import SourceItem
 from knowledge.sources.folder import FolderSource, intersect_access, parse_access_lines
 
 SECRET = "# Salary bands\n\nBand L3 pays 150k. The vault codeword is zebrafinch.\n"

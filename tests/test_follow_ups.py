@@ -6,12 +6,12 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from conftest import test_settings as settings_for
 from fakes.anthropic_api import FakeAnthropicAPI
 
-from conftest import test_settings as settings_for
 from db.settings import DatabaseSettings
-from knowledge.kb import KnowledgeBase
 from knowledge.answer.memory import ChatMessage
+from knowledge.kb import KnowledgeBase
 
 EVERYONE = ["everyone"]
 

@@ -4,21 +4,20 @@ fake Drive v3, synced into a real database, checked through search as the people
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from fakes.drive_api import FakeDrive
 from sqlalchemy import text
 
-from fakes.drive_api import FakeDrive
-from knowledge.storage import sources as sources_store
 from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable
 from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.base import build_source
 from knowledge.sources.gdrive import GoogleDriveConfig, GoogleDriveSettings, GoogleDriveSource
+from knowledge.storage import sources as sources_store
 
 LEAVE_HTML = """<html><head><title>Leave policy</title><style>p {color: red}</style></head><body>
 <h1>Leave policy</h1>
@@ -68,7 +67,7 @@ class DriveSync:
         self.kb, self.name = kb, name
 
     @classmethod
-    async def add(cls, kb, name: str = "drive", **config: Any) -> "DriveSync":  # type: ignore[no-untyped-def]
+    async def add(cls, kb, name: str = "drive", **config: Any) -> DriveSync:  # type: ignore[no-untyped-def]
         await kb.add_source(name, "gdrive", GoogleDriveConfig(**config).to_dict())
         return cls(kb, name)
 

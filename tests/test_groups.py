@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from fakes.confluence_api import FakeConfluence
 from fakes.drive_api import FakeDrive
+from test_cli import cli, ok, ok_json, text
+from test_gdrive import private_key_pem  # noqa: F401  (session fixture)
+
 from knowledge.access import AccessResolver
 from knowledge.errors import SourceUnavailable
 from knowledge.search.retrieval import SearchFilters
-from test_cli import cli, ok, ok_json, text
-from test_gdrive import private_key_pem  # noqa: F401  (session fixture)
 
 HR_PAGE = "<p>Salary bands are reviewed every April by the people team.</p>"
 PAYROLL_PAGE = "<p>Payroll runs on the 25th; corrections go to the payroll desk before the 20th.</p>"

@@ -1,8 +1,8 @@
 """The example handbook: retrieval quality, abstention and cited offline answers, as a user would see them."""
 
 import pytest
-
 from conftest import HANDBOOK
+
 from knowledge.eval.evaluation import evaluate_retrieval, load_jsonl_questions
 from knowledge.search.retrieval import SearchFilters
 

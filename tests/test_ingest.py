@@ -3,12 +3,12 @@
 import asyncio
 
 import pytest
+from conftest import write
 from sqlalchemy import text
 
-from conftest import write
+from knowledge.errors import SourceConflict
 from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.folder import FolderSource
-from knowledge.errors import SourceConflict
 
 LEAVE = """# Leave policy
 

@@ -7,16 +7,16 @@ import asyncio
 import random
 
 import pytest
+from conftest import write
 from sqlalchemy import event, text
 from typer.testing import CliRunner
 
 import db.engine
 from bot.cli import app
-from conftest import write
-from knowledge.storage import documents as store
 from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 from knowledge.sources.folder import FolderSource
+from knowledge.storage import documents as store
 
 
 async def chunks_of(kb, external_id: str) -> list[str]:  # type: ignore[no-untyped-def]

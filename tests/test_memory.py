@@ -115,7 +115,7 @@ def test_the_offline_rewrite_leaves_standalone_questions_alone():
     assert "sev1" in rewrite_offline("Back to the incidents: who may declare one?", chain).lower()
 
 
-def test_memory_beats_no_memory_on_the_handbook_conversations(on_handbook):
+def test_memory_beats_no_memory_on_the_handbook_conversations(on_handbook):  # noqa: F811 (a pytest fixture imported by name and requested as a parameter)
     lines = [json.loads(line) for line in CONVERSATIONS.read_text().splitlines() if line.strip()]
     assert len(lines) >= 30
     assert all(2 <= len([m for m in line["history"] if m["role"] == "user"]) + 1 <= 6 for line in lines)
@@ -276,7 +276,7 @@ async def test_the_offline_summary_keeps_figures_within_its_budget(kb_factory):
 # --- the command line ----------------------------------------------------------------------------------------------
 
 
-def test_chat_remembers_and_shows_what_it_searched_for(on_handbook):
+def test_chat_remembers_and_shows_what_it_searched_for(on_handbook):  # noqa: F811 (a pytest fixture imported by name and requested as a parameter)
     from test_cli import ok
 
     out = ok("chat", input="How many sick days do we get per year?\nDo they carry over if I don't use them?\n/quit\n")
@@ -289,7 +289,7 @@ def test_chat_remembers_and_shows_what_it_searched_for(on_handbook):
     assert "policies/sick-leave.md" in "".join(shown.split())
 
 
-def test_ask_starts_a_new_conversation_unless_told_to_continue_one(on_handbook):
+def test_ask_starts_a_new_conversation_unless_told_to_continue_one(on_handbook):  # noqa: F811 (a pytest fixture imported by name and requested as a parameter)
     from test_cli import ok
 
     shown = ok("ask", "How many sick days do we get per year?")
@@ -404,9 +404,11 @@ async def test_a_summary_that_folded_a_turn_the_audience_cannot_see_is_left_out(
     docs = {"finance/.access": "group:finance\n",
             "finance/forecast.md": "# Revenue forecast\n\nThe Q3 revenue forecast is 48.7 million euros.\n",
             "policies/vacation.md": "# Vacation\n\nEmployees get 25 vacation days a year; five carry over.\n"}
-    from conftest import write
-    from knowledge.sources.folder import FolderSource
     import tempfile
+
+    from conftest import write
+
+    from knowledge.sources.folder import FolderSource
     root = Path(tempfile.mkdtemp())
     for relative, content in docs.items():
         write(root, relative, content)

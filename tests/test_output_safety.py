@@ -4,14 +4,14 @@ interpreted or passed on, and nothing a document says vanishes from what is show
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
 from conftest import write
-from bot.chat.sanitize import ZERO_WIDTH_SPACE
 from test_cli import ok, ok_json
+
+from bot.chat.sanitize import ZERO_WIDTH_SPACE
 
 ESC = "\x1b"
 HOSTILE_NAME = f"{ESC}]0;pwned{ESC}\\timesheets{ESC}[2J.md"

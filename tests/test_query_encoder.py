@@ -14,11 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
+from conftest import REPO, create_database, write
 from typer.testing import CliRunner
 
 from bot.cli import app
-from conftest import REPO, create_database, write
 from knowledge.embedding import onnx_encoder
 from knowledge.embedding.encoder import Embedder, EmbeddingModelError, get_embedder
 from knowledge.embedding.numpy_encoder import NumpyBertEncoder
@@ -159,9 +158,10 @@ async def test_ragbot_run_builds_the_encoder_in_the_background_and_answers_meanw
     onnx_database: str, tmp_path: Path
 ) -> None:
     """`ragbot run` loads torch at start anyway: a missing ONNX file is built then, without holding the start up."""
+    from conftest import test_settings
+
     from bot.app import BotApp
     from bot.settings import BotSettings
-    from conftest import test_settings
     from db.settings import DatabaseSettings
     from knowledge.kb import KnowledgeBase
 

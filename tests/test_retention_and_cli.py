@@ -7,8 +7,8 @@ import asyncio
 import csv
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from conftest import test_settings, write

@@ -1,11 +1,11 @@
 """Hybrid search: access control inside the index scans, filters, per-document caps, near-duplicates."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from conftest import write
 from sqlalchemy import text
 
-from conftest import write
 from knowledge.search.retrieval import MODES, SearchFilters
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 from knowledge.sources.folder import FolderSource
@@ -286,8 +286,8 @@ async def test_a_question_of_common_words_finds_the_chunk_that_repeats_them(fres
 
 
 async def test_source_and_date_filters(fresh_kb, tmp_path):
-    old = datetime(2020, 1, 1, tzinfo=timezone.utc)
-    new = datetime.now(timezone.utc)
+    old = datetime(2020, 1, 1, tzinfo=UTC)
+    new = datetime.now(UTC)
     await fresh_kb.sync(StaticSource(SourceSpec("wiki", "test"), [
         item("wiki-vpn", "# VPN\n\nConnect to the VPN with Tailscale.", updated_at=new),
         item("wiki-old-vpn", "# Old VPN\n\nConnect to the VPN with Cisco AnyConnect.", updated_at=old),

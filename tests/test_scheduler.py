@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from fakes.confluence_api import FakeConfluence
+
 from knowledge.ingest.schedule import SchedulerService, format_interval, parse_interval, start_scheduler
 
 
@@ -38,7 +38,7 @@ async def test_two_schedulers_sync_on_the_interval_and_never_overlap(kb_factory,
         runs = sorted(await first.sync_runs("wiki", limit=100), key=lambda r: r.started_at)
         assert len(runs) >= 3 and {r.trigger for r in runs} == {"schedule"}
         assert all(r.status == "ok" for r in runs), [(r.status, r.error) for r in runs]
-        for earlier, later in zip(runs, runs[1:]):
+        for earlier, later in zip(runs, runs[1:], strict=False):
             assert earlier.finished_at <= later.started_at, "two runs of one source overlapped"
         assert runs[0].added == 4 and all(r.added == 0 for r in runs[1:])  # later runs find nothing new
         assert any(r.pruned for r in runs)
@@ -129,5 +129,5 @@ async def test_n_schedulers_on_one_database_run_each_source_once_per_interval(kb
     assert all(r.status == "ok" for r in runs), [(r.status, r.error) for r in runs]
     # Firings at every, 2×every, ... (each delayed by up to 10% jitter): at most one run per elapsed interval.
     assert 2 <= len(runs) <= int(elapsed // every), [r.started_at for r in runs]
-    for earlier, later in zip(runs, runs[1:]):
+    for earlier, later in zip(runs, runs[1:], strict=False):
         assert (later.started_at - earlier.started_at).total_seconds() >= every * 0.8 - 0.05

@@ -11,12 +11,12 @@ import uuid
 
 import pytest
 import pytest_asyncio
-
 from conftest import create_database, drop_database
 from conftest import test_settings as kb_settings
+
 from db.settings import DatabaseSettings
-from knowledge.search import retrieval
 from knowledge.kb import KnowledgeBase
+from knowledge.search import retrieval
 from knowledge.search.retrieval import MODES, SearchFilters
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 

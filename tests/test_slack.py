@@ -6,12 +6,12 @@ What is asserted is what Slack users would see: messages in threads, their text 
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio

@@ -7,7 +7,12 @@ import re
 
 from bot.chat.render import SourceEntry
 from bot.slack.format import (
-    SECTION_LIMIT, answer_messages, question_text, sources_mrkdwn, stream_safe, to_mrkdwn,
+    SECTION_LIMIT,
+    answer_messages,
+    question_text,
+    sources_mrkdwn,
+    stream_safe,
+    to_mrkdwn,
 )
 
 ZWSP = "\u200b"

@@ -4,17 +4,17 @@ import asyncio
 import math
 
 import pytest
-from sqlalchemy import text
-
 from conftest import _admin, write
+from sqlalchemy import text
+from test_bm25 import assert_statistics_match_chunks, lexical, reference_scores
+
 from db import locks
-from knowledge.storage import documents as store
 from knowledge.embedding.encoder import EmbeddingModelError, resolve_device
 from knowledge.ingest.pipeline import join_waiting_batches, share_out
 from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 from knowledge.sources.folder import FolderSource
-from test_bm25 import assert_statistics_match_chunks, lexical, reference_scores
+from knowledge.storage import documents as store
 
 SHORT = {f"short{i}.md": f"# Note {i}\n\nCats nap. Dogs bark {i} times." for i in range(6)}
 LONG_BODY = " ".join(["The office aquarium needs weekly water changes and careful feeding of the fish."] * 12)

@@ -11,8 +11,8 @@ import pytest
 from fakes.anthropic_api import FakeAnthropicAPI
 from test_answer_llm import API_KEY, CORPUS, open_kb, sources_sent
 
-from knowledge.storage import conversations as memory_store
 from knowledge.answer.answering import ABSTAIN_MESSAGE
+from knowledge.storage import conversations as memory_store
 
 ALICE = ["user:alice@example.com"]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from conftest import write
 from sqlalchemy import text
 
-from conftest import write
 from knowledge.errors import SourceBusy, SourceUnavailable, UnknownSource
 from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.folder import FolderSource
@@ -104,7 +104,7 @@ async def test_two_syncs_of_one_source_at_once_never_overlap(kb_factory, fresh_d
     assert all(not isinstance(r, Exception) or isinstance(r, SourceBusy) for r in results), results
     assert any(not isinstance(r, Exception) for r in results)
     runs = sorted(await first.sync_runs("handbook"), key=lambda r: r.started_at)
-    for earlier, later in zip(runs, runs[1:]):
+    for earlier, later in zip(runs, runs[1:], strict=False):
         assert earlier.finished_at <= later.started_at  # one run at a time
     assert (await first.status()).documents == 2
 
@@ -118,9 +118,9 @@ async def test_folder_sources_from_before_the_upgrade_keep_working(server_url, t
     """A database at revision 0001 with an indexed folder: `db upgrade` keeps it, and it syncs by name."""
     import uuid
 
-    from alembic import command
-
     from conftest import create_database, drop_database
+
+    from alembic import command
     from db.engine import create_engine
     from db.migrate import alembic_config
 

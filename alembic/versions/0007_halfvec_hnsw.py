@@ -10,8 +10,9 @@ Revision ID: 0007
 Revises: 0006
 """
 
-from alembic import op
 from sqlalchemy import text
+
+from alembic import op
 
 revision = "0007"
 down_revision = "0006"

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import shlex
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from knowledge.errors import InvalidPrincipal, KnowledgeError
 
@@ -50,7 +51,7 @@ class Caller:
     workspace: str | None = None  # the Slack workspace or Discord server ("slack:T1:"): whose questions /kb gaps shows
     # How the platform turns a USER argument ("<@U1>", "slack:U1", "user:a@x") into the person `/kb access`
     # resolves (Slack adds the user's email from users.info); None: the argument as it is.
-    resolve_person: "Callable[[str], Awaitable[object]] | None" = None
+    resolve_person: Callable[[str], Awaitable[object]] | None = None
 
 
 @dataclass
@@ -78,7 +79,7 @@ def _last_run(run: object | None, running: bool) -> str:
     return f"last sync {_when(getattr(run, 'finished_at', None) or getattr(run, 'started_at', None))} ({status})"
 
 
-async def sources_text(kb: "KnowledgeBase", *, counts: bool = True) -> str:
+async def sources_text(kb: KnowledgeBase, *, counts: bool = True) -> str:
     """The sources and their syncs. Document counts include restricted documents, so only admins get them
     (`counts`): a count that moves tells anyone that restricted documents were added or removed."""
     from knowledge.ingest.schedule import format_interval
@@ -97,7 +98,7 @@ async def sources_text(kb: "KnowledgeBase", *, counts: bool = True) -> str:
     return "\n".join(lines)
 
 
-async def status_text(kb: "KnowledgeBase") -> str:
+async def status_text(kb: KnowledgeBase) -> str:
     status = await kb.status()
     lines = [
         f"**Index**: {status.documents} documents, {status.chunks} chunks, embedding model "
@@ -125,7 +126,7 @@ def report_text(report: object) -> str:
     return f"`{getattr(report, 'source', '?')}`: {', '.join(parts)} ({seconds:.1f} s)"
 
 
-async def reindex(kb: "KnowledgeBase", source: str | None = None, *, trigger: str = "chat") -> str:
+async def reindex(kb: KnowledgeBase, source: str | None = None, *, trigger: str = "chat") -> str:
     """Sync one source (or every source) through the one job function the scheduler and the CLI use."""
     names = [source] if source else await kb.source_names()
     if not names:
@@ -146,7 +147,7 @@ async def reindex(kb: "KnowledgeBase", source: str | None = None, *, trigger: st
     return "**Reindex finished**\n" + "\n".join(f"- {line}" for line in lines)
 
 
-async def channel_access_list(kb: "KnowledgeBase", channel_key: str) -> str:
+async def channel_access_list(kb: KnowledgeBase, channel_key: str) -> str:
     grants = await kb.channel_grants(channel_key)
     if not grants:
         return "Answers in this channel use documents shared with `everyone` only."
@@ -154,7 +155,7 @@ async def channel_access_list(kb: "KnowledgeBase", channel_key: str) -> str:
     return f"Answers in this channel use documents shared with `everyone` and with: {listed}."
 
 
-async def channel_access_add(kb: "KnowledgeBase", channel_key: str, principal: str, by: str | None) -> str:
+async def channel_access_add(kb: KnowledgeBase, channel_key: str, principal: str, by: str | None) -> str:
     added = await kb.grant_channel(channel_key, principal, by)
     principal = principal.strip()
     if not added:
@@ -163,24 +164,24 @@ async def channel_access_add(kb: "KnowledgeBase", channel_key: str, principal: s
             f"`{principal}` may see.")
 
 
-async def channel_access_remove(kb: "KnowledgeBase", channel_key: str, principal: str) -> str:
+async def channel_access_remove(kb: KnowledgeBase, channel_key: str, principal: str) -> str:
     if await kb.revoke_channel(channel_key, principal):
         return f"Removed `{principal.strip()}` from this channel."
     return f"This channel had no grant for `{principal.strip()}`."
 
 
-async def users_map(kb: "KnowledgeBase", identity: str, principal: str, by: str | None) -> str:
+async def users_map(kb: KnowledgeBase, identity: str, principal: str, by: str | None) -> str:
     added = await kb.map_identity(identity, principal, by)
     return (f"`{identity}` now also asks as `{principal.strip()}` in private conversations." if added
             else f"`{identity}` already asks as `{principal.strip()}`.")
 
 
-async def users_unmap(kb: "KnowledgeBase", identity: str, principal: str | None) -> str:
+async def users_unmap(kb: KnowledgeBase, identity: str, principal: str | None) -> str:
     removed = await kb.unmap_identity(identity, principal)
     return f"Removed {removed} mapping(s) of `{identity}`."
 
 
-async def users_list(kb: "KnowledgeBase", identity: str | None = None) -> str:
+async def users_list(kb: KnowledgeBase, identity: str | None = None) -> str:
     mappings = await kb.identity_mappings(identity)
     if not mappings:
         return "No chat users are mapped."
@@ -190,7 +191,7 @@ async def users_list(kb: "KnowledgeBase", identity: str | None = None) -> str:
 # Parsing and dispatch: `/kb <text>` on Slack, the same words from anywhere else.
 
 
-async def run_command(kb: "KnowledgeBase", text: str, caller: Caller) -> CommandResult:
+async def run_command(kb: KnowledgeBase, text: str, caller: Caller) -> CommandResult:
     """Parse `text` ("reindex handbook", "channel-access add group:eng") and run it for `caller`."""
     try:
         words = shlex.split(text or "")
@@ -238,7 +239,7 @@ async def run_command(kb: "KnowledgeBase", text: str, caller: Caller) -> Command
     return CommandResult(f"Unknown command `{command}`. Try `/kb help`.", ok=False)
 
 
-async def _channel_access(kb: "KnowledgeBase", args: list[str], caller: Caller) -> CommandResult:
+async def _channel_access(kb: KnowledgeBase, args: list[str], caller: Caller) -> CommandResult:
     if caller.channel_key is None:
         return CommandResult("Run `/kb channel-access` in the channel it should apply to.", ok=False)
     action = args[0].lower() if args else "list"
@@ -251,7 +252,7 @@ async def _channel_access(kb: "KnowledgeBase", args: list[str], caller: Caller) 
     return CommandResult("Usage: `/kb channel-access list|add|remove PRINCIPAL` (e.g. `group:eng`)", ok=False)
 
 
-async def _users(kb: "KnowledgeBase", args: list[str], caller: Caller) -> CommandResult:
+async def _users(kb: KnowledgeBase, args: list[str], caller: Caller) -> CommandResult:
     action = args[0].lower() if args else "list"
     if action == "list" and len(args) <= 2:
         return CommandResult(await users_list(kb, args[1] if len(args) == 2 else None))
@@ -268,7 +269,7 @@ CHANNEL_USAGE = ("Usage: `/kb channel show`, `/kb channel sources add|remove SOU
                  "`/kb channel mode public|private`")
 
 
-def channel_settings_text(settings: "ChannelSettings") -> str:
+def channel_settings_text(settings: ChannelSettings) -> str:
     sources = ", ".join(f"`{name}`" for name in settings.sources) if settings.sources else "every source"
     auto = ("on: top-level questions here are answered without a mention, when there is an answer" if settings.auto
             else "off: answers only when mentioned")
@@ -276,7 +277,7 @@ def channel_settings_text(settings: "ChannelSettings") -> str:
             f"- Mode: {settings.mode}")
 
 
-async def channel_show(kb: "KnowledgeBase", channel_key: str) -> str:
+async def channel_show(kb: KnowledgeBase, channel_key: str) -> str:
     from bot.chat.channels import channel_settings
 
     settings = await channel_settings(kb, channel_key)
@@ -288,7 +289,7 @@ async def channel_show(kb: "KnowledgeBase", channel_key: str) -> str:
     return text
 
 
-async def channel_sources(kb: "KnowledgeBase", channel_key: str, action: str, name: str, by: str | None) -> str:
+async def channel_sources(kb: KnowledgeBase, channel_key: str, action: str, name: str, by: str | None) -> str:
     from bot.chat.channels import channel_settings, set_sources
 
     current = set((await channel_settings(kb, channel_key)).sources or ())
@@ -307,7 +308,7 @@ async def channel_sources(kb: "KnowledgeBase", channel_key: str, action: str, na
     return "Answers in this channel now come only from " + ", ".join(f"`{n}`" for n in sorted(current)) + "."
 
 
-async def channel_auto(kb: "KnowledgeBase", channel_key: str, on: bool, by: str | None) -> str:
+async def channel_auto(kb: KnowledgeBase, channel_key: str, on: bool, by: str | None) -> str:
     from bot.chat.channels import set_auto
 
     await set_auto(kb, channel_key, on, by)
@@ -317,14 +318,14 @@ async def channel_auto(kb: "KnowledgeBase", channel_key: str, on: bool, by: str 
     return "Auto-answer is off: I answer here only when mentioned."
 
 
-async def channel_mode(kb: "KnowledgeBase", channel_key: str, mode: str, by: str | None) -> str:
+async def channel_mode(kb: KnowledgeBase, channel_key: str, mode: str, by: str | None) -> str:
     from bot.chat.channels import set_mode
 
     await set_mode(kb, channel_key, mode, by)  # type: ignore[arg-type]
     return f"Answer mode for this channel: {mode}."
 
 
-async def _channel(kb: "KnowledgeBase", args: list[str], caller: Caller) -> CommandResult:
+async def _channel(kb: KnowledgeBase, args: list[str], caller: Caller) -> CommandResult:
     if caller.channel_key is None:
         return CommandResult("Run `/kb channel` in the channel it should apply to.", ok=False)
     key, by = caller.channel_key, caller.identity
@@ -340,7 +341,7 @@ async def _channel(kb: "KnowledgeBase", args: list[str], caller: Caller) -> Comm
     return CommandResult(CHANNEL_USAGE, ok=False)
 
 
-async def gaps(kb: "KnowledgeBase", caller: Caller, days: int = 30) -> str:
+async def gaps(kb: KnowledgeBase, caller: Caller, days: int = 30) -> str:
     """`/kb gaps` for a chat admin: the questions of their own workspace or server; documents named only if the
     admin may see them (their mapped principals and `everyone`)."""
     from datetime import timedelta
@@ -354,7 +355,7 @@ async def gaps(kb: "KnowledgeBase", caller: Caller, days: int = 30) -> str:
 # `/kb access USER [DOCUMENT]`: what `ragbot access explain` shows, through the same `kb.explain_access`.
 
 
-async def access_text(kb: "KnowledgeBase", person: object, document: str | None = None) -> str:
+async def access_text(kb: KnowledgeBase, person: object, document: str | None = None) -> str:
     """A person's principals with where each came from, and for DOCUMENT whether they may see it and why. The
     reply goes to the admin who asked only (ephemeral), so it may name the document."""
     resolved, verdicts = await kb.explain_access(person, document)  # type: ignore[arg-type]
@@ -377,7 +378,7 @@ async def access_text(kb: "KnowledgeBase", person: object, document: str | None 
     return "\n".join(lines)
 
 
-async def _access(kb: "KnowledgeBase", args: list[str], caller: Caller) -> CommandResult:
+async def _access(kb: KnowledgeBase, args: list[str], caller: Caller) -> CommandResult:
     from knowledge.access import check_principal
 
     if not args or len(args) > 2:

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Literal
 
 from bot.chat.access import Audience
 from knowledge.access import EVERYONE, Person
@@ -70,7 +71,7 @@ class ChannelView:
     reason: str = ""
 
 
-async def person_principals(kb: "KnowledgeBase", person: Person) -> tuple[str, ...]:
+async def person_principals(kb: KnowledgeBase, person: Person) -> tuple[str, ...]:
     """A person's principals through the one resolver. Their email is given as written too, lowercased by the
     resolver; both spellings are kept so an access list written in either case matches."""
     resolved = await kb.principals_for(person)
@@ -80,7 +81,7 @@ async def person_principals(kb: "KnowledgeBase", person: Person) -> tuple[str, .
 class ChannelAudiences:
     """One per adapter: channel key → its member list (cached), and the audience computed from it."""
 
-    def __init__(self, kb: "KnowledgeBase", *, ttl_seconds: float, max_members: int,
+    def __init__(self, kb: KnowledgeBase, *, ttl_seconds: float, max_members: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.kb = kb
         self.ttl = ttl_seconds

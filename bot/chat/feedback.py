@@ -23,7 +23,7 @@ THANKS = {
 
 
 async def remember_answer(
-    kb: "KnowledgeBase", *, platform: str, conversation_id: str, asker: str, question: str, answer: "Answer",
+    kb: KnowledgeBase, *, platform: str, conversation_id: str, asker: str, question: str, answer: Answer,
     channel_key: str | None = None, private: bool = False, posted: bool = True,
 ) -> int:
     """Store what a later feedback row (and the gaps report) needs; the id goes into the answer's feedback
@@ -65,7 +65,7 @@ def parse_button_value(value: str) -> tuple[Rating, int] | None:
     return rating, int(number)
 
 
-async def record_click(kb: "KnowledgeBase", answer_id: int, platform_user: str, rating: Rating) -> FeedbackAck:
+async def record_click(kb: KnowledgeBase, answer_id: int, platform_user: str, rating: Rating) -> FeedbackAck:
     stored = await kb.record_feedback(answer_id, platform_user, rating)
     if stored is None:
         return FeedbackAck(None, "That answer is too old to rate, sorry.")

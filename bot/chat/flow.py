@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bot.chat import admin, feedback, lease
 from bot.chat.access import Audience
@@ -47,7 +48,7 @@ class Reply(Protocol):
 
     async def end(self) -> None: ...
 
-    async def deliver(self, answer: "Answer", answer_id: int) -> None: ...
+    async def deliver(self, answer: Answer, answer_id: int) -> None: ...
 
     async def fail(self, text: str) -> None: ...
 
@@ -60,7 +61,7 @@ class Ask:
     conversation_id: str  # platform-qualified: "slack:T1:C2:1700.1", "discord:G:thread"
     asker: str  # platform identity: "slack:U1", "discord:42"
     audience: Callable[[], Awaitable[Audience]]  # who reads the answer (may call the platform: users.info)
-    history: Callable[[], Awaitable["Sequence[ChatMessage] | None"]] | None = None  # earlier thread messages
+    history: Callable[[], Awaitable[Sequence[ChatMessage] | None]] | None = None  # earlier thread messages
     channel_key: str | None = None  # the channel asked in ("slack:T1:C2"): its settings apply; None in a DM
     auto: bool = False  # a help-channel question nobody addressed to the bot: posted only if it is an answer
 
@@ -68,7 +69,7 @@ class Ask:
 class ChatFlow:
     """The platform-neutral flow, one per adapter (it counts metrics under the adapter's platform name)."""
 
-    def __init__(self, kb: "KnowledgeBase", platform: str, metrics: "BotMetrics | None" = None, *,
+    def __init__(self, kb: KnowledgeBase, platform: str, metrics: BotMetrics | None = None, *,
                  lease_seconds: float = 120.0, max_attempts: int = lease.MAX_ATTEMPTS) -> None:
         self.kb = kb
         self.platform = platform
@@ -100,7 +101,7 @@ class ChatFlow:
                 return False
         return bool(keys)
 
-    async def claim_question(self, *keys: str) -> "LeaseClaim | None":
+    async def claim_question(self, *keys: str) -> LeaseClaim | None:
         """Claim a question as a lease (`bot.chat.lease`): None for a duplicate (answered, or being answered by a
         live holder); a claim, possibly taken over from a holder that died, with the placeholder to answer in."""
         claim = await self.kb.claim_lease(keys, self.holder, self.lease_seconds)
@@ -113,7 +114,7 @@ class ChatFlow:
                            claim.key, claim.attempts)
         return claim
 
-    async def delivered(self, claim: "LeaseClaim | None") -> None:
+    async def delivered(self, claim: LeaseClaim | None) -> None:
         """A claimed event was handled without an answer (an empty mention got a hint): never handle it again."""
         if claim is not None:
             await self.kb.mark_lease_delivered(claim)
@@ -131,8 +132,8 @@ class ChatFlow:
         before treating an unaddressed message as a help-channel question; the flow reads them once per question."""
         return await channel_settings(self.kb, channel_key)
 
-    async def answer(self, ask: Ask, reply: Reply, claim: "LeaseClaim | None" = None,
-                     target: Mapping[str, Any] | None = None) -> "Answer | None":
+    async def answer(self, ask: Ask, reply: Reply, claim: LeaseClaim | None = None,
+                     target: Mapping[str, Any] | None = None) -> Answer | None:
         """Answer `ask` through `reply`; None when it failed (the user then sees an apology). With a `claim` (a
         lease), the question and `target` (the adapter's JSON saying where to answer) are stored first, the
         placeholder once posted, and the claim is marked delivered after the answer (or apology) is posted."""
@@ -152,8 +153,8 @@ class ChatFlow:
             if keeper is not None:
                 keeper.stop()
 
-    async def _answer(self, ask: Ask, reply: Reply, keeper: "lease.LeaseKeeper | None",
-                      target: Mapping[str, Any] | None, started: float) -> "Answer | None":
+    async def _answer(self, ask: Ask, reply: Reply, keeper: lease.LeaseKeeper | None,
+                      target: Mapping[str, Any] | None, started: float) -> Answer | None:
         first_text_at: float | None = None
         stage = "answer"
         try:
@@ -213,7 +214,7 @@ class ChatFlow:
                 self.metrics.stage_seconds.labels("first_text").observe(first_text_at - started)
         return answer
 
-    async def _auto_answer(self, ask: Ask, reply: Reply) -> "Answer | None":
+    async def _auto_answer(self, ask: Ask, reply: Reply) -> Answer | None:
         """A help-channel question nobody addressed to the bot: answered without any placeholder or streaming, and
         posted only when the outcome is an answer. A decline, an uncertain answer or a failure stays silent (logged;
         the question still counts as a gap in `ragbot insights`)."""
@@ -256,7 +257,7 @@ class ChatFlow:
         except Exception as exc:
             return self.failure("command", exc, doing="running the /kb job")
 
-    async def feedback(self, answer_id: int, identity: str, rating: "Rating") -> feedback.FeedbackAck:
+    async def feedback(self, answer_id: int, identity: str, rating: Rating) -> feedback.FeedbackAck:
         """A 👍/👎 click; the acknowledgement is the same whatever was rated."""
         try:
             ack = await feedback.record_click(self.kb, answer_id, identity, rating)

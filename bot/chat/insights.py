@@ -19,9 +19,10 @@ import asyncio
 import csv
 import io
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from knowledge.access import EVERYONE
 from knowledge.insights.clustering import DEFAULT_THRESHOLD, MAX_QUESTIONS, cluster_questions
@@ -44,15 +45,15 @@ class Viewer:
     scope: str | None = None
     principals: tuple[str, ...] | None = None  # documents named must be visible to these; None: any document
 
-    def may_read(self, doc: "DocumentRef") -> bool:
+    def may_read(self, doc: DocumentRef) -> bool:
         return self.principals is None or bool(set(doc.access) & (set(self.principals) | {EVERYONE}))
 
-    def may_see(self, q: "GapQuestion") -> bool:
+    def may_see(self, q: GapQuestion) -> bool:
         if self.identity is None or q.asker == self.identity:
             return True
         return self.scope is not None and q.conversation_id.startswith(self.scope)
 
-    def asker_shown(self, q: "GapQuestion") -> str | None:
+    def asker_shown(self, q: GapQuestion) -> str | None:
         if not q.private or q.asker == self.identity:
             return q.asker
         return None
@@ -81,7 +82,7 @@ class GapTopic:
     channels: tuple[str, ...]
     outcomes: dict[str, int]
     downvotes: int
-    closest_documents: tuple["DocumentRef", ...]
+    closest_documents: tuple[DocumentRef, ...]
     questions: tuple[AskedQuestion, ...]
 
     def to_dict(self) -> dict[str, object]:
@@ -96,11 +97,11 @@ class InsightsReport:
     since: datetime
     until: datetime
     topics: list[GapTopic]
-    most_cited: list[tuple["DocumentRef", int]]
+    most_cited: list[tuple[DocumentRef, int]]
     never_cited_total: int
-    never_cited: list["DocumentRef"]
-    stale_cited: list[tuple["DocumentRef", int]]
-    daily: list["DailyCounts"] = field(default_factory=list)
+    never_cited: list[DocumentRef]
+    stale_cited: list[tuple[DocumentRef, int]]
+    daily: list[DailyCounts] = field(default_factory=list)
     feedback: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
@@ -139,10 +140,10 @@ def parse_since(value: str) -> timedelta:
     return timedelta(seconds=parse_interval(value))
 
 
-async def build_report(kb: "KnowledgeBase", since: timedelta = timedelta(days=30), viewer: Viewer = Viewer(), *,
+async def build_report(kb: KnowledgeBase, since: timedelta = timedelta(days=30), viewer: Viewer = Viewer(), *,
                        threshold: float = DEFAULT_THRESHOLD, top: int = 10, now: datetime | None = None) -> InsightsReport:
     """Gather and group. Embedding and clustering run off the event loop."""
-    until = now or datetime.now(timezone.utc)
+    until = now or datetime.now(UTC)
     start = until - since
     gaps = [q for q in await kb.gap_questions(start, limit=MAX_QUESTIONS * 4) if viewer.may_see(q)][:MAX_QUESTIONS]
     cited = await kb.cited_chunk_counts(start)
@@ -153,7 +154,7 @@ async def build_report(kb: "KnowledgeBase", since: timedelta = timedelta(days=30
     topics = await _topics(kb, gaps, documents, viewer, threshold)
 
     per_document: Counter[int] = Counter()
-    refs: dict[int, "DocumentRef"] = {}
+    refs: dict[int, DocumentRef] = {}
     for chunk_id, n in cited.items():
         doc = documents.get(chunk_id)
         if doc is not None:
@@ -168,7 +169,7 @@ async def build_report(kb: "KnowledgeBase", since: timedelta = timedelta(days=30
                           await kb.daily_question_counts(start), await kb.feedback_counts(start))
 
 
-async def _topics(kb: "KnowledgeBase", gaps: Sequence["GapQuestion"], documents: dict[int, "DocumentRef"],
+async def _topics(kb: KnowledgeBase, gaps: Sequence[GapQuestion], documents: dict[int, DocumentRef],
                   viewer: Viewer, threshold: float) -> list[GapTopic]:
     if not gaps:
         return []

@@ -19,7 +19,8 @@ import logging
 import os
 import socket
 import uuid
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from bot.chat.state import LeaseClaim, PendingQuestion
 
@@ -45,7 +46,7 @@ class LeaseKeeper:
     """One claimed question while it is answered: records it, renews its lease every third of the lease, and
     tells the flow whether it still holds the claim before the answer is delivered."""
 
-    def __init__(self, kb: "KnowledgeBase", claim: LeaseClaim, lease_seconds: float) -> None:
+    def __init__(self, kb: KnowledgeBase, claim: LeaseClaim, lease_seconds: float) -> None:
         self.kb = kb
         self.claim = claim
         self.lease_seconds = lease_seconds
@@ -53,7 +54,7 @@ class LeaseKeeper:
         self.lost = False
         self._renewer: asyncio.Task[None] | None = None
 
-    async def start(self, platform: str, ask: "Ask", target: Mapping[str, Any] | None) -> None:
+    async def start(self, platform: str, ask: Ask, target: Mapping[str, Any] | None) -> None:
         recorded = await self.kb.record_lease_question(
             self.claim, platform=platform, question=ask.question, conversation_id=ask.conversation_id,
             asker=ask.asker, target=target or {},
@@ -69,7 +70,7 @@ class LeaseKeeper:
             except Exception:  # the database blinked: try again next round (the lease is longer than a round)
                 logger.warning("could not renew the lease on %s", self.claim.key, exc_info=True)
 
-    async def note_placeholder(self, reply: "Reply") -> None:
+    async def note_placeholder(self, reply: Reply) -> None:
         """Store the reply's placeholder reference once it exists (a takeover edits that message)."""
         ref = getattr(reply, "placeholder", None)
         if ref and ref != self.placeholder:
@@ -94,7 +95,7 @@ class LeaseKeeper:
             self._renewer.cancel()
 
 
-async def sweep(flow: "ChatFlow", resume: Resume, *, limit: int = 20) -> int:
+async def sweep(flow: ChatFlow, resume: Resume, *, limit: int = 20) -> int:
     """Take over and answer this platform's undelivered questions whose lease ran out. Returns how many."""
     answered = 0
     for _ in range(limit):
@@ -120,7 +121,7 @@ async def sweep(flow: "ChatFlow", resume: Resume, *, limit: int = 20) -> int:
     return answered
 
 
-async def sweep_forever(flow: "ChatFlow", resume: Resume, every_seconds: float) -> None:
+async def sweep_forever(flow: ChatFlow, resume: Resume, every_seconds: float) -> None:
     """`sweep` now (a restart after a crash) and then every `every_seconds`, until cancelled."""
     while True:
         try:
@@ -130,14 +131,14 @@ async def sweep_forever(flow: "ChatFlow", resume: Resume, every_seconds: float) 
         await asyncio.sleep(every_seconds)
 
 
-def start_sweeper(flow: "ChatFlow", resume: Resume, every_seconds: float) -> "asyncio.Task[None] | None":
+def start_sweeper(flow: ChatFlow, resume: Resume, every_seconds: float) -> asyncio.Task[None] | None:
     """The adapters' start-up hook: None when ANSWER_SWEEP_SECONDS is 0 (no sweeper in this process)."""
     if every_seconds <= 0:
         return None
     return asyncio.create_task(sweep_forever(flow, resume, every_seconds), name=f"ragbot-{flow.platform}-sweeper")
 
 
-async def stop_sweeper(task: "asyncio.Task[None] | None") -> None:
+async def stop_sweeper(task: asyncio.Task[None] | None) -> None:
     if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -5,12 +5,11 @@ citation or a code block, and the data of a "Sources" list. Each adapter turns t
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
-
-from knowledge.answer.answering import Citation
 
 from bot.chat.sanitize import quote_safe
+from knowledge.answer.answering import Citation
 
 # Spans a split must never cut: <...> links and mentions, [text](url) links, bare URLs, citations [1], [1, 2], [2-3].
 _PROTECTED = re.compile(

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from knowledge.kb import KnowledgeBase
@@ -33,7 +34,7 @@ class RetentionReport:
     events: int
 
 
-async def enforce_retention(kb: "KnowledgeBase", days: int) -> RetentionReport:
+async def enforce_retention(kb: KnowledgeBase, days: int) -> RetentionReport:
     if days < 1:
         raise ValueError("RETENTION_DAYS must be at least 1")
     bot_state = await kb.forget_bot_state_older_than(days)
@@ -49,7 +50,7 @@ async def enforce_retention(kb: "KnowledgeBase", days: int) -> RetentionReport:
 class RetentionService:
     """The retention job as a background service (`start()` / `stop()`), the shape `ragbot run` gives services."""
 
-    def __init__(self, get_kb: "Callable[[], KnowledgeBase]", days: int, interval_seconds: float = 6 * 3600) -> None:
+    def __init__(self, get_kb: Callable[[], KnowledgeBase], days: int, interval_seconds: float = 6 * 3600) -> None:
         self.get_kb = get_kb
         self.days = days
         self.interval = interval_seconds
@@ -99,7 +100,7 @@ class ForgetReport:
         return "\n".join(lines)
 
 
-async def forget_identities(kb: "KnowledgeBase", person: str, identities: Sequence[str]) -> ForgetReport:
+async def forget_identities(kb: KnowledgeBase, person: str, identities: Sequence[str]) -> ForgetReport:
     ids = sorted({i.strip() for i in identities if i and i.strip()})
     report = ForgetReport(person, ids)
     if not ids:
@@ -113,8 +114,8 @@ async def forget_identities(kb: "KnowledgeBase", person: str, identities: Sequen
     return report
 
 
-async def forget_user(kb: "KnowledgeBase", person: str, identities: Sequence[str] = (), *,
-                      lookup: Callable[[str], "asyncio.Future[list[str]]"] | None = None) -> ForgetReport:
+async def forget_user(kb: KnowledgeBase, person: str, identities: Sequence[str] = (), *,
+                      lookup: Callable[[str], asyncio.Future[list[str]]] | None = None) -> ForgetReport:
     """Identities: the identity map's (any identity mapped to `person`), `lookup(email)` (the CLI passes Slack's
     users.lookupByEmail), and `identities`."""
     found = list(identities) + await kb.identities_for_principal(person)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Literal, Sequence, Any, Mapping
+from typing import Any, Literal
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -430,7 +431,7 @@ class BotStateMethods:
     # Gaps, usage and retention (issue 34): read by bot.chat.insights and the admin page, pruned by
     # bot.chat.retention.
 
-    async def gap_questions(self, since: datetime, limit: int = 2000) -> list["GapQuestion"]:
+    async def gap_questions(self, since: datetime, limit: int = 2000) -> list[GapQuestion]:
         """Questions since `since` the bot declined, answered as uncertain, or got a 👎 on; newest first."""
         async with self.engine.connect() as conn:
             rows = await conn.execute(
@@ -457,7 +458,7 @@ class BotStateMethods:
                 for r in rows
             ]
 
-    async def daily_question_counts(self, since: datetime) -> list["DailyCounts"]:
+    async def daily_question_counts(self, since: datetime) -> list[DailyCounts]:
         """Per UTC day since `since`: questions asked of the bot, how many it answered (outcome answer, posted)."""
         async with self.engine.connect() as conn:
             rows = await conn.execute(
@@ -550,6 +551,6 @@ class GapQuestion:
 
 @dataclass(frozen=True)
 class DailyCounts:
-    day: "date"
+    day: date
     questions: int
     answered: int

@@ -6,7 +6,8 @@ Registered on the main Typer app by `bot.cli` (`register_access_commands(app)`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -25,7 +26,7 @@ def register_access_commands(app: typer.Typer) -> None:
     app.add_typer(access_app, name="access")
 
 
-async def as_principals(kb: "KnowledgeBase", given: Sequence[str] | None, no_expand: bool) -> list[str]:
+async def as_principals(kb: KnowledgeBase, given: Sequence[str] | None, no_expand: bool) -> list[str]:
     """What `--as` searches with: exactly the principals given (`--no-expand`), or each person's principals
     expanded through every synced group directory (the resolver the chat bots use too). Nothing given: everyone."""
     from bot.chat.state import check_principal
@@ -43,7 +44,7 @@ async def as_principals(kb: "KnowledgeBase", given: Sequence[str] | None, no_exp
     return list(resolved.principals)
 
 
-async def refresh_groups_after_sync(kb: "KnowledgeBase", name: str, quiet: bool) -> None:
+async def refresh_groups_after_sync(kb: KnowledgeBase, name: str, quiet: bool) -> None:
     """After `ragbot sync`: refresh the source's group membership too, if it has a directory. A failure is shown
     (the last good membership is kept) but does not fail the sync."""
     from knowledge.errors import KnowledgeError
@@ -67,13 +68,13 @@ async def refresh_groups_after_sync(kb: "KnowledgeBase", name: str, quiet: bool)
 def explain(
     person: Annotated[str, typer.Argument(metavar="PERSON", help="user:alice@acme.com (or slack:U1 / discord:ID "
                                                                  "for a chat identity's admin mappings).")],
-    document: Annotated[Optional[str], typer.Argument(metavar="[DOCUMENT]", help="A document id, URL, SOURCE:ID or "
+    document: Annotated[str | None, typer.Argument(metavar="[DOCUMENT]", help="A document id, URL, SOURCE:ID or "
                                                                                  "title.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """A person's principals and where each came from; with DOCUMENT, whether they may see it and why."""
-    from bot.cli.main import fail, print_json, with_kb
     from bot.chat.state import check_principal
+    from bot.cli.main import fail, print_json, with_kb
 
     if person.split(":", 1)[0] not in ("slack", "discord"):
         try:

@@ -6,7 +6,7 @@ They call the same functions as the `/kb` chat commands (`bot/chat/admin.py`); r
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -44,7 +44,7 @@ def users_map(
 @users_app.command("unmap")
 def users_unmap(
     identity: Annotated[str, typer.Argument(help="A chat user: slack:<user id> or discord:<user id>.")],
-    principal: Annotated[Optional[str], typer.Argument(help="One principal (default: all of them).")] = None,
+    principal: Annotated[str | None, typer.Argument(help="One principal (default: all of them).")] = None,
 ) -> None:
     """Remove a chat user's mapping(s)."""
     from bot.chat import admin
@@ -55,7 +55,7 @@ def users_unmap(
 
 @users_app.command("list")
 def users_list(
-    identity: Annotated[Optional[str], typer.Argument(help="Only this chat user.")] = None,
+    identity: Annotated[str | None, typer.Argument(help="Only this chat user.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show the identity map."""

@@ -8,7 +8,7 @@ private conversation's without its asker.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -121,7 +121,7 @@ def insights(
 def forget_user(
     person: Annotated[str, typer.Argument(metavar="user:EMAIL", help="The person, as user:<email>.")],
     identity: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option("--identity", metavar="IDENTITY", help="A chat identity of theirs too (slack:U123, discord:42); repeatable."),
     ] = None,
     no_lookup: Annotated[bool, typer.Option("--no-lookup", help="Do not ask Slack (users.lookupByEmail).")] = False,

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from rich.table import Table
 
 from bot.cli.terminal import RichSyncProgress, console, err_console
 from knowledge.eval.evaluation import (
-    EVAL_PRINCIPAL, METRICS, EvalFileError, evaluate_answers, evaluate_retrieval, load_beir, load_corpus,
+    EVAL_PRINCIPAL,
+    METRICS,
+    EvalFileError,
+    evaluate_answers,
+    evaluate_retrieval,
+    load_beir,
+    load_corpus,
     load_jsonl_questions,
 )
 from knowledge.kb import KnowledgeBase

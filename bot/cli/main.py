@@ -6,21 +6,29 @@ import asyncio
 import json
 import sys
 import uuid
-from datetime import datetime, timezone
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Awaitable, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 from rich.markup import escape
 from typer import _click as click
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from bot.settings import BotSettings
 from bot.cli.terminal import (
-    RichSyncProgress, chat_session, console, err_console, render_answer, render_hits, render_searched_for, render_status,
-    render_sync_report, shown,
+    RichSyncProgress,
+    chat_session,
+    console,
+    err_console,
+    render_answer,
+    render_hits,
+    render_searched_for,
+    render_status,
+    render_sync_report,
+    shown,
 )
-
+from bot.settings import BotSettings
 
 
 class _PlainArgument(TyperArgument):
@@ -93,13 +101,13 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 AsOption = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--as", metavar="PRINCIPAL", help="Search as this principal (repeatable), e.g. user:alice@example.com or group:eng; the "
                               "groups containing it (synced from the sources) are added unless --no-expand. "
                               "Documents shared with 'everyone' are always included."),
 ]
 SourceOption = Annotated[
-    Optional[list[str]], typer.Option("--source", metavar="SOURCE", help="Only this source (repeatable).")
+    list[str] | None, typer.Option("--source", metavar="SOURCE", help="Only this source (repeatable).")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 NoExpandOption = Annotated[bool, typer.Option("--no-expand", help="Search exactly the --as principals, without "
@@ -153,13 +161,12 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
 
 def run_sync(work: Callable[[], T]) -> T:
     """Run `work`, turning the errors a user can fix into one clear line and exit code 2."""
-    from knowledge.embedding.encoder import EmbeddingModelError
-    from knowledge.errors import KnowledgeError
-    from knowledge.eval.evaluation import EvalFileError
-
     from sqlalchemy.exc import DBAPIError
 
     from db.errors import DatabaseUnavailable
+    from knowledge.embedding.encoder import EmbeddingModelError
+    from knowledge.errors import KnowledgeError
+    from knowledge.eval.evaluation import EvalFileError
 
     try:
         return work()
@@ -170,7 +177,7 @@ def run_sync(work: Callable[[], T]) -> T:
     raise AssertionError("unreachable: fail() exits")
 
 
-def with_kb(action: Callable[["KnowledgeBase"], Awaitable[T]]) -> T:
+def with_kb(action: Callable[[KnowledgeBase], Awaitable[T]]) -> T:
     """Open the knowledge base (starting the embedded database if needed), run `action`, always close."""
     from knowledge.kb import KnowledgeBase
 
@@ -184,7 +191,7 @@ def with_kb(action: Callable[["KnowledgeBase"], Awaitable[T]]) -> T:
     return run_async(go)
 
 
-async def prepare_query_encoder(kb: "KnowledgeBase", quiet: bool) -> None:
+async def prepare_query_encoder(kb: KnowledgeBase, quiet: bool) -> None:
     """After an ingest or sync (torch is loaded then): build the fast question encoder's file if it is missing."""
     if not kb.query_encoder_missing():
         return
@@ -220,7 +227,7 @@ def main() -> None:
 @app.command()
 def ingest(
     paths: Annotated[list[Path], typer.Argument(help="Folders or files to index.")],
-    source: Annotated[Optional[str], typer.Option("--source", metavar="NAME", help="Source name (default: the folder's name).")] = None,
+    source: Annotated[str | None, typer.Option("--source", metavar="NAME", help="Source name (default: the folder's name).")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Index folders of .md, .txt, .html, .pdf and .docx files (incremental: unchanged files are skipped)."""
@@ -254,7 +261,7 @@ def search(
     no_expand: NoExpandOption = False,
     sources: SourceOption = None,
     updated_after: Annotated[
-        Optional[datetime], typer.Option("--updated-after", metavar="DATE", help="Only documents updated on or after this date (YYYY-MM-DD).")
+        datetime | None, typer.Option("--updated-after", metavar="DATE", help="Only documents updated on or after this date (YYYY-MM-DD).")
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -268,7 +275,7 @@ def search(
 
     async def run_search(kb: KnowledgeBase) -> SearchResults:
         await kb.check_sources(sources)
-        since = updated_after.replace(tzinfo=updated_after.tzinfo or timezone.utc) if updated_after else None
+        since = updated_after.replace(tzinfo=updated_after.tzinfo or UTC) if updated_after else None
         from bot.cli.access import as_principals
 
         filters = SearchFilters(tuple(await as_principals(kb, principals, no_expand)),
@@ -289,7 +296,7 @@ def ask(
     no_expand: NoExpandOption = False,
     sources: SourceOption = None,
     conversation: Annotated[
-        Optional[str],
+        str | None,
         typer.Option("--conversation", help="Continue this conversation (follow-ups are understood from its "
                                             "earlier questions). Default: a new conversation for each call."),
     ] = None,
@@ -359,10 +366,10 @@ def run() -> None:
 
 @app.command(name="eval")
 def evaluate(
-    file: Annotated[Optional[Path], typer.Argument(help="JSONL, one question per line with \"question\", \"relevant\" (document ids) and, for --answers, \"facts\".")] = None,
-    beir: Annotated[Optional[Path], typer.Option("--beir", metavar="DIR", help="A BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.")] = None,
+    file: Annotated[Path | None, typer.Argument(help="JSONL, one question per line with \"question\", \"relevant\" (document ids) and, for --answers, \"facts\".")] = None,
+    beir: Annotated[Path | None, typer.Option("--beir", metavar="DIR", help="A BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.")] = None,
     corpus: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--corpus", metavar="PATH", help="A folder of documents (ids: paths under it) or a BEIR-style "
                                       "corpus.jsonl (\"_id\", \"title\", \"text\" per line; ids: _ids), indexed for "
                                       "the eval only; FILE's questions are searched and answered within it."),

@@ -6,12 +6,10 @@ over `KnowledgeBase` (add_source, list_sources, remove_source, sync_source, sync
 
 from __future__ import annotations
 
-
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-
 from rich.table import Table
 
 from bot.cli.terminal import shown
@@ -28,7 +26,7 @@ source_app.add_typer(add_app, name="add")
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 EveryOption = Annotated[
-    Optional[str], typer.Option("--every", help="Sync on this interval (e.g. 30m, 1h, 1d); default: on demand only.")
+    str | None, typer.Option("--every", help="Sync on this interval (e.g. 30m, 1h, 1d); default: on demand only.")
 ]
 PruneOption = Annotated[
     str, typer.Option("--prune-every", help="Look for deleted items (and re-check permissions) this often.")
@@ -46,7 +44,7 @@ def register_source_commands(app: typer.Typer) -> None:
     app.command("scheduler")(scheduler)
 
 
-def _intervals(every: Optional[str], prune_every: str) -> tuple[int | None, int]:
+def _intervals(every: str | None, prune_every: str) -> tuple[int | None, int]:
     from bot.cli.main import fail
     from knowledge.ingest.schedule import parse_interval
 
@@ -61,7 +59,7 @@ def _save(name: str, kind: str, config: dict[str, object], every: int | None, pr
     from bot.cli.main import with_kb
     from bot.cli.terminal import console
 
-    async def go(kb: "KnowledgeBase") -> "SourceInfo":
+    async def go(kb: KnowledgeBase) -> SourceInfo:
         return await kb.add_source(name, kind, config, schedule_seconds=every, prune_seconds=prune_every)
 
     info = with_kb(go)
@@ -95,11 +93,11 @@ def add_confluence(
     url: Annotated[str, typer.Option("--url", help="The wiki root: https://acme.atlassian.net/wiki (Cloud) or the "
                                                    "server URL with any context path (Data Center).")],
     space: Annotated[list[str], typer.Option("--space", help="A space KEY (repeatable).")],
-    cql: Annotated[Optional[str], typer.Option("--cql", help="Extra CQL that narrows what is synced.")] = None,
-    email: Annotated[Optional[str], typer.Option("--email", help="Cloud: the account's email (Basic auth with an "
+    cql: Annotated[str | None, typer.Option("--cql", help="Extra CQL that narrows what is synced.")] = None,
+    email: Annotated[str | None, typer.Option("--email", help="Cloud: the account's email (Basic auth with an "
                                                                  "API token). Omit for Data Center (Bearer PAT).")] = None,
     token_env: Annotated[str, typer.Option("--token-env", help="The environment variable holding the token.")] = "CONFLUENCE_API_TOKEN",
-    exclude_label: Annotated[Optional[list[str]], typer.Option("--exclude-label", help="Skip pages with this label (repeatable).")] = None,
+    exclude_label: Annotated[list[str] | None, typer.Option("--exclude-label", help="Skip pages with this label (repeatable).")] = None,
     everyone_group: Annotated[str, typer.Option("--everyone-group", help="The all-users group (its pages are for everyone).")] = "confluence-users",
     every: EveryOption = None,
     visibility: Annotated[str, typer.Option("--visibility", help="permissions: honour space permissions and page "
@@ -118,17 +116,17 @@ def add_confluence(
 @add_app.command("gdrive")
 def add_gdrive(
     name: Annotated[str, typer.Argument(help="A name for the source.")],
-    folder: Annotated[Optional[list[str]], typer.Option("--folder", help="A folder id or link (repeatable); "
+    folder: Annotated[list[str] | None, typer.Option("--folder", help="A folder id or link (repeatable); "
                                                                        "everything below it is indexed.")] = None,
-    shared_drive: Annotated[Optional[list[str]], typer.Option("--shared-drive", help="A shared drive id or link "
+    shared_drive: Annotated[list[str] | None, typer.Option("--shared-drive", help="A shared drive id or link "
                                                                                    "(repeatable): the whole drive.")] = None,
     credentials_env: Annotated[str, typer.Option("--credentials-env", help="The environment variable holding the "
                                                                            "service account's JSON key (else "
                                                                            "GOOGLE_APPLICATION_CREDENTIALS names "
                                                                            "the key file).")] = "GOOGLE_SERVICE_ACCOUNT_JSON",
-    subject: Annotated[Optional[str], typer.Option("--subject", help="Read as this user (domain-wide "
+    subject: Annotated[str | None, typer.Option("--subject", help="Read as this user (domain-wide "
                                                                      "delegation).")] = None,
-    admin_email: Annotated[Optional[str], typer.Option("--admin-email", help="A Workspace admin the service account "
+    admin_email: Annotated[str | None, typer.Option("--admin-email", help="A Workspace admin the service account "
                                                                              "acts as to read Google Groups and their "
                                                                              "members (domain-wide delegation of "
                                                                              "admin.directory.group.readonly).")] = None,
@@ -190,7 +188,7 @@ def list_sources(as_json: JsonOption = False) -> None:
     console.print(table)
 
 
-def _where(info: "SourceInfo") -> str:
+def _where(info: SourceInfo) -> str:
     if info.kind == "confluence":
         spaces = ", ".join(info.config.get("spaces") or [])
         edition = "Cloud" if info.config.get("email") else "Data Center"
@@ -216,7 +214,7 @@ def remove(name: Annotated[str, typer.Argument(help="The source to forget.")]) -
 
 
 def sync(
-    name: Annotated[Optional[str], typer.Argument(help="The source to sync (default: every stored source).")] = None,
+    name: Annotated[str | None, typer.Argument(help="The source to sync (default: every stored source).")] = None,
     full: Annotated[bool, typer.Option("--full", help="List everything, not just changes since the last sync, "
                                                       "and prune deleted items (nothing unchanged is re-embedded).")] = False,
     as_json: JsonOption = False,
@@ -226,7 +224,7 @@ def sync(
     from bot.cli.terminal import RichSyncProgress, err_console, render_sync_report
     from knowledge.errors import KnowledgeError
 
-    async def go(kb: "KnowledgeBase") -> tuple[list["SyncReport"], list[tuple[str, str]]]:
+    async def go(kb: KnowledgeBase) -> tuple[list[SyncReport], list[tuple[str, str]]]:
         names = [name] if name else [s.name for s in await kb.list_sources() if _syncable(s.kind)]
         reports, errors = [], []
         for source in names:
@@ -251,7 +249,7 @@ def sync(
     if as_json:
         _print_json({"reports": [r.to_dict() for r in reports],
                           "errors": [{"source": s, "error": e} for s, e in errors]})
-    for source, error in errors:
+    for _source, error in errors:
         err_console.print(f"[red]Error:[/] {shown(error)}", highlight=False, soft_wrap=True)
     if not name and not reports and not errors and not as_json:
         fail("no sources to sync: add one with `ragbot source add folder NAME PATH` (or `ingest PATH`)")
@@ -266,7 +264,7 @@ def _syncable(kind: str) -> bool:
 
 
 def sync_runs(
-    name: Annotated[Optional[str], typer.Argument(help="Only this source.")] = None,
+    name: Annotated[str | None, typer.Argument(help="Only this source.")] = None,
     limit: Annotated[int, typer.Option("--limit", help="How many runs, newest first.", min=1, max=1000)] = 20,
     as_json: JsonOption = False,
 ) -> None:
@@ -293,12 +291,12 @@ def sync_runs(
     console.print(table)
 
 
-def _status(run: "SyncRun") -> str:
+def _status(run: SyncRun) -> str:
     colour = {"ok": "green", "failed": "red", "interrupted": "yellow", "running": "bold yellow"}.get(run.status, "white")
     return f"[{colour}]{run.status}[/]" + (" +prune" if run.pruned else "")
 
 
-def _took(run: "SyncRun") -> str:
+def _took(run: SyncRun) -> str:
     if run.finished_at is None:
         return "…"
     return f"{(run.finished_at - run.started_at).total_seconds():.1f}s"
@@ -312,7 +310,7 @@ def scheduler(
     from bot.cli.terminal import console
     from knowledge.ingest.schedule import format_interval, start_scheduler
 
-    async def go(kb: "KnowledgeBase") -> None:
+    async def go(kb: KnowledgeBase) -> None:
         handle = await start_scheduler(kb, refresh_seconds=refresh)
         sources = [s for s in await kb.list_sources() if s.schedule_seconds]
         if sources:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
-from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -44,7 +44,7 @@ class RichSyncProgress:
         )
         self.task = None
 
-    def __enter__(self) -> "RichSyncProgress":
+    def __enter__(self) -> RichSyncProgress:
         self.progress.start()
         return self
 
@@ -236,8 +236,8 @@ LEAVE_HINT = "Type exit or /quit (or press Ctrl-D or Ctrl-C) to leave; Ctrl-C wh
 
 
 def chat_session(
-    open_kb: "Callable[[], Awaitable[KnowledgeBase]]", principals: Sequence[str], sources: Sequence[str] | None,
-    before: "Callable[[KnowledgeBase], Awaitable[None]] | None" = None,
+    open_kb: Callable[[], Awaitable[KnowledgeBase]], principals: Sequence[str], sources: Sequence[str] | None,
+    before: Callable[[KnowledgeBase], Awaitable[None]] | None = None,
 ) -> None:
     """Ask questions in a loop, one conversation per session. Works with piped input too.
 
@@ -255,7 +255,7 @@ def chat_session(
             runner.run(kb.close())
 
 
-def _chat(runner: asyncio.Runner, kb: "KnowledgeBase", principals: Sequence[str], sources: Sequence[str] | None) -> None:
+def _chat(runner: asyncio.Runner, kb: KnowledgeBase, principals: Sequence[str], sources: Sequence[str] | None) -> None:
     conversation_id = f"terminal:{uuid.uuid4()}"
     mode = "Claude" if kb.answer_mode == "llm" else "offline excerpts (set ANTHROPIC_API_KEY for composed answers)"
     console.print(f"[bold]ragbot[/] — ask about your documents. Answers: {mode}.")

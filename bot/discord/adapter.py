@@ -23,16 +23,17 @@ import asyncio
 import logging
 import re
 import shlex
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import discord
 import yarl
 from discord import app_commands
 
 from bot.chat import access, admin
-from bot.chat.auto import looks_like_question
 from bot.chat.audience import AudienceUnavailable, ChannelAudiences, Member
+from bot.chat.auto import looks_like_question
 from bot.chat.delivery import channel_mode
 from bot.chat.errors import new_error_id
 from bot.chat.flow import Ask, ChatFlow, OnText
@@ -145,7 +146,7 @@ class Part:
     embeds: list[discord.Embed]
 
 
-def render_answer(answer: "Answer") -> list[Part]:
+def render_answer(answer: Answer) -> list[Part]:
     """The final answer as Discord messages: text split at 2,000 characters (never inside a link or a citation),
     then the sources embed(s) on the last message."""
     text = discord_safe(answer.text)
@@ -191,7 +192,7 @@ class FeedbackButton(discord.ui.DynamicItem[discord.ui.Button], template=r"ragbo
 
     @classmethod
     async def from_custom_id(cls, interaction: discord.Interaction, item: discord.ui.Button,
-                             match: re.Match[str]) -> "FeedbackButton":
+                             match: re.Match[str]) -> FeedbackButton:
         return cls(int(match["answer"]), match["vote"])
 
     async def callback(self, interaction: discord.Interaction) -> None:
@@ -218,7 +219,7 @@ class ShareButton(discord.ui.DynamicItem[discord.ui.Button], template=r"ragbot:s
 
     @classmethod
     async def from_custom_id(cls, interaction: discord.Interaction, item: discord.ui.Button,
-                             match: re.Match[str]) -> "ShareButton":
+                             match: re.Match[str]) -> ShareButton:
         return cls(int(match["answer"]))
 
     async def callback(self, interaction: discord.Interaction) -> None:
@@ -269,7 +270,7 @@ class ProgressiveReply:
     async def end(self) -> None:
         return None
 
-    async def deliver(self, answer: "Answer", answer_id: int) -> None:
+    async def deliver(self, answer: Answer, answer_id: int) -> None:
         await self.finish(render_answer(answer), feedback_view(answer_id))
 
     async def on_text(self, delta: str) -> None:
@@ -334,7 +335,7 @@ class ProgressiveReply:
 class PrivateReply(ProgressiveReply):
     """A private (ephemeral) answer in a server: the same as any answer, plus the "Share in channel" button."""
 
-    async def deliver(self, answer: "Answer", answer_id: int) -> None:
+    async def deliver(self, answer: Answer, answer_id: int) -> None:
         await self.finish(render_answer(answer), private_view(answer_id))
 
 
@@ -342,7 +343,7 @@ class PrivateReply(ProgressiveReply):
 
 
 class RagbotDiscord(discord.Client):
-    def __init__(self, kb: "KnowledgeBase", settings: BotSettings, metrics: "BotMetrics | None" = None) -> None:
+    def __init__(self, kb: KnowledgeBase, settings: BotSettings, metrics: BotMetrics | None = None) -> None:
         intents = discord.Intents.default()  # guilds, guild and DM messages; no members or presences
         intents.message_content = settings.discord_message_content
         super().__init__(intents=intents, allowed_mentions=NO_PINGS)
@@ -475,12 +476,12 @@ class RagbotDiscord(discord.Client):
 
     # ---- answering ------------------------------------------------------------------------------------------------
 
-    async def answer_into(self, send: Send, question: str, audience: "Callable[[], Awaitable[access.Audience]]",
+    async def answer_into(self, send: Send, question: str, audience: Callable[[], Awaitable[access.Audience]],
                           conversation_id: str, asker: str,
-                          history: "Callable[[], Awaitable[list[ChatMessage]]] | None" = None,
+                          history: Callable[[], Awaitable[list[ChatMessage]]] | None = None,
                           private: bool = False, *, channel: str | None = None, auto: bool = False,
-                          claim: "LeaseClaim | None" = None, target: dict[str, Any] | None = None,
-                          ) -> "Answer | None":
+                          claim: LeaseClaim | None = None, target: dict[str, Any] | None = None,
+                          ) -> Answer | None:
         """Answer `question` through the shared chat flow and post it through `send`: progressively while Claude
         writes, then the final answer split within Discord's limits, its sources and 👍/👎 buttons. A failure
         anywhere becomes a short message with an error id (the same id is in the log with the traceback). A private
@@ -489,7 +490,7 @@ class RagbotDiscord(discord.Client):
         ask = Ask(question, conversation_id, asker, audience, history, channel_key=channel, auto=auto)
         return await self.flow.answer(ask, reply, claim=claim, target=target)
 
-    async def resume(self, pending: "PendingQuestion") -> "tuple[Ask, ProgressiveReply]":
+    async def resume(self, pending: PendingQuestion) -> tuple[Ask, ProgressiveReply]:
         """A question whose holder died, rebuilt from its claim: `target` says which channel to answer in and
         whose documents apply (`audience_channel` None: the asker's own, as in a DM); the answer replaces the
         message the holder had started, or is posted afresh."""
@@ -512,7 +513,7 @@ class RagbotDiscord(discord.Client):
         assert self.user is not None
         return re.sub(rf"<@!?{self.user.id}>", " ", message.content).strip()
 
-    async def claim(self, message: discord.Message) -> "LeaseClaim | None":
+    async def claim(self, message: discord.Message) -> LeaseClaim | None:
         """A claim (a lease, `bot.chat.lease`) the first time: a replayed gateway event or a second replica of the
         bot never answers twice. Only messages the bot acts on are recorded (with the Message Content intent it
         sees every message)."""
@@ -701,7 +702,7 @@ def _register_commands(bot: RagbotDiscord) -> None:
     @app_commands.describe(question="What you want to know",
                            private="Only you see the answer, and it may also use documents shared with you "
                                    "(default: the channel's mode)")
-    async def ask(interaction: discord.Interaction, question: str, private: Optional[bool] = None) -> None:
+    async def ask(interaction: discord.Interaction, question: str, private: bool | None = None) -> None:
         if private is None:
             key = _interaction_channel_key(interaction)
             private = key is not None and await channel_mode(bot.kb, key) == "private"
@@ -835,8 +836,8 @@ def _register_commands(bot: RagbotDiscord) -> None:
     @app_commands.describe(user="A Discord user", principal="Or a principal, e.g. user:alice@example.com",
                            document="A document id, URL, SOURCE:ID or title: may they see it, and why")
     @app_commands.check(_admin_only)
-    async def kb_access(interaction: discord.Interaction, user: Optional[discord.User] = None,
-                        principal: Optional[str] = None, document: Optional[str] = None) -> None:
+    async def kb_access(interaction: discord.Interaction, user: discord.User | None = None,
+                        principal: str | None = None, document: str | None = None) -> None:
         who = bot.identity(user) if user is not None else (principal or "")
         await run(interaction, ["access", *([who] if who else []), *([document] if document else [])], defer=True)
 
@@ -860,7 +861,7 @@ class DiscordAdapter:
 
     name = PLATFORM
 
-    def __init__(self, context: "BotContext") -> None:
+    def __init__(self, context: BotContext) -> None:
         self.context = context
         self.client: RagbotDiscord | None = None
         self._connection: asyncio.Task[None] | None = None

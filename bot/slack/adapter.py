@@ -27,8 +27,9 @@ import json
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
@@ -36,7 +37,9 @@ from slack_bolt.app.async_app import AsyncApp
 from slack_bolt.middleware.assistant.async_assistant import AsyncAssistant
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_async_handlers import (
-    AsyncConnectionErrorRetryHandler, AsyncRateLimitErrorRetryHandler, AsyncServerErrorRetryHandler,
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+    AsyncServerErrorRetryHandler,
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -50,12 +53,19 @@ from bot.chat.feedback import parse_button_value
 from bot.chat.flow import Ask, ChatFlow, OnText
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import sources_list
-from knowledge.answer.memory import ChatMessage
 from bot.slack.format import (
-    BLOCKS_PER_MESSAGE, FEEDBACK_ACTION_ID, PLACEHOLDER, SlackMessage, answer_messages, question_text, stream_safe,
-    stream_tail_blocks, to_mrkdwn,
+    BLOCKS_PER_MESSAGE,
+    FEEDBACK_ACTION_ID,
+    PLACEHOLDER,
+    SlackMessage,
+    answer_messages,
+    question_text,
+    stream_safe,
+    stream_tail_blocks,
+    to_mrkdwn,
 )
 from knowledge.access import Person, check_principal
+from knowledge.answer.memory import ChatMessage
 
 if TYPE_CHECKING:
     from bot.chat.state import LeaseClaim, PendingQuestion
@@ -149,7 +159,7 @@ class Where:
 class SlackAdapter:
     name = PLATFORM
 
-    def __init__(self, context: "BotContext", *, client: AsyncWebClient | None = None) -> None:
+    def __init__(self, context: BotContext, *, client: AsyncWebClient | None = None) -> None:
         self.context = context
         self.kb = context.kb
         self.settings = context.settings
@@ -348,14 +358,14 @@ class SlackAdapter:
             keys.append(f"slack:msg:{self._team(body, event)}:{event['channel']}:{event['ts']}")
         return await self.flow.claim(*keys)
 
-    async def _claim_question(self, body: dict[str, Any], event: dict[str, Any]) -> "LeaseClaim | None":
+    async def _claim_question(self, body: dict[str, Any], event: dict[str, Any]) -> LeaseClaim | None:
         """`_claim` for a question, as a lease on the message (channel + ts; the event id is an alias): a retry
         after the lease ran out undelivered takes the question over, with the placeholder to answer in."""
         keys = [f"slack:event:{body['event_id']}"] if body.get("event_id") else []
         keys.append(f"slack:msg:{self._team(body, event)}:{event['channel']}:{event['ts']}")
         return await self.flow.claim_question(*keys)
 
-    async def resume(self, pending: "PendingQuestion") -> "tuple[Ask, SlackReply]":
+    async def resume(self, pending: PendingQuestion) -> tuple[Ask, SlackReply]:
         """A question whose holder died, rebuilt from what its claim stored: the answer replaces the placeholder
         the holder posted (chat.update on its ts), or is posted afresh if it never got that far."""
         where = Where(**pending.target)
@@ -492,7 +502,7 @@ class SlackAdapter:
             if not kept:
                 return None
         prior = []
-        for ts, message in sorted(kept.items(), key=lambda item: _ts_value(item[0])):
+        for ts, message in sorted(kept.items(), key=lambda item: _ts_value(item[0])):  # noqa: B007 (the name documents the tuple's shape)
             if message.get("subtype") not in (None, "thread_broadcast"):
                 continue
             text = question_text(message.get("text") or "", self.bot_user_id)
@@ -623,7 +633,7 @@ class SlackEphemeralReply:
     (ephemeral messages cannot be edited), then chat.postEphemeral to the asker alone, in the thread, with a note
     and the "Share in channel" button; an apology goes the same way."""
 
-    def __init__(self, adapter: "SlackAdapter", where: Where) -> None:
+    def __init__(self, adapter: SlackAdapter, where: Where) -> None:
         self.adapter = adapter
         self.where = where
 
@@ -642,7 +652,7 @@ class SlackEphemeralReply:
             blocks=message.blocks or None,
         )
 
-    async def deliver(self, answer: "Answer", answer_id: int) -> None:
+    async def deliver(self, answer: Answer, answer_id: int) -> None:
         note = NOTE_OFFLINE if answer.note else None
         messages = answer_messages(answer.text, sources_list(answer.citations), answer_id, note)
         tail = [{"type": "context", "elements": [{"type": "mrkdwn", "text": PRIVATE_NOTE}]},
@@ -665,7 +675,7 @@ class SlackReply:
     the thread (Claude, SLACK_STREAM_ANSWERS) or a placeholder that the answer replaces; an apology replaces
     whichever of them was posted."""
 
-    def __init__(self, adapter: "SlackAdapter", where: Where, placeholder_ts: str | None = None) -> None:
+    def __init__(self, adapter: SlackAdapter, where: Where, placeholder_ts: str | None = None) -> None:
         self.adapter = adapter
         self.where = where
         self.placeholder_ts = placeholder_ts  # set: a placeholder posted before a crash, to answer in
@@ -698,7 +708,7 @@ class SlackReply:
         if self.where.assistant:
             await self.adapter._set_status(self.where, "")
 
-    async def deliver(self, answer: "Answer", answer_id: int) -> None:
+    async def deliver(self, answer: Answer, answer_id: int) -> None:
         sources = sources_list(answer.citations)
         note = NOTE_OFFLINE if answer.note else None
         if self.stream is not None and self.stream.started:
@@ -766,7 +776,7 @@ class _AnswerStream:
             self.refused = True
             self.placeholder_ts = await self.adapter._post(self.where, SlackMessage(PLACEHOLDER))
 
-    async def finish(self, answer: "Answer", sources: list[Any], answer_id: int, note: str | None) -> None:
+    async def finish(self, answer: Answer, sources: list[Any], answer_id: int, note: str | None) -> None:
         tail = stream_tail_blocks(sources, answer_id, note)
         remaining = stream_safe(self._pending) if self._pending else None
         self._pending = ""

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from bot.chat.feedback import button_value
 from bot.chat.render import SourceEntry, quote_safe, split_text

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import hmac
 import logging
-from datetime import date, datetime, timedelta, timezone
+from collections.abc import Iterable, Sequence
+from datetime import UTC, date, datetime, timedelta
 from html import escape
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -53,7 +54,7 @@ def token_matches(request: web.Request, token: str) -> bool:
     return hmac.compare_digest(offered.encode("utf-8"), token.encode("utf-8"))
 
 
-def admin_routes(kb: "KnowledgeBase", token: str) -> list[web.RouteDef]:
+def admin_routes(kb: KnowledgeBase, token: str) -> list[web.RouteDef]:
     if not token:
         return []
 
@@ -86,7 +87,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[object]], empty: str)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _days(daily: Sequence["DailyCounts"], until: date, days: int = DAYS) -> list[tuple[date, int, int]]:
+def _days(daily: Sequence[DailyCounts], until: date, days: int = DAYS) -> list[tuple[date, int, int]]:
     by_day = {d.day: d for d in daily}
     out = []
     for offset in range(days - 1, -1, -1):
@@ -184,8 +185,8 @@ details.gap{margin:.4rem 0} nav a{margin-right:1rem}
 """
 
 
-async def render_page(kb: "KnowledgeBase", now: datetime | None = None) -> str:
-    now = now or datetime.now(timezone.utc)
+async def render_page(kb: KnowledgeBase, now: datetime | None = None) -> str:
+    now = now or datetime.now(UTC)
     sources = await kb.list_sources()
     runs = await kb.sync_runs(None, 50)
     report = await build_report(kb, timedelta(days=DAYS), Viewer(), now=now)

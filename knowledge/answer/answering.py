@@ -13,22 +13,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol, Sequence
+from typing import Protocol
 
-from knowledge.storage import conversations as memory_store
 from knowledge.answer.evidence import Evidence, EvidenceSettings, Outcome, coverage, decide
-from knowledge.embedding.encoder import Embedder
-from knowledge.errors import EmptyQuestion
-from knowledge.answer.generators.anthropic_client import AnthropicGenerator, CitedReply, GenerationError, SearchSource, Span
 from knowledge.answer.generators import extractive
+from knowledge.answer.generators.anthropic_client import (
+    AnthropicGenerator,
+    CitedReply,
+    GenerationError,
+    SearchSource,
+    Span,
+)
 from knowledge.answer.generators.passages import section_path
 from knowledge.answer.memory import ChatMessage, ConversationMemory, CountTokens, History, format_conversation
 from knowledge.answer.prompts import (
-    CITED_SYSTEM_PROMPT, NO_ANSWER, SYSTEM_PROMPT, PromptSource, build_question_text, build_user_message, cited_numbers,
+    CITED_SYSTEM_PROMPT,
+    NO_ANSWER,
+    SYSTEM_PROMPT,
+    PromptSource,
+    build_question_text,
+    build_user_message,
+    cited_numbers,
     renumber_citations,
 )
+from knowledge.embedding.encoder import Embedder
+from knowledge.errors import EmptyQuestion
 from knowledge.search.retrieval import Retriever, SearchFilters, SearchHit
+from knowledge.storage import conversations as memory_store
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +78,7 @@ class AnswerSettings:
     text_search_config: str = "english"
 
     @classmethod
-    def from_settings(cls, settings) -> "AnswerSettings":  # type: ignore[no-untyped-def]
+    def from_settings(cls, settings) -> AnswerSettings:  # type: ignore[no-untyped-def]
         evidence = EvidenceSettings(
             decline_below_similarity=settings.answer_decline_below_similarity,
             decline_below_coverage=settings.answer_decline_below_coverage,
@@ -284,7 +297,7 @@ class Answerer:
 
     async def _generate(
         self, question: str, conversation: str, groups: list[_SourceGroup], hits: list[SearchHit],
-        gate: "_StreamGate | None",
+        gate: _StreamGate | None,
     ) -> tuple[Answer, list[int]]:
         assert self.generator is not None
         spans: list[Span] = []

@@ -21,8 +21,9 @@ reported on a held-out knowledge base (docs/answers.md).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from knowledge.storage.conversations import TermStat
 

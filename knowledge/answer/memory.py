@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from knowledge.storage import conversations as memory_store
-from knowledge.storage.conversations import StoredTurn, StoredSummary
+from knowledge.storage.conversations import StoredSummary, StoredTurn
 
 if TYPE_CHECKING:
     from knowledge.answer.answering import Generator
@@ -320,7 +321,7 @@ class ConversationMemory:
 
     def __init__(
         self, engine: AsyncEngine, settings: MemorySettings, count_tokens: CountTokens,
-        generator: "Generator | None" = None, text_search_config: str = "english",
+        generator: Generator | None = None, text_search_config: str = "english",
     ) -> None:
         self.engine = engine
         self.text_search_config = text_search_config
@@ -383,7 +384,7 @@ class ConversationMemory:
         budget = self.settings.token_budget
         sizes = self.count_tokens([m.text for m in messages])
         kept, used = [], 0
-        for message, size in zip(reversed(messages), reversed(sizes)):
+        for message, size in zip(reversed(messages), reversed(sizes), strict=False):
             if used + size > budget // 2 and kept:
                 break
             kept.insert(0, message)

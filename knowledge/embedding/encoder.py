@@ -12,9 +12,9 @@ import hashlib
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Sequence
 
 from knowledge.errors import EmbeddingModelError
 

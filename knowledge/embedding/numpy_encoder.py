@@ -11,9 +11,9 @@ them to a cosine of 0.99999); any other model goes through sentence-transformers
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -174,7 +174,7 @@ class NumpyBertEncoder(BertTextEncoder):
             p = f"encoder.layer.{n}."
 
             def dense(t: np.ndarray, name: str) -> np.ndarray:
-                flat = t.reshape(-1, t.shape[-1]) @ w[p + name + ".weight"] + w[p + name + ".bias"]
+                flat = t.reshape(-1, t.shape[-1]) @ w[p + name + ".weight"] + w[p + name + ".bias"]  # noqa: B023 (the closure runs within this iteration)
                 return flat.reshape(batch, length, -1)
 
             q = split(dense(x, "attention.self.query"))

@@ -19,13 +19,13 @@ import json
 import math
 import re
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Sequence
 
-from knowledge.eval.judging import AnswerJudge, Judgement, JudgeError
 from knowledge.answer.memory import ChatMessage
 from knowledge.errors import EvalFileError
+from knowledge.eval.judging import AnswerJudge, JudgeError, Judgement
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@100", "precision@5", "recall@10")

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from knowledge.errors import JudgeError
 from knowledge.settings import KnowledgeSettings

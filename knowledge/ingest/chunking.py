@@ -8,8 +8,8 @@ Consecutive chunks of one section overlap by whole sentences, so an answer that 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from knowledge.ingest.parsing import Block, ParsedDocument
 

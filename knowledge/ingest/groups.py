@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from knowledge.storage import sources as sources_store
 from knowledge.errors import SourceConfigError, SourceError, UnknownSource
 from knowledge.storage import directory as directory_store
+from knowledge.storage import sources as sources_store
 
 logger = logging.getLogger(__name__)
 

@@ -121,7 +121,7 @@ class ParsePool:
                 continue
             try:
                 return await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_seconds)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._kill(generation)
                 raise LimitExceeded(
                     f"took longer than {self.timeout_seconds:g} s to parse (setting PARSE_TIMEOUT_SECONDS)"

@@ -12,8 +12,8 @@ import io
 import logging
 import re
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
 from pathlib import PurePosixPath
 
 from knowledge.errors import CorruptDocument, LimitExceeded, UnsupportedFormat
@@ -284,7 +284,7 @@ def parse_pdf(data: bytes, fallback_title: str) -> ParsedDocument:
         fragments: list[tuple[str, float]] = []
 
         def visit(text: str, _cm: object, tm: list[float], _font: object, size: float) -> None:
-            fragments.append((text, round(abs(size * (tm[3] or 1)), 1)))
+            fragments.append((text, round(abs(size * (tm[3] or 1)), 1)))  # noqa: B023 (the closure runs within this iteration)
 
         page.extract_text(visitor_text=visit)
         lines: list[tuple[str, float]] = []

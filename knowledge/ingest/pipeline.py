@@ -27,22 +27,22 @@ import dataclasses
 import hashlib
 import logging
 import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Coroutine, Protocol, Sequence, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from knowledge.embedding.encoder import Embedder, content_hash
-from knowledge.errors import CorruptDocument, LimitExceeded, UnsupportedFormat
+from knowledge.errors import CorruptDocument, ItemUnavailable, LimitExceeded, UnsupportedFormat
 from knowledge.ingest.chunking import ChunkDraft, chunk_document, compose_search_text
 from knowledge.ingest.isolation import ParsePool
-from knowledge.ingest.parsing import Block, ParsedDocument, ParseLimits, truncate_blocks
-from knowledge.storage import documents as store
+from knowledge.ingest.parsing import ParseLimits
 from knowledge.settings import KnowledgeSettings
-from knowledge.errors import ItemUnavailable
 from knowledge.sources.base import Source, SourceItem, as_source, principals_key, read_item
+from knowledge.storage import documents as store
 
 logger = logging.getLogger(__name__)
 D = TypeVar("D")

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from knowledge.storage import sources as sources_store, documents as store
-from knowledge.errors import SourceBusy, SourceConfigError, SourceError, UnknownSource, RecentlySynced
+from knowledge.errors import RecentlySynced, SourceBusy, SourceConfigError, SourceError, UnknownSource
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.sources.base import Source, SourceInfo, SyncRun, as_source, build_source
 from knowledge.sources.folder import FolderSource
+from knowledge.storage import documents as store
+from knowledge.storage import sources as sources_store
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +180,7 @@ class SyncRunner:
             return False
         if row.last_pruned_at is None:
             return True
-        return datetime.now(timezone.utc) - row.last_pruned_at >= timedelta(seconds=row.prune_seconds)
+        return datetime.now(UTC) - row.last_pruned_at >= timedelta(seconds=row.prune_seconds)
 
     async def names(self) -> list[str]:
         async with self.engine.connect() as conn:

@@ -20,9 +20,10 @@ import asyncio
 import logging
 import random
 import re
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
@@ -65,7 +66,7 @@ def format_interval(seconds: int | None) -> str:
 class SchedulerHandle:
     """What `start_scheduler` returns: stop it with `await handle.stop()` (waits for running syncs to finish)."""
 
-    kb: "KnowledgeBase"
+    kb: KnowledgeBase
     scheduler: AsyncIOScheduler
     refresh_seconds: float
     jitter_fraction: float
@@ -102,7 +103,7 @@ class SchedulerHandle:
             del self._groups[name]
         for name, every in wanted.items():
             if every and name not in self._groups:
-                first = datetime.now(timezone.utc) + timedelta(seconds=random.uniform(1, 1 + every * self.jitter_fraction))
+                first = datetime.now(UTC) + timedelta(seconds=random.uniform(1, 1 + every * self.jitter_fraction))
                 self.scheduler.add_job(
                     self._run_groups, IntervalTrigger(seconds=every, jitter=every * self.jitter_fraction or None),
                     args=[name], id=f"groups:{name}", name=f"groups:{name}", coalesce=True, max_instances=1,
@@ -169,7 +170,7 @@ class SchedulerHandle:
         self.scheduler.shutdown(wait=False)
 
 
-async def start_scheduler(kb: "KnowledgeBase", *, refresh_seconds: float = 60.0,
+async def start_scheduler(kb: KnowledgeBase, *, refresh_seconds: float = 60.0,
                           jitter_fraction: float = 0.1) -> SchedulerHandle:
     """Start scheduled syncs on the running event loop and return a handle (`await handle.stop()`).
 
@@ -188,7 +189,7 @@ class SchedulerService:
     gives its services). `get_kb` returns the opened knowledge base when `start()` runs (it may not exist yet when
     the service is built)."""
 
-    def __init__(self, get_kb: "Callable[[], KnowledgeBase]", *, refresh_seconds: float = 60.0) -> None:
+    def __init__(self, get_kb: Callable[[], KnowledgeBase], *, refresh_seconds: float = 60.0) -> None:
         self.get_kb = get_kb
         self.refresh_seconds = refresh_seconds
         self.handle: SchedulerHandle | None = None

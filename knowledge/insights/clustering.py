@@ -19,8 +19,8 @@ Cost: O(n²) memory and O(n³) worst-case time; callers cap n (MAX_QUESTIONS) an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

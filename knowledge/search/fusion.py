@@ -14,8 +14,8 @@ has the measurements.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Fusion:
         side only (a dense or a lexical search), its own score ranks."""
         documents = {c.id: c.document_id for side in (dense or [], lexical.candidates if lexical else []) for c in side}
         d = _ranked(dense or [])
-        l = _ranked(lexical.candidates) if lexical else {}
+        l = _ranked(lexical.candidates) if lexical else {}  # noqa: E741 (a one-letter name in a short expression)
         confidence = self._confidence(lexical)
         fused = []
         for chunk_id, document_id in documents.items():

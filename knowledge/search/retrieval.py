@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cache
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 from sqlalchemy import TextClause, text
@@ -30,10 +31,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from db.engine import HNSW_EF_SEARCH, read_rows
 from db.models import BM25_SPARSE_DIM
+from knowledge.access import EVERYONE
 from knowledge.embedding.encoder import Embedder
 from knowledge.search.fusion import Candidate, Fused, Fusion, LexicalCandidates
 from knowledge.settings import KnowledgeSettings
-from knowledge.access import EVERYONE
 from knowledge.storage.documents import as_vector
 
 Mode = Literal["hybrid", "dense", "lexical"]

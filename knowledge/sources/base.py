@@ -60,14 +60,14 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Literal, Mapping, Protocol, Sequence, Union
+from typing import Any, Literal, Protocol, Union
 
 from knowledge.access import EVERYONE
 
-
-ReadResult = Union[bytes, Awaitable[bytes]]
+ReadResult = Union[bytes, Awaitable[bytes]]  # noqa: UP007 (kept for the runtime check of this alias)
 
 
 @dataclass(frozen=True)

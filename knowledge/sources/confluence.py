@@ -35,18 +35,19 @@ import logging
 import os
 import random
 import re
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import PurePosixPath
-from typing import Any, AsyncIterator, Literal, Mapping, Sequence
+from typing import Any, Literal
 from urllib.parse import urljoin, urlsplit
 
 import httpx
 from bs4 import BeautifulSoup, NavigableString
 from markdownify import markdownify
 
-from knowledge.errors import ItemUnavailable, SourceAuthError, SourceConfigError, SourceUnavailable, SourceError
 from knowledge.access import EVERYONE
+from knowledge.errors import ItemUnavailable, SourceAuthError, SourceConfigError, SourceError, SourceUnavailable
 from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class ConfluenceConfig:
     visibility: Visibility = "permissions"
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ConfluenceConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> ConfluenceConfig:
         url = str(data["url"]).rstrip("/")
         if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
             raise SourceConfigError(f"--url must be the wiki's base URL, e.g. https://acme.atlassian.net/wiki (got {url!r})")
@@ -129,7 +130,7 @@ class RetryPolicy:
             except ValueError:
                 parsed = email.utils.parsedate_to_datetime(header) if header else None
                 if parsed is not None:
-                    wait = (parsed - datetime.now(timezone.utc)).total_seconds()
+                    wait = (parsed - datetime.now(UTC)).total_seconds()
         if wait is None:
             wait = self.base_wait * (2 ** attempt) * (0.5 + random.random() / 2)
         return min(max(wait, 0.0), self.max_wait)
@@ -561,7 +562,7 @@ class ConfluenceSource:
         return SourceItem(
             external_id=str(content["id"]),
             filename=f"{content['id']}.md",
-            read=lambda data=markdown.encode("utf-8"): data,
+            read=lambda data=markdown.encode("utf-8"): data,  # noqa: B008 (a default bound on purpose, evaluated once per call site)
             title=title,
             url=_web_url(base, content),
             path=self._breadcrumb(content),
@@ -814,7 +815,7 @@ def _when(content: Mapping[str, Any]) -> datetime | None:
     if not value:
         return None
     parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _author(content: Mapping[str, Any]) -> str | None:

@@ -18,8 +18,9 @@ The all-users group (`everyone_group`) is `everyone` on documents, so its member
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 from urllib.parse import quote
 
 from knowledge.sources.confluence import ConfluenceNotFound, ConfluenceSource

@@ -29,13 +29,14 @@ import errno
 import os
 import re
 import stat
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator, Mapping
+from typing import Any
 
-from knowledge.errors import SourceConfigError, SourceUnavailable, ItemUnavailable
 from knowledge.access import EVERYONE
+from knowledge.errors import ItemUnavailable, SourceConfigError, SourceUnavailable
 from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 
 ACCESS_FILE = ".access"
@@ -240,7 +241,7 @@ class FolderSource:
                 read=_IdentityRead(real, info),
                 url=path.as_uri(),
                 path=f"{self.spec.name}/{external_id}",
-                updated_at=datetime.fromtimestamp(info.st_mtime, tz=timezone.utc),
+                updated_at=datetime.fromtimestamp(info.st_mtime, tz=UTC),
                 access=access,
                 version=file_version(real, info),
                 size=info.st_size,

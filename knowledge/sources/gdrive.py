@@ -33,10 +33,11 @@ import os
 import random
 import re
 import threading
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import PurePosixPath
-from typing import Any, AsyncIterator, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -125,7 +126,7 @@ class GoogleDriveConfig:
                 "admin_email": self.admin_email}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "GoogleDriveConfig":
+    def from_dict(cls, data: dict[str, Any]) -> GoogleDriveConfig:
         return cls(
             folders=tuple(data.get("folders") or ()), shared_drives=tuple(data.get("shared_drives") or ()),
             credentials_env=data.get("credentials_env") or DEFAULT_CREDENTIALS_ENV, subject=data.get("subject"),
@@ -456,7 +457,7 @@ class ScopeState:
                            "shortcuts": self.shortcuts}, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str | None) -> "ScopeState | None":
+    def from_json(cls, text: str | None) -> ScopeState | None:
         if not text:
             return None
         data = json.loads(text)

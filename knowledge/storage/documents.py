@@ -8,19 +8,19 @@ and several writers may write at once (`write_documents`, migration 0009).
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import AsyncIterator, Literal, Sequence
+from typing import Literal
 
 import numpy as np
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from db import locks
 from db.engine import BinaryArray
 from db.models import BM25_SPARSE_DIM
-
-from db import locks
 from knowledge.errors import SourceConflict
 
 __all__ = ["SourceConflict"]  # re-exported: raised by ensure_source

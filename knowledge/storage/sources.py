@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from db import locks
-
 from knowledge.sources.base import SyncRun
 
 SYNC_LOCK_CLASS = locks.SOURCE_SYNC_CLASS  # (class, source id); every key lives in db/locks.py

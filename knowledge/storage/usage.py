@@ -5,9 +5,9 @@ Read by the gaps report (`ragbot insights`, `/kb gaps`, the admin page) through 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Sequence
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection

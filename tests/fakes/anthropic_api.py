@@ -21,9 +21,10 @@ import itertools
 import json
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 # Tiny waits so the SDK retries at once. (The SDK ignores `retry-after: 0` and backs off ~0.5 s instead.)
 RETRY_NOW = {"retry-after-ms": "1", "retry-after": "0"}
@@ -251,7 +252,7 @@ class FakeAnthropicAPI:
                                     scripted.headers)
         return ScriptedResponse(200, self.message(request, "".join(deltas)), scripted.headers)
 
-    def start(self) -> "FakeAnthropicAPI":
+    def start(self) -> FakeAnthropicAPI:
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
         return self
@@ -262,7 +263,7 @@ class FakeAnthropicAPI:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> "FakeAnthropicAPI":
+    def __enter__(self) -> FakeAnthropicAPI:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

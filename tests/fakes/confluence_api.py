@@ -36,7 +36,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
@@ -52,7 +52,7 @@ class Page:
     parent: str | None = None
     labels: list[str] = field(default_factory=list)
     version: int = 1
-    when: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    when: datetime = field(default_factory=lambda: datetime.now(UTC))
     read_users: list[str] = field(default_factory=list)  # account ids (Cloud) / usernames (DC)
     read_groups: list[str] = field(default_factory=list)
 
@@ -65,7 +65,7 @@ class Attachment:
     data: bytes
     media_type: str
     version: int = 1
-    when: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    when: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
 @dataclass
@@ -97,14 +97,14 @@ class FakeConfluence:
         self.held = threading.Event()
         self.search_delay = 0.0  # seconds each CQL search request takes (a slow wiki)
         self._ids = itertools.count(1001)
-        self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=timezone.utc)
+        self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     # -- lifecycle --
 
-    def __enter__(self) -> "FakeConfluence":
+    def __enter__(self) -> FakeConfluence:
         self._thread.start()
         return self
 
@@ -275,7 +275,7 @@ class FakeConfluence:
         types_match = re.search(r"type in \(([^)]*)\)", cql)
         types = {t.strip() for t in types_match.group(1).split(",")} if types_match else {"page"}
         since_match = re.search(r'lastmodified >= "(\d{4}-\d\d-\d\d \d\d:\d\d)"', cql)
-        since = (datetime.strptime(since_match.group(1), "%Y-%m-%d %H:%M").replace(tzinfo=timezone.utc)
+        since = (datetime.strptime(since_match.group(1), "%Y-%m-%d %H:%M").replace(tzinfo=UTC)
                  if since_match else None)
         label_match = re.search(r'label = "([^"]+)"', cql)
         found: list[tuple[datetime, Any]] = []

@@ -26,7 +26,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import WSMsgType, web
@@ -37,7 +37,7 @@ BOT_USERNAME = "ragbot"
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 def user_payload(user_id: int, username: str, *, bot: bool = False) -> dict[str, Any]:
@@ -162,7 +162,7 @@ class FakeDiscordAPI:
 
     # ---- serving ------------------------------------------------------------------------------------------------
 
-    async def start(self) -> "FakeDiscordAPI":
+    async def start(self) -> FakeDiscordAPI:
         app = web.Application()
         app.router.add_get("/gateway", self._gateway)
         app.router.add_route("*", self.api_prefix + "/{tail:.*}", self._handle)
@@ -216,7 +216,7 @@ class FakeDiscordAPI:
         self._sequence += 1
         await self._gateway_socket.send_str(json.dumps({"op": 0, "t": event, "s": self._sequence, "d": data}))
 
-    async def __aenter__(self) -> "FakeDiscordAPI":
+    async def __aenter__(self) -> FakeDiscordAPI:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:

@@ -47,7 +47,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -75,7 +75,7 @@ class FakeFile:
     owner: str | None = "owner@example.com"
     trashed: bool = False
     version: int = 1
-    modified: datetime = field(default_factory=lambda: datetime(2026, 11, 1, 9, 0, tzinfo=timezone.utc))
+    modified: datetime = field(default_factory=lambda: datetime(2026, 11, 1, 9, 0, tzinfo=UTC))
     target_id: str | None = None  # shortcuts
 
     def resource(self) -> dict[str, Any]:
@@ -184,13 +184,13 @@ class FakeDrive:
         self.directory = FakeDirectory()  # Google Workspace groups, served under /admin/directory/v1/
         self.latency_seconds = 0.0  # added to every API answer (benchmarks: Drive's round trips are not free)
         self._ids = itertools.count(1)
-        self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=timezone.utc)
+        self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
-    def __enter__(self) -> "FakeDrive":
+    def __enter__(self) -> FakeDrive:
         handler = type("Handler", (_Handler,), {"drive": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
@@ -580,11 +580,11 @@ def _parse_query(q: str) -> list[Any]:
     matches = []
     for clause in (c.strip() for c in re.split(r"\s+and\s+", q.strip()) if c.strip()):
         if m := _CLAUSE_PARENTS.match(clause):
-            matches.append(lambda f, parent=m.group(1): parent in f.parents)
+            matches.append(lambda f, parent=m.group(1): parent in f.parents)  # noqa: B008 (a default bound on purpose, evaluated once per call site)
         elif m := _CLAUSE_TRASHED.match(clause):
-            matches.append(lambda f, value=m.group(1) == "true": f.trashed == value)
+            matches.append(lambda f, value=m.group(1) == "true": f.trashed == value)  # noqa: B008 (a default bound on purpose, evaluated once per call site)
         elif m := _CLAUSE_MIME.match(clause):
-            matches.append(lambda f, op=m.group(1), mime=m.group(2): (f.mime_type == mime) == (op == "="))
+            matches.append(lambda f, op=m.group(1), mime=m.group(2): (f.mime_type == mime) == (op == "="))  # noqa: B008 (a default bound on purpose, evaluated once per call site)
         else:
             raise DriveError(400, "invalid", f"Invalid Value: q clause {clause!r}")
     return matches

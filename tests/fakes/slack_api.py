@@ -203,7 +203,7 @@ class FakeSlackAPI:
     def _next_ts(self) -> str:
         return f"{int(time.time())}.{next(self._ts):06d}"
 
-    def start(self) -> "FakeSlackAPI":
+    def start(self) -> FakeSlackAPI:
         started = threading.Event()
 
         def run() -> None:
@@ -243,7 +243,7 @@ class FakeSlackAPI:
         if self._thread is not None:
             self._thread.join(10)
 
-    def __enter__(self) -> "FakeSlackAPI":
+    def __enter__(self) -> FakeSlackAPI:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

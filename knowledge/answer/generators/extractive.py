@@ -15,11 +15,11 @@ documents do not say. How it reads:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
-from knowledge.embedding.encoder import Embedder
 from knowledge.answer.generators.passages import Unit, breadcrumb, render_units, units_of
+from knowledge.embedding.encoder import Embedder
 
 OFFLINE_NOTE = "_Quoted from your documents as written (offline mode: set ANTHROPIC_API_KEY for composed answers)._"
 
@@ -89,7 +89,7 @@ def score_units(question: str, passages: Sequence[Passage], embedder: Embedder) 
     question_terms = _terms(question)
     scored = []
     for (passage, unit), vector in zip(candidates, vectors, strict=True):
-        similarity = sum(a * b for a, b in zip(question_vector, vector))
+        similarity = sum(a * b for a, b in zip(question_vector, vector, strict=False))
         where = f"{passage.title} {passage.heading}"
         overlap = len(question_terms & _terms(unit.scoring_text() + " " + where)) / max(1, len(question_terms))
         scored.append(ScoredUnit(passage.source_n, passage, unit, similarity, similarity + 0.3 * overlap))

@@ -12,8 +12,8 @@ Units are scored and quoted whole; units of different sections are never joined 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from knowledge.ingest.chunking import split_sentences
 
@@ -73,7 +73,7 @@ class Unit:
         """What is compared with the question: a row reads as "header: value; …" so it means something alone."""
         if self.kind == "row":
             if self.header and len(self.header) == len(self.cells):
-                return "; ".join(f"{h}: {c}" for h, c in zip(self.header, self.cells))
+                return "; ".join(f"{h}: {c}" for h, c in zip(self.header, self.cells, strict=False))
             return ", ".join(self.cells)
         return f"{self.lead} {self.text}".strip()
 
@@ -93,15 +93,15 @@ def units_of(text: str, ordinal: int = 0) -> list[Unit]:
 
         def flush_prose() -> None:
             nonlocal previous_sentence, lead_in, index
-            if not prose:
+            if not prose:  # noqa: B023 (the closure runs within this iteration)
                 return
-            for sentence in split_sentences(" ".join(prose)):
+            for sentence in split_sentences(" ".join(prose)):  # noqa: B023 (the closure runs within this iteration)
                 lean = previous_sentence if (_DEPENDENT_START.match(sentence) or previous_sentence.endswith(":")) else ""
                 units.append(Unit("text", sentence, lead=lean, position=(ordinal, index)))
                 index += 1
                 previous_sentence = sentence
             lead_in = previous_sentence if previous_sentence.endswith(":") else ""
-            prose.clear()
+            prose.clear()  # noqa: B023 (the closure runs within this iteration)
 
         for line in lines:
             cells = _cells(line)
