@@ -242,8 +242,11 @@ class Answerer:
         outcome = decide(evidence, settings.evidence)
         timings["evidence_ms"] = (time.perf_counter() - started) * 1000
         if outcome == "decline" or not groups:
+            # The nearest documents are offered only when something is at least loosely related: an off-topic
+            # question ("Who wrote Pride and Prejudice?") gets a plain decline, not three unrelated titles.
+            near = max(evidence.dense, evidence.support) >= settings.evidence.decline_below_similarity
             answer = Answer(ABSTAIN_MESSAGE, self.mode, True, [], results.hits, timings, rewrite.note,
-                            related=related_documents(groups), evidence=evidence)
+                            related=related_documents(groups) if near else [], evidence=evidence)
             return await self._remember(conversation_id, question, query, principals, asker, answer, [], history)
         started = time.perf_counter()
         note = None
