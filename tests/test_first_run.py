@@ -106,14 +106,17 @@ def test_ask_json_uncertain_and_answered_citations_carry_the_heading(on_handbook
 
 
 async def test_offline_answers_hold_the_measured_floor(handbook_kb) -> None:
-    """The figures in the README ("Offline answers"); a change that makes answers worse fails here."""
+    """Floors a little under the handbook's figures (docs/answers.md; the handbook is the tuning set, so these guard
+    against regressions, not claim quality): a change that makes answers worse fails here. Near-miss and off-topic
+    questions must never get a confident answer: declined, or the closest passages labelled `uncertain`."""
     summary, _ = await evaluate_answers(handbook_kb, QUESTIONS, ["everyone"])
-    assert summary["fact_recall"] >= 0.62, summary
-    assert summary["right_document"] >= 0.72, summary
+    assert summary["fact_recall"] >= 0.72, summary
+    assert summary["right_document"] >= 0.80, summary
     assert summary["no_unrelated_source"] >= 0.8, summary
-    assert summary["wrongly_declined"] <= 12, summary
-    assert summary["near_miss_declined"] >= 0.6, summary
-    assert summary["off_topic_declined"] == 1.0, summary
+    assert summary["wrongly_declined"] <= 5, summary
+    by_category = summary["by_category"]
+    assert by_category["near_miss"]["declined_or_uncertain"] == 1.0, by_category
+    assert by_category["off_topic"]["declined_or_uncertain"] == 1.0, by_category
 
 
 def test_eval_answers_prints_the_answer_metrics(on_handbook: str, tmp_path: Path) -> None:
