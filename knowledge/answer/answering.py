@@ -229,7 +229,8 @@ class Answerer:
         timings["evidence_ms"] = (time.perf_counter() - started) * 1000
         if outcome == "decline" or not groups:
             answer = Answer(ABSTAIN_MESSAGE, self.mode, True, [], results.hits, timings, rewrite.note,
-                            related=related_documents(groups), evidence=evidence)
+                            # related documents only when the nearest one shares a term with the question
+                            related=related_documents(groups) if evidence.coverage > 0 else [], evidence=evidence)
             return await self._remember(conversation_id, question, query, principals, asker, answer, [], history)
         started = time.perf_counter()
         note = None
