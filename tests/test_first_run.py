@@ -86,17 +86,24 @@ def test_breadcrumbs_use_one_separator_and_never_repeat_the_title() -> None:
 
 
 async def test_a_question_nothing_addresses_abstains_and_offers_related_documents(handbook_kb) -> None:
+    # A near miss is never answered: declined with related documents, or the closest passages, labelled (issue 31).
     answer = await handbook_kb.answer("Can I bring my dog to the office?", ["everyone"], "t:dog")
-    assert answer.abstained and answer.citations == []
-    assert "couldn't find" in answer.text
-    assert answer.related and "facilities/office-access.html" in [c.external_id for c in answer.related]
+    assert answer.outcome in ("uncertain", "decline")
+    nearest = answer.related if answer.abstained else answer.citations
+    assert "facilities/office-access.html" in [c.external_id for c in nearest]
+    if answer.abstained:
+        assert answer.citations == [] and "couldn't find" in answer.text
+    else:
+        assert answer.text.startswith("_These are the closest passages I found")
+    declined = await handbook_kb.answer("Who won the 2024 internal hackathon?", ["everyone"], "t:hackathon")
+    assert declined.abstained and declined.citations == [] and declined.related
 
 
 def test_ask_json_abstention_has_related_with_citation_fields_and_citations_carry_the_heading(on_handbook: str) -> None:
-    declined = json.loads(ok("ask", "Can I bring my dog to the office?", "--json").stdout)
-    assert declined["abstained"] is True and declined["citations"] == []
+    declined = json.loads(ok("ask", "Who won the 2024 internal hackathon?", "--json").stdout)
+    assert declined["abstained"] is True and declined["outcome"] == "decline" and declined["citations"] == []
     assert declined["related"]
-    fields = {"n", "title", "url", "path", "external_id", "heading"}
+    fields = {"n", "title", "url", "path", "external_id", "heading", "quotes"}
     assert all(set(r) == fields for r in declined["related"])
     answered = json.loads(ok("ask", "How many sick days do we get per year?", "--json").stdout)
     assert answered["citations"] and all(set(c) == fields for c in answered["citations"])
@@ -110,7 +117,8 @@ async def test_offline_answers_hold_the_measured_floor(handbook_kb) -> None:
     assert summary["right_document"] >= 0.72, summary
     assert summary["no_unrelated_source"] >= 0.8, summary
     assert summary["wrongly_declined"] <= 12, summary
-    assert summary["near_miss_declined"] >= 0.6, summary
+    # near misses are declined or hedged as "uncertain", never answered (issue 31; docs/answers.md)
+    assert summary["by_category"]["near_miss"]["declined_or_uncertain"] >= 0.8, summary
     assert summary["off_topic_declined"] == 1.0, summary
 
 
