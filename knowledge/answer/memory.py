@@ -439,7 +439,8 @@ class ConversationMemory:
     async def stands_alone(self, question: str) -> bool:
         """Does the question stand on its own, whatever its length? Decided with the index's own statistics: it
         does when its own terms find a confident hit: it names a term the index holds in at most
-        SPECIFIC_TERM_FRACTION of its chunks, and one chunk holds CONFIDENT_HIT of its terms by idf weight; unless it opens as an ellipsis ("and for…", "what about…") or leans on a pronoun while naming
+        SPECIFIC_TERM_FRACTION of its chunks, and one chunk holds CONFIDENT_HIT of its terms by idf weight (or it has
+        three or more terms, most of which no chunk holds: off-topic, not an ellipsis); unless it opens as an ellipsis ("and for…", "what about…") or leans on a pronoun while naming
         ("When does it vest?"). Everything else is a follow-up. So "What is the company
         401(k) match?" after a card question is searched as asked, and a change of topic drops the old one."""
         if _FOLLOW_UP_OPENERS.match(question):
@@ -448,6 +449,8 @@ class ConversationMemory:
             return False
         async with self.engine.connect() as conn:
             stats = await memory_store.term_statistics(conn, question, [], self.text_search_config)
+            if len(stats) >= 3 and sum(s.df == 0 for s in stats) * 2 > len(stats):
+                return True  # most of its words are nowhere in the index: a new (off-topic) question, no ellipsis
             if not any(0 < s.df <= SPECIFIC_TERM_FRACTION * max(1, s.n_chunks) for s in stats):
                 return False
             return await memory_store.best_chunk_coverage(conn, question, self.text_search_config) >= CONFIDENT_HIT
