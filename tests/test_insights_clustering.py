@@ -115,8 +115,10 @@ def test_questions_cluster_by_topic_on_the_held_out_set(encode) -> None:
     assert accuracy >= 0.8, accuracy
     # Each of the 8 biggest clusters is named by one of its own questions, about its majority topic.
     for cluster in clusters[:8]:
-        majority = max(set(labels[m] for m in cluster.members), key=[labels[m] for m in cluster.members].count)
-        assert cluster.central in cluster.members and labels[cluster.central] == majority
+        # (a cluster that merged two topics half and half may be named after either: both are its majority)
+        topics = [labels[m] for m in cluster.members]
+        assert cluster.central in cluster.members
+        assert topics.count(labels[cluster.central]) == max(topics.count(t) for t in set(topics))
 
 
 def test_the_metric_punishes_one_big_cluster_and_singletons() -> None:
