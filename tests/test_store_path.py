@@ -290,10 +290,10 @@ async def test_the_model_stops_when_a_writers_worth_of_chunks_waits_for_a_busy_w
     try:
         sync = asyncio.create_task(fresh_kb.sync(StaticSource(SourceSpec("desks", "test"), items)))
         embedded = []
-        for _ in range(60):
-            await asyncio.sleep(0.1)
+        for _ in range(600):  # files are parsed in worker processes, whose start takes a moment: wait for the
+            await asyncio.sleep(0.1)  # model to begin, then for it to stop
             embedded.append(held.count("embedding_cache"))
-            if len(embedded) > 10 and embedded[-1] == embedded[-10]:
+            if len(embedded) > 10 and embedded[-1] == embedded[-10] and embedded[-1] > 0:
                 break
         # Being written: the first batch (2 chunks); waiting: two batches (4 chunks); held by the model until there
         # is room: one more. The other four desks are not embedded yet.
