@@ -129,11 +129,16 @@ async def test_a_sync_killed_midway_resumes_and_ends_with_exactly_the_source(fre
     wiki.hold_next_pages()
     task = asyncio.create_task(fresh_kb.sync_source("wiki"))
     assert await asyncio.to_thread(wiki.held.wait, 30)  # the first results page is being committed
-    for _ in range(200):
-        if len(await documents(fresh_kb)) == 3:
+    async def first_page_committed() -> bool:  # its documents first, then its checkpoint
+        async with fresh_kb.engine.connect() as conn:
+            saved = (await conn.execute(text("SELECT checkpoint FROM sources WHERE name = 'wiki'"))).scalar()
+        return len(await documents(fresh_kb)) == 3 and saved is not None
+
+    for _ in range(600):
+        if await first_page_committed():
             break
         await asyncio.sleep(0.05)
-    task.cancel()  # killed mid-run
+    task.cancel()  # killed mid-run, while the second page is held
     with pytest.raises(asyncio.CancelledError):
         await task
     wiki.release()

@@ -222,7 +222,8 @@ class Answerer:
         settings = self.settings
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        history = await self.memory.history(conversation_id, prior_messages)
+        # Only turns whose cited documents this audience may still see (a revoked grant drops the earlier answers).
+        history = await self.memory.history(conversation_id, prior_messages, audience=principals)
         rewrite = await self.memory.standalone_query(question, history)
         query = rewrite.query
         timings["memory_ms"] = (time.perf_counter() - started) * 1000
