@@ -138,7 +138,7 @@ class KnowledgeBase(BotStateMethods):
             self._embedding_space_ready = True
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.indexer.parser.close)
+        await self.indexer.parser.aclose()
         if self.generator is not None:
             await self.generator.close()
         await self.search_engine.dispose()

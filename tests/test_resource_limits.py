@@ -131,3 +131,51 @@ async def test_a_parse_past_its_deadline_or_its_memory_is_killed_and_the_next_fi
     report = await hungry.sync(FolderSource(tmp_path / "big"))
     assert dict(report.over_limit) == {"big.txt": "needs more than 256 MB of memory to parse (setting PARSE_MEMORY_MB)"}
     assert report.added == ["after.md"]
+
+
+def _running(pid: int) -> bool:
+    """True while the process exists and is not a zombie (an orphan nobody has reaped yet has still exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_parse_workers_exit_when_the_process_that_started_them_is_killed():
+    """A sync killed with SIGKILL leaves no parsing workers behind: each worker exits when its stdin closes,
+    and only the process that started it held the other end."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = Path(__file__).resolve().parent.parent
+    script = (
+        "import asyncio\n"
+        "from knowledge.ingest.isolation import ParsePool\n"
+        "from knowledge.ingest.parsing import ParseLimits\n"
+        "async def main():\n"
+        "    pool = ParsePool(ParseLimits(), workers=2, timeout_seconds=60, memory_mb=1024)\n"
+        "    await asyncio.gather(*(pool.parse(b'# T\\n\\nSome text.', f'{n}.md', 10_000) for n in range(4)))\n"
+        "    print(' '.join(map(str, pool.idle_worker_pids)), flush=True)\n"
+        "    await asyncio.sleep(3600)\n"
+        "asyncio.run(main())\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=repo, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(repo)})
+    try:
+        assert parent.stdout is not None
+        workers = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(workers) == 2 and all(_running(pid) for pid in workers)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_running(pid) for pid in workers):
+        time.sleep(0.2)
+    alive = [pid for pid in workers if _running(pid)]
+    for pid in alive:  # clean up before failing
+        os.kill(pid, signal.SIGKILL)
+    assert alive == []

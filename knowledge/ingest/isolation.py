@@ -5,48 +5,38 @@ A spreadsheet declaring a million rows or a zip of a 200 MB XML is caught by the
 worker's address-space limit (RLIMIT_AS, PARSE_MEMORY_MB) or its deadline (PARSE_TIMEOUT_SECONDS), and only that
 file is skipped. Workers also let parsing use every core while the model embeds.
 
-Workers are started with "spawn": a clean interpreter that imports only the parsers (never torch or the model),
-so the memory limit measures the parse, not the bot. A worker that times out or dies is killed with its pool,
-and the files that were in flight on it are parsed again on a fresh pool (once), so a neighbour's bomb does not
-fail them.
+Each worker is a plain subprocess (`knowledge.ingest.parse_worker`) parsing one file at a time, so a file that
+overruns its deadline or dies is that worker's only file: it is killed and replaced, and nothing else fails. It
+imports only the parsers (never torch or the model), so the memory limit measures the parse, not the bot; and it
+exits when the process that started it dies (its stdin closes).
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
-import resource
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+import os
+import pickle
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-from knowledge.ingest.parsing import LimitExceeded, ParsedDocument, ParseLimits, parse_document, truncate_blocks
+from knowledge.ingest.parsing import (
+    CorruptDocument,
+    LimitExceeded,
+    ParsedDocument,
+    ParseLimits,
+    parse_document,
+    truncate_blocks,
+)
+
+# How long a new worker may take to start (an interpreter and the parsers' imports), outside any file's deadline.
+WORKER_START_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
 class ParseResult:
     document: ParsedDocument
     truncated: bool  # cut to `max_chars` (reported as MAX_DOCUMENT_CHUNKS)
-
-
-def _limit_memory(memory_mb: int) -> None:
-    """Worker initializer: cap the worker's address space, so an allocation past it raises MemoryError there."""
-    limit = memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _warm() -> int:
-    """Run once on each new worker before any deadline counts: import the parsers, so a file's deadline measures
-    its parse, not the interpreter's start."""
-    import importlib
-    import os
-
-    for module in ("bs4", "pypdf", "docx", "openpyxl"):
-        try:
-            importlib.import_module(module)
-        except ImportError:  # pragma: no cover - an optional parser missing shows when a file needs it
-            pass
-    return os.getpid()
 
 
 def parse_bounded(data: bytes, filename: str, limits: ParseLimits, max_chars: int, memory_mb: int) -> ParseResult:
@@ -59,9 +49,62 @@ def parse_bounded(data: bytes, filename: str, limits: ParseLimits, max_chars: in
 
 
 def _memory_message(memory_mb: int) -> str:
-    """A MemoryError in the parse, or the worker dying twice on it (under RLIMIT_AS, even receiving the file can
-    fail): both are the memory limit."""
+    """A MemoryError in the parse, or the worker dying on it: both are the memory limit."""
     return f"needs more than {memory_mb:,} MB of memory to parse (setting PARSE_MEMORY_MB)"
+
+
+class _Worker:
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls, memory_mb: int) -> _Worker:
+        from knowledge.ingest import parse_worker
+
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding the `knowledge` package
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(name, "1")  # numeric libraries reserve memory per thread at import
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "knowledge.ingest.parse_worker", str(memory_mb),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+        )
+        worker = cls(process)
+        try:
+            ready = await asyncio.wait_for(process.stdout.readexactly(1), WORKER_START_SECONDS)  # type: ignore[union-attr]
+        except (asyncio.IncompleteReadError, TimeoutError):
+            worker.kill()
+            raise LimitExceeded(
+                f"a parsing worker cannot start within {memory_mb:,} MB (setting PARSE_MEMORY_MB)") from None
+        assert ready == parse_worker.READY
+        return worker
+
+    async def ask(self, request: tuple[object, ...]) -> tuple[str, object]:
+        from knowledge.ingest.parse_worker import HEADER
+
+        body = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(HEADER.pack(len(body)) + body)
+        await self.process.stdin.drain()
+        (size,) = HEADER.unpack(await self.process.stdout.readexactly(HEADER.size))
+        return pickle.loads(await self.process.stdout.readexactly(size))  # type: ignore[no-any-return]
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            try:
+                self.process.kill()
+            except ProcessLookupError:
+                pass
+
+    async def close(self) -> None:
+        """Close its stdin (it exits), then make sure it is gone."""
+        if self.process.stdin is not None and not self.process.stdin.is_closing():
+            self.process.stdin.close()
+        try:
+            await asyncio.wait_for(self.process.wait(), 5)
+        except TimeoutError:
+            self.kill()
+            await self.process.wait()
 
 
 class ParsePool:
@@ -74,76 +117,50 @@ class ParsePool:
         self.workers = workers
         self.timeout_seconds = timeout_seconds
         self.memory_mb = memory_mb
-        self._executor: ProcessPoolExecutor | None = None
-        self._generation = 0
-        self._warming: asyncio.Future[object] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle: list[_Worker] = []
         self._slots = asyncio.Semaphore(max(1, workers))
-
-    async def _pool(self) -> tuple[ProcessPoolExecutor, int]:
-        """The running pool and its generation; a new one is started (and its workers warmed, all of them at once,
-        no deadline) when there is none."""
-        if self._executor is None:
-            self._executor = ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_limit_memory, initargs=(self.memory_mb,),
-            )
-            self._generation += 1
-            self._warming = asyncio.ensure_future(asyncio.gather(
-                *(asyncio.wrap_future(self._executor.submit(_warm)) for _ in range(self.workers))))
-        executor, generation, warming = self._executor, self._generation, self._warming
-        try:
-            if warming is not None:
-                await asyncio.shield(warming)
-        except BrokenProcessPool:  # a worker could not even start (a memory limit too low for Python itself)
-            self._kill(generation)
-            raise LimitExceeded(
-                f"a parsing worker cannot start within {self.memory_mb:,} MB (setting PARSE_MEMORY_MB)") from None
-        return executor, generation
 
     async def parse(self, data: bytes, filename: str, max_chars: int) -> ParseResult:
         if self.workers == 0:
             return await asyncio.to_thread(parse_bounded, data, filename, self.limits, max_chars, self.memory_mb)
         loop = asyncio.get_running_loop()
-        if self._loop is not loop:  # one semaphore per event loop (the knowledge base outlives loops in tests)
-            self._loop, self._slots = loop, asyncio.Semaphore(self.workers)
-            self._warming = None  # the pool's workers are warm already; the future belonged to the old loop
-        async with self._slots:  # at most one file per worker, so the deadline never counts time in a queue
-            return await self._parse(data, filename, max_chars)
-
-    async def _parse(self, data: bytes, filename: str, max_chars: int) -> ParseResult:
-        for attempt in range(2):
-            executor, generation = await self._pool()
+        if self._loop is not loop:  # subprocess pipes belong to one event loop (the KB outlives loops in tests)
+            for worker in self._idle:
+                worker.kill()
+            self._loop, self._idle, self._slots = loop, [], asyncio.Semaphore(self.workers)
+        async with self._slots:  # one file per worker, so a file's deadline never counts time in a queue
+            worker = self._idle.pop() if self._idle else await _Worker.start(self.memory_mb)
             try:
-                future = executor.submit(parse_bounded, data, filename, self.limits, max_chars, self.memory_mb)
-            except BrokenProcessPool:  # broken (a neighbour's deadline) since we got it: take a new one
-                self._kill(generation)
-                continue
-            try:
-                return await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_seconds)
+                status, value = await asyncio.wait_for(
+                    worker.ask((data, filename, self.limits, max_chars)), self.timeout_seconds)
             except TimeoutError:
-                self._kill(generation)
+                worker.kill()
                 raise LimitExceeded(
                     f"took longer than {self.timeout_seconds:g} s to parse (setting PARSE_TIMEOUT_SECONDS)"
                 ) from None
-            except BrokenProcessPool:  # a worker died: this file's, or a neighbour's killed for its deadline
-                self._kill(generation)
-                if attempt == 1:
-                    raise LimitExceeded(_memory_message(self.memory_mb)) from None
-        raise LimitExceeded(_memory_message(self.memory_mb))
+            except (asyncio.IncompleteReadError, ConnectionError):  # the worker died on this file
+                worker.kill()
+                raise LimitExceeded(_memory_message(self.memory_mb)) from None
+            except BaseException:  # cancelled mid-file: the worker's state is unknown
+                worker.kill()
+                raise
+            self._idle.append(worker)
+        if status == "ok":
+            return value  # type: ignore[return-value]
+        if isinstance(value, Exception) and isinstance(value, (LimitExceeded, CorruptDocument, ValueError)):
+            raise value
+        raise CorruptDocument(f"could not read the file: {value}")
 
-    def _kill(self, generation: int) -> None:
-        """Kill the pool's workers (a stuck parse cannot be interrupted otherwise); the next parse starts a new pool.
-        Only the pool of `generation`: another file may already have replaced it."""
-        executor = self._executor
-        if executor is None or generation != self._generation:
-            return
-        self._executor = None
-        for process in list(getattr(executor, "_processes", {}).values()):
-            process.kill()
-        executor.shutdown(wait=False, cancel_futures=True)
+    @property
+    def idle_worker_pids(self) -> list[int]:
+        """The process ids of the workers waiting for a file (for operators and tests)."""
+        return [worker.process.pid for worker in self._idle]
 
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        if self._loop is asyncio.get_running_loop():
+            await asyncio.gather(*(worker.close() for worker in idle), return_exceptions=True)
+        else:
+            for worker in idle:
+                worker.kill()
