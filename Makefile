@@ -36,7 +36,7 @@ test: setup
 bench: setup
 	$(BIN)/python bench/search.py --chunks 10k --queries 100 --recall-queries 30
 	$(BIN)/python bench/ingest.py --store-repeats 3
-	$(BIN)/python bench/bot.py
+	$(BIN)/python bench/bot_bench.py
 	$(BIN)/python bench/report.py
 
 clean-db:

@@ -25,8 +25,8 @@ make bench                                                       # quick set: 10
 .venv/bin/python bench/search.py --chunks 10k,100k               # 100k: about 12 min on 2 cores (idle)
 .venv/bin/python bench/search.py --chunks 1M --queries 100 --recall-queries 10 --keep   # 1M: 25 min to 1 h by machine (load 9–30 min, graph 4–8, 0.5–1 min per recall question)
 .venv/bin/python bench/ingest.py --documents 400 --store-chunks 20000 --base-chunks 100000
-.venv/bin/python bench/bot.py                                    # bot overhead, ack, `ragbot run` RSS: ≈ 1 min idle
-.venv/bin/python bench/bot.py --mentions 300 --skip-rss          # more samples, overhead and ack only
+.venv/bin/python bench/bot_bench.py                                    # bot overhead, ack, `ragbot run` RSS: ≈ 1 min idle
+.venv/bin/python bench/bot_bench.py --mentions 300 --skip-rss          # more samples, overhead and ack only
 .venv/bin/python bench/report.py                                 # rewrites this file from bench/results/
 ```
 Without `DATABASE_URL` each run starts a throwaway embedded Postgres in a temporary `RAGBOT_HOME`; with it, the
@@ -167,7 +167,7 @@ def ingest_section(result: dict) -> str:  # type: ignore[type-arg]
              f"{r.get('reweight_batch_max_s')} s | |"]
     return "\n".join(lines) + "\n"
 
-BOT_STAGES = {  # bench/bot.py's stages_ms, in path order
+BOT_STAGES = {  # bench/bot_bench.py's stages_ms, in path order
     "post_to_handler": "· client POST → the app's handler starts",
     "handler_to_kb_answer": "· handler → `KnowledgeBase.answer` called (dispatch, exactly-once claim, audience)",
     "memory": "· conversation memory",
@@ -190,7 +190,7 @@ def bot_section(result: dict) -> str:  # type: ignore[type-arg]
     corpus = r.get("corpus", {})
     overhead, ack, floor = r.get("overhead_ms", {}), r.get("ack_ms", {}), r.get("floor_search_ms", {})
     from_post = r.get("overhead_from_post_ms", {})
-    lines = ["## Bot (`bench/bot.py`)", "", _machine(result) + f" _Load average at end {m.get('load_average_at_end')}._",
+    lines = ["## Bot (`bench/bot_bench.py`)", "", _machine(result) + f" _Load average at end {m.get('load_average_at_end')}._",
              "",
              f"The real Slack app (`bot.app.BotApp` with slack-bolt's AsyncApp, HTTP mode) against the fake Slack API "
              f"and, through the anthropic SDK, the fake Anthropic server; {corpus.get('documents')} handbook "
@@ -235,7 +235,7 @@ def bot_section(result: dict) -> str:  # type: ignore[type-arg]
 
 
 # The targets for this 2-core machine: (label, results file, path to the figure, at most / at least, bound).
-# A results file that records its own targets (bench/bot.py's TARGETS) overrides the bound here.
+# A results file that records its own targets (bench/bot_bench.py's TARGETS) overrides the bound here.
 TARGETS: list[tuple[str, str, tuple[str, ...], str, float]] = [
     ("hybrid p95 at 100k, 10% reader, question embedded (ms)", "search",
      ("sizes", "100000", "hybrid_filtered_p95_ms"), "≤", 25),
@@ -264,7 +264,7 @@ def targets_section(results: dict[str, dict | None]) -> str:  # type: ignore[typ
         node: object = results.get(name) or {}
         measured = node.get("measured_at", "–") if isinstance(node, dict) else "–"
         if isinstance(node, dict):
-            bound = node.get("targets", {}).get(path[-1], bound)  # a bench that records its targets (bench/bot.py)
+            bound = node.get("targets", {}).get(path[-1], bound)  # a bench that records its targets (bench/bot_bench.py)
         for key in path:
             node = node.get(key) if isinstance(node, dict) else None
             if isinstance(node, dict) and "measured_at" in node:

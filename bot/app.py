@@ -99,7 +99,7 @@ class BotApp:
             self._encoder_build = asyncio.create_task(self.kb.prepare_query_encoder())
         # Questions are embedded by the encoder `Embedder.embed` picks for one text (ONNX Runtime, or NumPy until its
         # file is built), which loads on first use: warm it too, or the first question pays for it (measured by
-        # bench/bot.py: 0.44 s of a first mention's 0.78 s).
+        # bench/bot_bench.py: 0.44 s of a first mention's 0.78 s).
         await asyncio.to_thread(self.kb.embedder.embed, ["warm up"])  # type: ignore[union-attr]
         context = BotContext(self.kb, self.settings, self.metrics)
         if self.adapters is None:

@@ -1,7 +1,7 @@
 """The Slack bot's own cost: event received → LLM request sent, the time to ack, and the RSS of `ragbot run`.
 
-    PYTHONPATH=. .venv/bin/python bench/bot.py                  # 100 mentions + `ragbot run` RSS: ≈ 1 min idle
-    PYTHONPATH=. .venv/bin/python bench/bot.py --mentions 300 --skip-rss
+    PYTHONPATH=. .venv/bin/python bench/bot_bench.py                  # 100 mentions + `ragbot run` RSS: ≈ 1 min idle
+    PYTHONPATH=. .venv/bin/python bench/bot_bench.py --mentions 300 --skip-rss
 
 1. Overhead and ack, in process. The handbook (examples/handbook) is synced into a throwaway database; the real
    bot is built by the composition root `ragbot run` uses (`bot.app.BotApp`: the slack-bolt AsyncApp of
