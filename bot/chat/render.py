@@ -7,9 +7,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bot.chat.sanitize import quote_safe
-from knowledge.answer.answering import Citation
+
+if TYPE_CHECKING:  # a type only: importing the answerer would cost every CLI command ~1 s of start-up
+    from knowledge.answer.answering import Citation
 
 # Spans a split must never cut: <...> links and mentions, [text](url) links, bare URLs, citations [1], [1, 2], [2-3].
 _PROTECTED = re.compile(
