@@ -70,6 +70,9 @@ def test_settings(**overrides: object) -> KnowledgeSettings:
     return KnowledgeSettings(_env_file=None, **overrides)  # type: ignore[call-arg]
 
 
+test_settings.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test, wherever it is imported
+
+
 @pytest.fixture(scope="session")
 def ragbot_home() -> Path:
     return _HOME
