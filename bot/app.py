@@ -9,7 +9,7 @@ An adapter is any object with
     routes() -> list[aiohttp.web.RouteDef]      # HTTP routes it serves on PORT (may be empty)
     async start() -> None                         # connect; returns once it is running
     async stop() -> None
-built from a `BotContext` (the knowledge base, the settings, the metrics). Background services (the scheduler)
+built from a `BotContext` (the knowledge base, the settings, the metrics, the bot's own state). Background services (the scheduler)
 have the same start/stop shape and are added to `BotApp.services`.
 """
 
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
+from bot.chat.state import BotState
 from bot.context import BotContext
 from bot.server import BotMetrics, build_web_app, start_web_server
 from bot.settings import BotSettings
@@ -101,14 +102,14 @@ class BotApp:
         # file is built), which loads on first use: warm it too, or the first question pays for it (measured by
         # bench/bot.py: 0.44 s of a first mention's 0.78 s).
         await asyncio.to_thread(self.kb.embedder.embed, ["warm up"])  # type: ignore[union-attr]
-        context = BotContext(self.kb, self.settings, self.metrics)
+        context = BotContext(self.kb, self.settings, self.metrics, BotState(self.kb.engine))
         if self.adapters is None:
             self.adapters = configured_adapters(context)
         routes = [route for adapter in self.adapters for route in adapter.routes()]
         if self.settings.admin_token is not None and self.settings.admin_token.get_secret_value():
             from bot.web.admin import admin_routes
 
-            routes += admin_routes(self.kb, self.settings.admin_token.get_secret_value())
+            routes += admin_routes(self.kb, context.state, self.settings.admin_token.get_secret_value())
         self._runner, self.port = await start_web_server(
             build_web_app(self.kb, self.metrics, routes), self.settings.host, self.settings.port
         )
@@ -174,17 +175,17 @@ def build_app(
     return app
 
 
-def run(settings: BotSettings | None = None, runner: Callable[..., object] | None = None) -> None:
-    """`ragbot run`: the chat bots when tokens are set, otherwise the terminal chat. `runner` runs the coroutine
-    factory (the CLI passes the one that turns known errors into one-line messages)."""
+def run(settings: BotSettings | None = None, runner: Callable[..., object] | None = None,
+        terminal_chat: Callable[[], None] | None = None) -> None:
+    """`ragbot run`: the chat bots when tokens are set, otherwise `terminal_chat` (the CLI passes its terminal chat,
+    so nothing here imports bot.cli). `runner` runs the coroutine factory (the CLI passes the one that turns known
+    errors into one-line messages)."""
     from db.settings import DatabaseSettings
     from knowledge.settings import KnowledgeSettings
 
     settings = settings or BotSettings()
-    if not settings.chat_platforms and settings.terminal_chat:
-        from bot.cli.main import chat
-
-        chat(principals=None, sources=None)
+    if not settings.chat_platforms and settings.terminal_chat and terminal_chat is not None:
+        terminal_chat()
         return
     app = build_app(settings, KnowledgeSettings(), DatabaseSettings())
     what = " and ".join(settings.chat_platforms) or "without a chat platform (no SLACK_BOT_TOKEN or DISCORD_TOKEN)"

@@ -9,12 +9,12 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.chat.state import BotStateMethods
 from db.engine import create_engine, database_url
 from db.migrate import ensure_schema
 from db.settings import DatabaseSettings, redact_url
@@ -29,7 +29,7 @@ from knowledge.search.retrieval import Mode, Retriever, SearchFilters, SearchRes
 from knowledge.settings import KnowledgeSettings
 from knowledge.sources.base import Source, SourceInfo, SyncRun
 from knowledge.sources.folder import FolderSource
-from knowledge.storage import conversations, usage
+from knowledge.storage import conversations, identities, usage
 from knowledge.storage import documents as store
 
 if TYPE_CHECKING:
@@ -88,8 +88,9 @@ def memory_settings(settings: KnowledgeSettings, with_claude: bool) -> MemorySet
     )
 
 
-class KnowledgeBase(BotStateMethods):
-    """Bot-side state (events, channel grants, identity map, feedback) comes from `BotStateMethods`."""
+class KnowledgeBase:
+    """Composes the stages. The chat bots' own state (events, channel grants, the identity map, feedback) is
+    `bot.chat.state.BotState` over `engine`; knowledge only reads the identity map (knowledge.storage.identities)."""
 
     def __init__(self, engine: AsyncEngine, settings: KnowledgeSettings, embedder: Embedder, url: str) -> None:
         self.engine = engine
@@ -109,7 +110,7 @@ class KnowledgeBase(BotStateMethods):
         # Who a person is, in principals (knowledge.access): the one resolver every surface uses.
         self.access = AccessResolver(self.search_engine, ttl_seconds=settings.group_membership_ttl_seconds,
                                      cache_seconds=settings.access_cache_seconds,
-                                     identity_lookup=self.identity_principals)
+                                     identity_lookup=partial(identities.identity_principals, engine))
         self._embedding_space_ready = False
 
     @classmethod

@@ -94,6 +94,7 @@ db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
 if TYPE_CHECKING:
+    from bot.chat.state import BotState
     from knowledge.answer.answering import Answer
     from knowledge.kb import KnowledgeBase
     from knowledge.search.retrieval import SearchResults
@@ -189,6 +190,13 @@ def with_kb(action: Callable[[KnowledgeBase], Awaitable[T]]) -> T:
             await kb.close()
 
     return run_async(go)
+
+
+def with_state(action: Callable[[KnowledgeBase, BotState], Awaitable[T]]) -> T:
+    """`with_kb`, with the bot's own tables over the same engine (bot.chat.state.BotState)."""
+    from bot.chat.state import BotState  # here, not at the top: keeps SQLAlchemy out of `ragbot --help`
+
+    return with_kb(lambda kb: action(kb, BotState(kb.engine)))
 
 
 async def prepare_query_encoder(kb: KnowledgeBase, quiet: bool) -> None:
@@ -361,7 +369,7 @@ def run() -> None:
     the terminal chat."""
     from bot.app import run as run_bots
 
-    run_bots(runner=run_async)
+    run_bots(runner=run_async, terminal_chat=lambda: chat(principals=None, sources=None))
 
 
 @app.command(name="eval")

@@ -164,7 +164,8 @@ class SlackAdapter:
         self.kb = context.kb
         self.settings = context.settings
         self.metrics = context.metrics
-        self.flow = ChatFlow(self.kb, PLATFORM, self.metrics, lease_seconds=self.settings.answer_lease_seconds)
+        self.flow = ChatFlow(self.kb, PLATFORM, self.metrics, state=context.state,
+                             lease_seconds=self.settings.answer_lease_seconds)
         self._sweeper: asyncio.Task[None] | None = None
         token = self.settings.slack_bot_token.get_secret_value() if self.settings.slack_bot_token else None
         self.client = client or AsyncWebClient(
@@ -187,7 +188,7 @@ class SlackAdapter:
             logger=logging.getLogger("slack_bolt"),
         )
         self.users = UserDirectory(self.client, self.settings.user_cache_seconds)
-        self.audiences = ChannelAudiences(self.kb, ttl_seconds=self.settings.channel_audience_ttl,
+        self.audiences = ChannelAudiences(self.kb, self.flow.state, ttl_seconds=self.settings.channel_audience_ttl,
                                           max_members=self.settings.channel_audience_max_members)
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
@@ -396,7 +397,7 @@ class SlackAdapter:
         conversation = where.conversation_id
         if not where.private:
             privately, question = asks_privately(question)
-            if privately or await channel_mode(self.kb, where.channel_key) == "private":
+            if privately or await channel_mode(self.flow.state, where.channel_key) == "private":
                 where = replace(where, ephemeral=True)
                 reply = SlackEphemeralReply(self, where)  # type: ignore[assignment]
                 conversation = private_conversation(conversation, identity)
@@ -594,7 +595,7 @@ class SlackAdapter:
             return
         if not user_id or not channel:
             return
-        delivered = await self.kb.delivered_answer(answer_id)
+        delivered = await self.flow.state.delivered_answer(answer_id)
         if delivered is None or delivered.asker != f"slack:{user_id}":
             return
         if not await self.flow.claim(f"slack:share:{answer_id}"):
