@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,26 +26,16 @@ from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.ingest.runs import SyncRunner
 from knowledge.search.retrieval import Mode, Retriever, SearchFilters, SearchResults
 from knowledge.settings import KnowledgeSettings
-from knowledge.sources.base import Source, SourceInfo, SyncRun
+from knowledge.sources.base import Source, SourceInfo
 from knowledge.sources.folder import FolderSource
 from knowledge.storage import conversations, identities, usage
 from knowledge.storage import documents as store
+from knowledge.storage.documents import SourceStatus
+from knowledge.storage.sources import SyncRun
 
 if TYPE_CHECKING:
     from knowledge.ingest.groups import DirectoryReport
     from knowledge.storage.directory import DirectoryState
-
-
-@dataclass(frozen=True)
-class SourceStatus:
-    name: str
-    kind: str
-    location: str | None
-    documents: int
-    chunks: int
-    last_synced_at: datetime | None
-    last_run: SyncRun | None = None
-    running: bool = False
 
 
 @dataclass(frozen=True)
@@ -285,9 +274,7 @@ class KnowledgeBase:
         infos = {info.name: info for info in await self.list_sources()}
         async with self.engine.connect() as conn:
             sources = [
-                SourceStatus(s.name, s.kind, s.location, s.documents, s.chunks, s.last_synced_at,
-                              infos[s.name].last_run if s.name in infos else None,
-                              infos[s.name].running if s.name in infos else False)
+                replace(s, last_run=infos[s.name].last_run, running=infos[s.name].running) if s.name in infos else s
                 for s in await store.source_counts(conn)
             ]
             counts = await store.index_counts(conn)

@@ -17,7 +17,8 @@ from bot.cli.terminal import shown
 if TYPE_CHECKING:
     from knowledge.ingest.pipeline import SyncReport
     from knowledge.kb import KnowledgeBase
-    from knowledge.sources.base import SourceInfo, SyncRun
+    from knowledge.sources.base import SourceInfo
+    from knowledge.storage.sources import SyncRun
 
 source_app = typer.Typer(help="Stored sources that `ragbot sync` and the scheduler keep fresh.", no_args_is_help=True)
 add_app = typer.Typer(help="Add a source (its connection is checked first; a broken source is not saved).",

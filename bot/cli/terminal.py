@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the knowledge core (SQLAlchemy and friends) is imported onl
     from knowledge.ingest.pipeline import SyncReport
     from knowledge.kb import IndexStatus, KnowledgeBase
     from knowledge.search.retrieval import SearchHit
-    from knowledge.sources.base import SyncRun
+    from knowledge.storage.sources import SyncRun
 
 console = Console()
 err_console = Console(stderr=True)

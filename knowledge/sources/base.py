@@ -63,9 +63,12 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from knowledge.access import EVERYONE
+
+if TYPE_CHECKING:
+    from knowledge.storage.sources import SyncRun
 
 ReadResult = Union[bytes, Awaitable[bytes]]  # noqa: UP007 (kept for the runtime check of this alias)
 
@@ -270,42 +273,6 @@ def build_source(name: str, kind: str, config: Mapping[str, Any]) -> Source:
 
 def registered_kinds() -> list[str]:
     return sorted(set(_FACTORIES) | set(KIND_MODULES))
-
-
-# --- sync runs: what is recorded and shown -------------------------------------------------------------------
-
-Trigger = Literal["schedule", "cli", "chat"]
-RunStatus = Literal["running", "ok", "failed", "interrupted"]
-
-
-@dataclass(frozen=True)
-class SyncRun:
-    """One recorded sync run (table `sync_runs`). `status` is "running" while a process holds the source's lock,
-    "interrupted" when the process died mid-run (found by the next run), else "ok" or "failed" (with `error`)."""
-
-    id: int
-    source: str
-    trigger: str
-    status: str
-    started_at: datetime
-    finished_at: datetime | None
-    added: int
-    updated: int
-    deleted: int
-    unchanged: int
-    skipped: int
-    failed: int
-    pruned: bool
-    error: str | None
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "id": self.id, "source": self.source, "trigger": self.trigger, "status": self.status,
-            "started_at": self.started_at.isoformat(),
-            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
-            "added": self.added, "updated": self.updated, "deleted": self.deleted, "unchanged": self.unchanged,
-            "skipped": self.skipped, "failed": self.failed, "pruned": self.pruned, "error": self.error,
-        }
 
 
 @dataclass(frozen=True)
