@@ -24,7 +24,7 @@ from knowledge.embedding.encoder import Embedder, get_embedder
 from knowledge.errors import UnknownSource
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.ingest.runs import SyncRunner
-from knowledge.search.retrieval import Mode, Retriever, SearchFilters, SearchResults
+from knowledge.search.retrieval import Mode, Retriever, SearchFilters, SearchResults, SearchTuning
 from knowledge.settings import KnowledgeSettings
 from knowledge.sources.base import Source, SourceInfo
 from knowledge.sources.folder import FolderSource
@@ -81,7 +81,8 @@ class KnowledgeBase:
     """Composes the stages. The chat bots' own state (events, channel grants, the identity map, feedback) is
     `bot.chat.state.BotState` over `engine`; knowledge only reads the identity map (knowledge.storage.identities)."""
 
-    def __init__(self, engine: AsyncEngine, settings: KnowledgeSettings, embedder: Embedder, url: str) -> None:
+    def __init__(self, engine: AsyncEngine, settings: KnowledgeSettings, embedder: Embedder, url: str, *,
+                 search_tuning: SearchTuning | None = None) -> None:
         self.engine = engine
         # Searches read through a pool of their own that never holds a transaction (see db.engine.create_engine).
         self.search_engine = create_engine(url, autocommit=True)
@@ -89,7 +90,8 @@ class KnowledgeBase:
         self.embedder = embedder
         self.url = url
         self.indexer = Indexer(engine, embedder, settings)
-        self.retriever = Retriever(self.search_engine, embedder, settings)
+        # The search statements' knobs (knowledge.storage.search.SearchTuning): the measured defaults unless given.
+        self.retriever = Retriever(self.search_engine, embedder, settings, search_tuning)
         self.generator = make_generator(settings)
         self.memory = ConversationMemory(engine, memory_settings(settings, self.generator is not None),
                                          embedder.count_tokens_many, self.generator, settings.text_search_config)
@@ -104,7 +106,8 @@ class KnowledgeBase:
 
     @classmethod
     async def open(
-        cls, settings: KnowledgeSettings | None = None, db_settings: DatabaseSettings | None = None
+        cls, settings: KnowledgeSettings | None = None, db_settings: DatabaseSettings | None = None, *,
+        search_tuning: SearchTuning | None = None,
     ) -> KnowledgeBase:
         """Connect (starting the embedded Postgres if DATABASE_URL is unset), migrate, and check the model."""
         settings = settings or KnowledgeSettings()
@@ -115,7 +118,7 @@ class KnowledgeBase:
             settings.embedding_model, settings.embedding_batch_size, settings.embedding_device,
             settings.query_encoder, (db_settings or DatabaseSettings()).home / "models",
         )
-        kb = cls(engine, settings, embedder, url)
+        kb = cls(engine, settings, embedder, url, search_tuning=search_tuning)
         # The model is not loaded here (that takes seconds): the stored model name says whether the vectors match,
         # and re-embedding after a model change waits for the first command that embeds anything.
         kb._embedding_space_ready = await kb.indexer.embedding_space_matches()
