@@ -43,8 +43,7 @@ How a sync run uses a source (see `Indexer.sync`):
 Optional extras the indexer honours when a source has them: `warnings: list[str]` (listing problems, reported
 in the run), `unlisted_prefixes: list[str]` (parts of the inventory that could not be listed: nothing under them
 is deleted; "" means none of it), and `vanished(external_ids) -> list[str]` (for a partial listing: which stored
-documents outside `listing_prefix` are definitely gone). An object with only the first-version `items()` +
-`complete_listing` still works through `as_source` / `LegacySource`.
+documents outside `listing_prefix` are definitely gone).
 
 Errors while reading one item: raise `knowledge.errors.ItemUnavailable` (gone mid-sync, too large, forbidden) or
 `OSError` from `read`; the item is recorded as failed with the reason, its previous version stays indexed (with
@@ -189,42 +188,12 @@ class StaticSource:
         return None
 
 
-class LegacySource:
-    """Adapts a first-version source (a plain `items()` listing plus `complete_listing`) to this interface: one
-    batch with every item, the listing as the inventory when it is complete. Its `warnings`, `unlisted_prefixes`
-    and `vanished` pass through."""
-
-    prune_on_every_sync = True
-
-    def __init__(self, legacy: Any) -> None:
-        self.legacy = legacy
-        self.spec = legacy.spec
-        self.listing_prefix = getattr(legacy, "listing_prefix", "")
-        self._listed: list[SourceItem] | None = None
-
-    def __getattr__(self, name: str) -> Any:  # warnings, unlisted_prefixes, vanished...
-        return getattr(self.legacy, name)
-
-    async def check(self) -> None:
-        return None
-
-    async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[ChangeBatch]:
-        self._listed = await asyncio.to_thread(lambda: list(self.legacy.items()))
-        yield ChangeBatch(items=list(self._listed), total=len(self._listed))
-
-    async def inventory(self) -> list[ItemRef] | None:
-        if not getattr(self.legacy, "complete_listing", True):
-            return None
-        listed = self._listed if self._listed is not None else await asyncio.to_thread(lambda: list(self.legacy.items()))
-        return [ItemRef(i.external_id, i.access) for i in listed]
-
-    async def aclose(self) -> None:
-        self._listed = None
-
-
 def as_source(source: Any) -> Source:
-    """`source` itself if it speaks this interface, else wrapped in `LegacySource`."""
-    return source if hasattr(source, "changes") else LegacySource(source)
+    """`source`, checked to speak this interface (a clear error instead of an AttributeError mid-sync)."""
+    if not hasattr(source, "changes") or not hasattr(source, "inventory"):
+        raise TypeError(f"{type(source).__name__} is not a source: it needs changes() and inventory() (see "
+                        "knowledge/sources/base.py)")
+    return source
 
 
 # --- the registry: rebuild a source from its stored row -------------------------------------------------------
