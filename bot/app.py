@@ -33,8 +33,7 @@ from bot.settings import BotSettings
 
 if TYPE_CHECKING:
     from db.settings import DatabaseSettings
-    from knowledge.kb import KnowledgeBase
-    from knowledge.settings import KnowledgeSettings
+    from knowledge import KnowledgeBase, KnowledgeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ class BotApp:
     _started: list[object] = field(default_factory=list)
 
     async def start(self) -> None:
-        from knowledge.kb import KnowledgeBase
+        from knowledge import KnowledgeBase
 
         if self.kb is None:
             self.kb = await KnowledgeBase.open(self.knowledge_settings, self.database_settings)
@@ -181,7 +180,7 @@ def run(settings: BotSettings | None = None, runner: Callable[..., object] | Non
     so nothing here imports bot.cli). `runner` runs the coroutine factory (the CLI passes the one that turns known
     errors into one-line messages)."""
     from db.settings import DatabaseSettings
-    from knowledge.settings import KnowledgeSettings
+    from knowledge import KnowledgeSettings
 
     settings = settings or BotSettings()
     if not settings.chat_platforms and settings.terminal_chat and terminal_chat is not None:

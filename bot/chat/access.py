@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from knowledge.access import EVERYONE, Person, ResolvedPrincipals
+from knowledge import EVERYONE, Person, ResolvedPrincipals
 
 
 class PrincipalResolver(Protocol):

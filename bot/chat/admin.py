@@ -19,9 +19,7 @@ from typing import TYPE_CHECKING
 from bot.chat.access import private_audience
 from bot.chat.channels import ChannelSettings, channel_settings, set_auto, set_mode, set_sources
 from bot.chat.insights import Viewer, build_report, gaps_text
-from knowledge.access import check_principal
-from knowledge.errors import InvalidPrincipal, KnowledgeError
-from knowledge.ingest.schedule import format_interval
+from knowledge import InvalidPrincipal, KnowledgeError, check_principal, format_interval
 
 if TYPE_CHECKING:
     from bot.chat.state import BotState

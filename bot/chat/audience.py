@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from bot.chat.access import Audience
-from knowledge.access import EVERYONE, Person
+from knowledge import EVERYONE, Person
 
 if TYPE_CHECKING:
     from bot.chat.state import BotState

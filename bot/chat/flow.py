@@ -28,9 +28,7 @@ from bot.chat.state import BotState
 if TYPE_CHECKING:
     from bot.chat.state import LeaseClaim, Rating
     from bot.server import BotMetrics
-    from knowledge.answer.answering import Answer
-    from knowledge.answer.memory import ChatMessage
-    from knowledge.kb import KnowledgeBase
+    from knowledge import Answer, ChatMessage, KnowledgeBase
 
 logger = logging.getLogger(__name__)
 

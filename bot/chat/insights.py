@@ -24,13 +24,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from knowledge.access import EVERYONE
+from knowledge import EVERYONE
 from knowledge.insights.clustering import DEFAULT_THRESHOLD, MAX_QUESTIONS, cluster_questions
 
 if TYPE_CHECKING:
     from bot.chat.state import BotState, DailyCounts, GapQuestion
-    from knowledge import KnowledgeBase
-    from knowledge.storage.usage import DocumentRef
+    from knowledge import DocumentRef, KnowledgeBase
 
 STALE_AFTER = timedelta(days=365)
 PRIVATE = "private conversation"
@@ -135,7 +134,7 @@ def _csv_safe(value: str) -> str:
 
 def parse_since(value: str) -> timedelta:
     """"30d", "12h", "2w" → a time span (the CLI's --since)."""
-    from knowledge.ingest.schedule import parse_interval
+    from knowledge import parse_interval
 
     return timedelta(seconds=parse_interval(value))
 

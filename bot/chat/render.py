@@ -7,9 +7,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bot.chat.sanitize import quote_safe
-from knowledge.answer.answering import Citation
+
+if TYPE_CHECKING:  # an annotation only: the terminal (and so `ragbot --help`) imports this module
+    from knowledge import Citation
 
 # Spans a split must never cut: <...> links and mentions, [text](url) links, bare URLs, citations [1], [1, 2], [2-3].
 _PROTECTED = re.compile(

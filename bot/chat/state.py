@@ -20,8 +20,8 @@ from typing import Any, Literal
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from knowledge.access import InvalidPrincipal, check_principal
-from knowledge.storage import identities
+import knowledge.storage.identities as identities
+from knowledge import InvalidPrincipal, check_principal
 
 Rating = Literal["up", "down"]
 

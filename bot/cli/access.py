@@ -15,7 +15,7 @@ from rich.table import Table
 from bot.cli.terminal import console, err_console, shown
 
 if TYPE_CHECKING:
-    from knowledge.kb import KnowledgeBase
+    from knowledge import KnowledgeBase
 
 access_app = typer.Typer(help="Who sees what: a person's principals, synced group membership.", no_args_is_help=True)
 
@@ -47,7 +47,7 @@ async def as_principals(kb: KnowledgeBase, given: Sequence[str] | None, no_expan
 async def refresh_groups_after_sync(kb: KnowledgeBase, name: str, quiet: bool) -> None:
     """After `ragbot sync`: refresh the source's group membership too, if it has a directory. A failure is shown
     (the last good membership is kept) but does not fail the sync."""
-    from knowledge.errors import KnowledgeError
+    from knowledge import KnowledgeError
     from knowledge.ingest.groups import has_directory
 
     info = next((s for s in await kb.list_sources() if s.name == name), None)

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.table import Table
 
 from bot.cli.terminal import RichSyncProgress, console, err_console
+from knowledge import KnowledgeBase, SearchFilters, StaticSource
 from knowledge.eval.evaluation import (
     EVAL_PRINCIPAL,
     METRICS,
@@ -18,9 +19,6 @@ from knowledge.eval.evaluation import (
     load_corpus,
     load_jsonl_questions,
 )
-from knowledge.kb import KnowledgeBase
-from knowledge.search.retrieval import SearchFilters
-from knowledge.sources.base import StaticSource
 
 
 async def run_eval(

@@ -95,9 +95,7 @@ app.add_typer(db_app, name="db")
 
 if TYPE_CHECKING:
     from bot.chat.state import BotState
-    from knowledge.answer.answering import Answer
-    from knowledge.kb import KnowledgeBase
-    from knowledge.search.retrieval import SearchResults
+    from knowledge import Answer, KnowledgeBase, SearchResults
 
 T = TypeVar("T")
 
@@ -145,7 +143,7 @@ def _quote_safe_strings(value: object) -> object:
 
 def cli_message(exc: Exception) -> str:
     """The knowledge core's typed errors, worded for the command line (naming the flag that fixes them)."""
-    from knowledge.errors import SourceConflict, UnknownSource
+    from knowledge import SourceConflict, UnknownSource
 
     if isinstance(exc, SourceConflict):
         where = f"{exc.kind} {exc.location}" if exc.location else exc.kind
@@ -165,9 +163,7 @@ def run_sync(work: Callable[[], T]) -> T:
     from sqlalchemy.exc import DBAPIError
 
     from db.errors import DatabaseUnavailable
-    from knowledge.embedding.encoder import EmbeddingModelError
-    from knowledge.errors import KnowledgeError
-    from knowledge.eval.evaluation import EvalFileError
+    from knowledge import EmbeddingModelError, EvalFileError, KnowledgeError
 
     try:
         return work()
@@ -180,7 +176,7 @@ def run_sync(work: Callable[[], T]) -> T:
 
 def with_kb(action: Callable[[KnowledgeBase], Awaitable[T]]) -> T:
     """Open the knowledge base (starting the embedded database if needed), run `action`, always close."""
-    from knowledge.kb import KnowledgeBase
+    from knowledge import KnowledgeBase
 
     async def go() -> T:
         kb = await KnowledgeBase.open()
@@ -218,7 +214,7 @@ def main() -> None:
 
     from bot.logs import configure_logging, secret_values
     from db.settings import DatabaseSettings
-    from knowledge.settings import KnowledgeSettings
+    from knowledge import KnowledgeSettings
 
     try:
         settings = BotSettings()
@@ -274,7 +270,7 @@ def search(
     as_json: JsonOption = False,
 ) -> None:
     """Search the index and show the best chunks."""
-    from knowledge.search.retrieval import MODES, SearchFilters
+    from knowledge import MODES, SearchFilters
 
     if not query.strip():
         fail("the search query is empty")
@@ -336,7 +332,7 @@ def ask(
 def chat(principals: AsOption = None, sources: SourceOption = None) -> None:
     """Chat with the knowledge base in the terminal."""
 
-    from knowledge.kb import KnowledgeBase
+    from knowledge import KnowledgeBase
 
     def session() -> None:
         chat_session(KnowledgeBase.open, principals or ["everyone"], sources, lambda kb: kb.check_sources(sources))

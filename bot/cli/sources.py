@@ -15,10 +15,7 @@ from rich.table import Table
 from bot.cli.terminal import shown
 
 if TYPE_CHECKING:
-    from knowledge.ingest.pipeline import SyncReport
-    from knowledge.kb import KnowledgeBase
-    from knowledge.sources.base import SourceInfo
-    from knowledge.storage.sources import SyncRun
+    from knowledge import KnowledgeBase, SourceInfo, SyncReport, SyncRun
 
 source_app = typer.Typer(help="Stored sources that `ragbot sync` and the scheduler keep fresh.", no_args_is_help=True)
 add_app = typer.Typer(help="Add a source (its connection is checked first; a broken source is not saved).",
@@ -47,7 +44,7 @@ def register_source_commands(app: typer.Typer) -> None:
 
 def _intervals(every: str | None, prune_every: str) -> tuple[int | None, int]:
     from bot.cli.main import fail
-    from knowledge.ingest.schedule import parse_interval
+    from knowledge import parse_interval
 
     try:
         return (parse_interval(every) if every else None), parse_interval(prune_every)
@@ -64,7 +61,7 @@ def _save(name: str, kind: str, config: dict[str, object], every: int | None, pr
         return await kb.add_source(name, kind, config, schedule_seconds=every, prune_seconds=prune_every)
 
     info = with_kb(go)
-    from knowledge.ingest.schedule import format_interval
+    from knowledge import format_interval
 
     console.print(
         f"Saved source [bold]{shown(info.name)}[/] ({info.kind}, {shown(info.location or '')}); syncs "
@@ -169,7 +166,7 @@ def list_sources(as_json: JsonOption = False) -> None:
     """Stored sources: kind, schedule, documents, last run."""
     from bot.cli.main import with_kb
     from bot.cli.terminal import console, describe_run
-    from knowledge.ingest.schedule import format_interval
+    from knowledge import format_interval
 
     sources = with_kb(lambda kb: kb.list_sources())
     if as_json:
@@ -223,7 +220,7 @@ def sync(
     """Bring stored sources up to date (incremental from each one's checkpoint)."""
     from bot.cli.main import fail, prepare_query_encoder, with_kb
     from bot.cli.terminal import RichSyncProgress, err_console, render_sync_report
-    from knowledge.errors import KnowledgeError
+    from knowledge import KnowledgeError
 
     async def go(kb: KnowledgeBase) -> tuple[list[SyncReport], list[tuple[str, str]]]:
         names = [name] if name else [s.name for s in await kb.list_sources() if _syncable(s.kind)]

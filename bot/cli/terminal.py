@@ -17,11 +17,7 @@ from bot.chat.render import short_quote
 from bot.chat.sanitize import quote_safe
 
 if TYPE_CHECKING:  # the knowledge core (SQLAlchemy and friends) is imported only by commands that use it
-    from knowledge.answer.answering import Answer
-    from knowledge.ingest.pipeline import SyncReport
-    from knowledge.kb import IndexStatus, KnowledgeBase
-    from knowledge.search.retrieval import SearchHit
-    from knowledge.storage.sources import SyncRun
+    from knowledge import Answer, IndexStatus, KnowledgeBase, SearchHit, SyncReport, SyncRun
 
 console = Console()
 err_console = Console(stderr=True)

@@ -41,14 +41,13 @@ from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import SourceEntry, sources_list, split_text
 from bot.chat.sanitize import quote_safe
 from bot.settings import BotSettings
-from knowledge.answer.memory import ChatMessage
+from knowledge import ChatMessage
 
 if TYPE_CHECKING:
     from bot.chat.state import BotState, LeaseClaim, PendingQuestion
     from bot.context import BotContext
     from bot.server import BotMetrics
-    from knowledge.answer.answering import Answer
-    from knowledge.kb import KnowledgeBase
+    from knowledge import Answer, KnowledgeBase
 
 logger = logging.getLogger(__name__)
 

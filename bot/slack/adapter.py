@@ -64,13 +64,12 @@ from bot.slack.format import (
     stream_tail_blocks,
     to_mrkdwn,
 )
-from knowledge.access import Person, check_principal
-from knowledge.answer.memory import ChatMessage
+from knowledge import ChatMessage, Person, check_principal
 
 if TYPE_CHECKING:
     from bot.chat.state import LeaseClaim, PendingQuestion
     from bot.context import BotContext
-    from knowledge.answer.answering import Answer
+    from knowledge import Answer
 
 logger = logging.getLogger(__name__)
 
