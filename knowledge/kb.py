@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -22,6 +22,7 @@ from knowledge.answer.answering import Answer, Answerer, AnswerSettings, make_ge
 from knowledge.answer.memory import ChatMessage, ConversationMemory, MemorySettings
 from knowledge.embedding.encoder import Embedder, get_embedder
 from knowledge.errors import UnknownSource
+from knowledge.ingest.groups import DirectoryReport, refresh_directory
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.ingest.runs import SyncRunner
 from knowledge.search.retrieval import Mode, Retriever, SearchFilters, SearchResults, SearchTuning
@@ -29,13 +30,10 @@ from knowledge.settings import KnowledgeSettings
 from knowledge.sources.base import Source, SourceInfo
 from knowledge.sources.folder import FolderSource
 from knowledge.storage import conversations, identities, usage
+from knowledge.storage import directory as directory_store
 from knowledge.storage import documents as store
 from knowledge.storage.documents import SourceStatus
 from knowledge.storage.sources import SyncRun
-
-if TYPE_CHECKING:
-    from knowledge.ingest.groups import DirectoryReport
-    from knowledge.storage.directory import DirectoryState
 
 
 @dataclass(frozen=True)
@@ -303,17 +301,13 @@ class KnowledgeBase:
         """Fetch the source's group membership now (the scheduler does it every `groups_every_seconds`). Raises
         UnknownSource, SourceConfigError (no directory), SourceAuthError / SourceUnavailable (the last good
         membership is kept, for at most GROUP_MEMBERSHIP_TTL_SECONDS)."""
-        from knowledge.ingest.groups import refresh_directory
-
         try:
             return await refresh_directory(self.engine, name)
         finally:
             self.access.invalidate()
 
-    async def group_directories(self) -> list[DirectoryState]:
+    async def group_directories(self) -> list[directory_store.DirectoryState]:
         """Every source's directory: last good refresh, last attempt and error, counts."""
-        from knowledge.storage import directory as directory_store
-
         async with self.engine.connect() as conn:
             return await directory_store.list_states(conn)
 
@@ -322,8 +316,6 @@ class KnowledgeBase:
     ) -> tuple[ResolvedPrincipals, list[DocumentVerdict]]:
         """A person's principals with their origins and, for the documents `document` names (an id, URL,
         `SOURCE:ID` or title), whether they may see each and which of its principals matched."""
-        from knowledge.storage import directory as directory_store
-
         resolved = await self.access.principals_for(person)
         if document is None:
             return resolved, []

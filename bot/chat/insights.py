@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from knowledge import EVERYONE
+from knowledge import EVERYONE, parse_interval
 from knowledge.insights.clustering import DEFAULT_THRESHOLD, MAX_QUESTIONS, cluster_questions
 
 if TYPE_CHECKING:
@@ -134,8 +134,6 @@ def _csv_safe(value: str) -> str:
 
 def parse_since(value: str) -> timedelta:
     """"30d", "12h", "2w" → a time span (the CLI's --since)."""
-    from knowledge import parse_interval
-
     return timedelta(seconds=parse_interval(value))
 
 

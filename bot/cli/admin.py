@@ -10,6 +10,10 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
+from rich.table import Table
+
+from bot.cli.common import with_state
+from bot.cli.terminal import console
 
 users_app = typer.Typer(help="Map chat users to principals (whom they ask as in private conversations).",
                         no_args_is_help=True)
@@ -24,8 +28,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _print(text: str) -> None:
-    from bot.cli.terminal import console
-
     console.print(escape(text.replace("`", "")), highlight=False, soft_wrap=True)
 
 
@@ -35,8 +37,7 @@ def users_map(
     principal: Annotated[str, typer.Argument(help="Whom they ask as: user:<email>, group:<name>, ...")],
 ) -> None:
     """Let a chat user ask as PRINCIPAL in DMs and assistant threads."""
-    from bot.chat import admin
-    from bot.cli.main import with_state
+    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
 
     _print(with_state(lambda kb, state: admin.users_map(state, identity, principal, "cli")))
 
@@ -47,8 +48,7 @@ def users_unmap(
     principal: Annotated[str | None, typer.Argument(help="One principal (default: all of them).")] = None,
 ) -> None:
     """Remove a chat user's mapping(s)."""
-    from bot.chat import admin
-    from bot.cli.main import with_state
+    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
 
     _print(with_state(lambda kb, state: admin.users_unmap(state, identity, principal)))
 
@@ -59,8 +59,7 @@ def users_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show the identity map."""
-    from bot.chat import admin
-    from bot.cli.main import with_state
+    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
 
     if as_json:
         mappings = with_state(lambda kb, state: state.identity_mappings(identity))
@@ -76,8 +75,7 @@ def channel_add(
     principal: Annotated[str, typer.Argument(help="user:<email>, group:<name>, ...")],
 ) -> None:
     """Let everyone in CHANNEL get answers from what PRINCIPAL may see."""
-    from bot.chat import admin
-    from bot.cli.main import with_state
+    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
 
     _print(with_state(lambda kb, state: admin.channel_access_add(state, channel, principal, "cli")))
 
@@ -88,8 +86,7 @@ def channel_remove(
     principal: Annotated[str, typer.Argument(help="The principal to take away.")],
 ) -> None:
     """Take a grant away from a channel."""
-    from bot.chat import admin
-    from bot.cli.main import with_state
+    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
 
     _print(with_state(lambda kb, state: admin.channel_access_remove(state, channel, principal)))
 
@@ -97,8 +94,7 @@ def channel_remove(
 @channel_app.command("list")
 def channel_list(channel: Annotated[str, typer.Argument(help="A channel key.")]) -> None:
     """What a channel's answers may draw on."""
-    from bot.chat import admin
-    from bot.cli.main import with_state
+    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
 
     _print(with_state(lambda kb, state: admin.channel_access_list(state, channel)))
 
@@ -108,11 +104,6 @@ def feedback(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Recent feedback on the bots' answers: who rated what, the question, what was searched, which chunks."""
-    from rich.table import Table
-
-    from bot.cli.main import with_state
-    from bot.cli.terminal import console
-
     records = with_state(lambda kb, state: state.recent_feedback(limit))
     if as_json:
         print(json.dumps({"feedback": [r.to_dict() for r in records]}, indent=2))

@@ -80,7 +80,7 @@ async def run_answer_eval(
         await require_an_index(kb, file)
     judge = None
     if kb.answerer.generator is not None:  # an LLM answers, so an LLM grades too (faithfulness, relevance)
-        from knowledge.eval.judging import AnswerJudge
+        from knowledge.eval.judging import AnswerJudge  # deferred: only --judge needs the Claude client
 
         judge = AnswerJudge(kb.settings)
     try:

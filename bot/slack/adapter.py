@@ -209,7 +209,7 @@ class SlackAdapter:
         # Questions a crashed process claimed but never answered: finished in their placeholders (bot.chat.lease).
         self._sweeper = start_sweeper(self.flow, self.resume, self.settings.answer_sweep_seconds)
         if self.socket_mode:
-            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler  # Socket Mode only
 
             self._socket_handler = AsyncSocketModeHandler(self.app, self.settings.slack_app_token.get_secret_value())  # type: ignore[union-attr]
             await self._socket_handler.connect_async()

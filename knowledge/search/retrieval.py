@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from db.engine import HNSW_EF_SEARCH
 from knowledge.access import EVERYONE
-from knowledge.embedding.encoder import Embedder
+from knowledge.embedding.encoder import Embedder, resolve_model_path
 from knowledge.search.fusion import Candidate, Fused, Fusion, LexicalCandidates
 from knowledge.settings import KnowledgeSettings
 from knowledge.storage import search as search_store
@@ -267,9 +267,7 @@ async def rerank(model_name: str, query: str, hits: Sequence[SearchHit]) -> list
         return []
 
     def _score() -> list[float]:
-        from sentence_transformers import CrossEncoder
-
-        from knowledge.embedding.encoder import resolve_model_path
+        from sentence_transformers import CrossEncoder  # here, not at the top: it loads torch (seconds)
 
         if model_name not in _cross_encoders:
             _cross_encoders[model_name] = CrossEncoder(resolve_model_path(model_name), device="cpu")
