@@ -31,9 +31,10 @@ from sqlalchemy import text  # noqa: E402
 
 from knowledge.eval.evaluation import load_jsonl_questions  # noqa: E402
 from knowledge.kb import KnowledgeBase  # noqa: E402
-from knowledge.search.retrieval import SearchFilters, dense_sql  # noqa: E402
+from knowledge.search.retrieval import SearchFilters  # noqa: E402
 from knowledge.sources.folder import FolderSource  # noqa: E402
 from knowledge.storage import documents as store  # noqa: E402
+from knowledge.storage.search import dense_sql  # noqa: E402
 
 HANDBOOK = Path(__file__).resolve().parent.parent / "examples" / "handbook"
 

@@ -275,7 +275,7 @@ async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object
     """Measured, not assumed: HNSW ef_search, a full-precision HNSW index beside the product's halfvec one, and the
     lexical candidate rule (how many
     postings the rarest question terms may bring)."""
-    import knowledge.search.retrieval as retrieval
+    from knowledge.search.retrieval import Retriever, SearchTuning
 
     dim = kb.embedder.dimension
     out: dict[str, object] = {}
@@ -321,21 +321,18 @@ async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object
         async with kb.engine.connect() as conn:
             truths.append({r.id for r in await conn.execute(
                 EXACT_BM25, {"query": query, "config": kb.settings.text_search_config})})
-    default_postings = retrieval.CANDIDATE_POSTINGS
-    try:
-        for postings in (1000, 2000, 3000, 5000, 10000):
-            retrieval.CANDIDATE_POSTINGS = postings
-            samples, hits = [], 0.0
-            for query, truth in zip(queries, truths, strict=False):
-                started = timer()
-                got = await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="lexical", max_per_document=10)
-                samples.append((timer() - started) * 1000)
-                hits += len({h.chunk_id for h in got.hits} & truth) / max(len(truth), 1)
-            out[f"lexical_candidate_postings_{postings}"] = {"recall@10": round(hits / len(queries), 4),
-                                                             **summary(samples)}
-            print(f"  lexical candidate postings <= {postings}: {out[f'lexical_candidate_postings_{postings}']}")
-    finally:
-        retrieval.CANDIDATE_POSTINGS = default_postings
+    for postings in (1000, 2000, 3000, 5000, 10000):
+        retriever = Retriever(kb.search_engine, kb.embedder, kb.settings, SearchTuning(candidate_postings=postings))
+        samples, hits = [], 0.0
+        for query, truth in zip(queries, truths, strict=False):
+            started = timer()
+            got = await retriever.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="lexical",
+                                         max_per_document=10)
+            samples.append((timer() - started) * 1000)
+            hits += len({h.chunk_id for h in got.hits} & truth) / max(len(truth), 1)
+        out[f"lexical_candidate_postings_{postings}"] = {"recall@10": round(hits / len(queries), 4),
+                                                         **summary(samples)}
+        print(f"  lexical candidate postings <= {postings}: {out[f'lexical_candidate_postings_{postings}']}")
     return out
 
 

@@ -9,31 +9,33 @@ An adapter is any object with
     routes() -> list[aiohttp.web.RouteDef]      # HTTP routes it serves on PORT (may be empty)
     async start() -> None                         # connect; returns once it is running
     async stop() -> None
-built from a `BotContext` (the knowledge base, the settings, the metrics). Background services (the scheduler)
+built from a `BotContext` (the knowledge base, the settings, the metrics, the bot's own state). Background services (the scheduler)
 have the same start/stop shape and are added to `BotApp.services`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from aiohttp import web
 
+from bot.chat.retention import RetentionService
+from bot.chat.state import BotState
 from bot.context import BotContext
 from bot.server import BotMetrics, build_web_app, start_web_server
 from bot.settings import BotSettings
-
-if TYPE_CHECKING:
-    from db.settings import DatabaseSettings
-    from knowledge.kb import KnowledgeBase
-    from knowledge.settings import KnowledgeSettings
+from bot.web.admin import admin_routes
+from db.settings import DatabaseSettings
+from knowledge import KnowledgeBase, KnowledgeSettings
+from knowledge.ingest.schedule import SchedulerService
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +61,11 @@ def configured_adapters(context: BotContext) -> list[Adapter]:
     adapters: list[Adapter] = []
     platforms = context.settings.chat_platforms
     if "slack" in platforms:
-        from bot.slack.adapter import SlackAdapter
+        from bot.slack.adapter import SlackAdapter  # only the configured platforms' client libraries are loaded
 
         adapters.append(SlackAdapter(context))
     if "discord" in platforms:
-        from bot.discord.adapter import DiscordAdapter  # issue 7
+        from bot.discord.adapter import DiscordAdapter  # only the configured platforms' client libraries are loaded
 
         adapters.append(DiscordAdapter(context))
     return adapters
@@ -85,8 +87,6 @@ class BotApp:
     _started: list[object] = field(default_factory=list)
 
     async def start(self) -> None:
-        from knowledge.kb import KnowledgeBase
-
         if self.kb is None:
             self.kb = await KnowledgeBase.open(self.knowledge_settings, self.database_settings)
             self._owns_kb = True
@@ -101,14 +101,12 @@ class BotApp:
         # file is built), which loads on first use: warm it too, or the first question pays for it (measured by
         # bench/bot_bench.py: 0.44 s of a first mention's 0.78 s).
         await asyncio.to_thread(self.kb.embedder.embed, ["warm up"])  # type: ignore[union-attr]
-        context = BotContext(self.kb, self.settings, self.metrics)
+        context = BotContext(self.kb, self.settings, self.metrics, BotState(self.kb.engine))
         if self.adapters is None:
             self.adapters = configured_adapters(context)
         routes = [route for adapter in self.adapters for route in adapter.routes()]
         if self.settings.admin_token is not None and self.settings.admin_token.get_secret_value():
-            from bot.web.admin import admin_routes
-
-            routes += admin_routes(self.kb, self.settings.admin_token.get_secret_value())
+            routes += admin_routes(self.kb, context.state, self.settings.admin_token.get_secret_value())
         self._runner, self.port = await start_web_server(
             build_web_app(self.kb, self.metrics, routes), self.settings.host, self.settings.port
         )
@@ -165,26 +163,19 @@ def build_app(
     (a deployment that runs `ragbot scheduler` as its own process)."""
     app = BotApp(settings, knowledge_settings, database_settings)
     if settings.run_scheduler:
-        from knowledge.ingest.schedule import SchedulerService
-
         app.services.append(SchedulerService(lambda: app.kb))  # type: ignore[arg-type, return-value]
-        from bot.chat.retention import RetentionService
-
         app.services.append(RetentionService(lambda: app.kb, settings.retention_days))  # type: ignore[arg-type, return-value]
     return app
 
 
-def run(settings: BotSettings | None = None, runner: Callable[..., object] | None = None) -> None:
-    """`ragbot run`: the chat bots when tokens are set, otherwise the terminal chat. `runner` runs the coroutine
-    factory (the CLI passes the one that turns known errors into one-line messages)."""
-    from db.settings import DatabaseSettings
-    from knowledge.settings import KnowledgeSettings
-
+def run(settings: BotSettings | None = None, runner: Callable[..., object] | None = None,
+        terminal_chat: Callable[[], None] | None = None) -> None:
+    """`ragbot run`: the chat bots when tokens are set, otherwise `terminal_chat` (the CLI passes its terminal chat,
+    so nothing here imports bot.cli). `runner` runs the coroutine factory (the CLI passes the one that turns known
+    errors into one-line messages)."""
     settings = settings or BotSettings()
-    if not settings.chat_platforms and settings.terminal_chat:
-        from bot.cli.main import chat
-
-        chat(principals=None, sources=None)
+    if not settings.chat_platforms and settings.terminal_chat and terminal_chat is not None:
+        terminal_chat()
         return
     app = build_app(settings, KnowledgeSettings(), DatabaseSettings())
     what = " and ".join(settings.chat_platforms) or "without a chat platform (no SLACK_BOT_TOKEN or DISCORD_TOKEN)"
@@ -200,8 +191,6 @@ def exit_after_clean_stop(status: int = 0) -> None:
     """End `ragbot run` once the bots have stopped and the database is closed: run the atexit handlers (the
     embedded server's bookkeeping, log flushing), then skip the interpreter's teardown of torch and transformers,
     which writes nothing and took 9 s on 2 cores: most of the 10 s a container's stop allows."""
-    import atexit
-
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

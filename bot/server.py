@@ -19,8 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from sqlalchemy import text
 
 if TYPE_CHECKING:
-    from knowledge.answer.answering import Answer
-    from knowledge.kb import KnowledgeBase
+    from knowledge import Answer, KnowledgeBase
 
 logger = logging.getLogger(__name__)
 

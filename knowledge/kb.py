@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from bot.chat.state import BotStateMethods
 from db.engine import create_engine, database_url
 from db.migrate import ensure_schema
 from db.settings import DatabaseSettings, redact_url
@@ -23,30 +22,18 @@ from knowledge.answer.answering import Answer, Answerer, AnswerSettings, make_ge
 from knowledge.answer.memory import ChatMessage, ConversationMemory, MemorySettings
 from knowledge.embedding.encoder import Embedder, get_embedder
 from knowledge.errors import UnknownSource
+from knowledge.ingest.groups import DirectoryReport, refresh_directory
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.ingest.runs import SyncRunner
-from knowledge.search.retrieval import Mode, Retriever, SearchFilters, SearchResults
+from knowledge.search.retrieval import Mode, Retriever, SearchFilters, SearchResults, SearchTuning
 from knowledge.settings import KnowledgeSettings
-from knowledge.sources.base import Source, SourceInfo, SyncRun
+from knowledge.sources.base import Source, SourceInfo
 from knowledge.sources.folder import FolderSource
-from knowledge.storage import conversations, usage
+from knowledge.storage import conversations, identities, usage
+from knowledge.storage import directory as directory_store
 from knowledge.storage import documents as store
-
-if TYPE_CHECKING:
-    from knowledge.ingest.groups import DirectoryReport
-    from knowledge.storage.directory import DirectoryState
-
-
-@dataclass(frozen=True)
-class SourceStatus:
-    name: str
-    kind: str
-    location: str | None
-    documents: int
-    chunks: int
-    last_synced_at: datetime | None
-    last_run: SyncRun | None = None
-    running: bool = False
+from knowledge.storage.documents import SourceStatus
+from knowledge.storage.sources import SyncRun
 
 
 @dataclass(frozen=True)
@@ -88,10 +75,12 @@ def memory_settings(settings: KnowledgeSettings, with_claude: bool) -> MemorySet
     )
 
 
-class KnowledgeBase(BotStateMethods):
-    """Bot-side state (events, channel grants, identity map, feedback) comes from `BotStateMethods`."""
+class KnowledgeBase:
+    """Composes the stages. The chat bots' own state (events, channel grants, the identity map, feedback) is
+    `bot.chat.state.BotState` over `engine`; knowledge only reads the identity map (knowledge.storage.identities)."""
 
-    def __init__(self, engine: AsyncEngine, settings: KnowledgeSettings, embedder: Embedder, url: str) -> None:
+    def __init__(self, engine: AsyncEngine, settings: KnowledgeSettings, embedder: Embedder, url: str, *,
+                 search_tuning: SearchTuning | None = None) -> None:
         self.engine = engine
         # Searches read through a pool of their own that never holds a transaction (see db.engine.create_engine).
         self.search_engine = create_engine(url, autocommit=True)
@@ -99,7 +88,8 @@ class KnowledgeBase(BotStateMethods):
         self.embedder = embedder
         self.url = url
         self.indexer = Indexer(engine, embedder, settings)
-        self.retriever = Retriever(self.search_engine, embedder, settings)
+        # The search statements' knobs (knowledge.storage.search.SearchTuning): the measured defaults unless given.
+        self.retriever = Retriever(self.search_engine, embedder, settings, search_tuning)
         self.generator = make_generator(settings)
         self.memory = ConversationMemory(engine, memory_settings(settings, self.generator is not None),
                                          embedder.count_tokens_many, self.generator, settings.text_search_config)
@@ -109,12 +99,13 @@ class KnowledgeBase(BotStateMethods):
         # Who a person is, in principals (knowledge.access): the one resolver every surface uses.
         self.access = AccessResolver(self.search_engine, ttl_seconds=settings.group_membership_ttl_seconds,
                                      cache_seconds=settings.access_cache_seconds,
-                                     identity_lookup=self.identity_principals)
+                                     identity_lookup=partial(identities.identity_principals, engine))
         self._embedding_space_ready = False
 
     @classmethod
     async def open(
-        cls, settings: KnowledgeSettings | None = None, db_settings: DatabaseSettings | None = None
+        cls, settings: KnowledgeSettings | None = None, db_settings: DatabaseSettings | None = None, *,
+        search_tuning: SearchTuning | None = None,
     ) -> KnowledgeBase:
         """Connect (starting the embedded Postgres if DATABASE_URL is unset), migrate, and check the model."""
         settings = settings or KnowledgeSettings()
@@ -125,7 +116,7 @@ class KnowledgeBase(BotStateMethods):
             settings.embedding_model, settings.embedding_batch_size, settings.embedding_device,
             settings.query_encoder, (db_settings or DatabaseSettings()).home / "models",
         )
-        kb = cls(engine, settings, embedder, url)
+        kb = cls(engine, settings, embedder, url, search_tuning=search_tuning)
         # The model is not loaded here (that takes seconds): the stored model name says whether the vectors match,
         # and re-embedding after a model change waits for the first command that embeds anything.
         kb._embedding_space_ready = await kb.indexer.embedding_space_matches()
@@ -284,9 +275,7 @@ class KnowledgeBase(BotStateMethods):
         infos = {info.name: info for info in await self.list_sources()}
         async with self.engine.connect() as conn:
             sources = [
-                SourceStatus(s.name, s.kind, s.location, s.documents, s.chunks, s.last_synced_at,
-                              infos[s.name].last_run if s.name in infos else None,
-                              infos[s.name].running if s.name in infos else False)
+                replace(s, last_run=infos[s.name].last_run, running=infos[s.name].running) if s.name in infos else s
                 for s in await store.source_counts(conn)
             ]
             counts = await store.index_counts(conn)
@@ -312,17 +301,13 @@ class KnowledgeBase(BotStateMethods):
         """Fetch the source's group membership now (the scheduler does it every `groups_every_seconds`). Raises
         UnknownSource, SourceConfigError (no directory), SourceAuthError / SourceUnavailable (the last good
         membership is kept, for at most GROUP_MEMBERSHIP_TTL_SECONDS)."""
-        from knowledge.ingest.groups import refresh_directory
-
         try:
             return await refresh_directory(self.engine, name)
         finally:
             self.access.invalidate()
 
-    async def group_directories(self) -> list[DirectoryState]:
+    async def group_directories(self) -> list[directory_store.DirectoryState]:
         """Every source's directory: last good refresh, last attempt and error, counts."""
-        from knowledge.storage import directory as directory_store
-
         async with self.engine.connect() as conn:
             return await directory_store.list_states(conn)
 
@@ -331,8 +316,6 @@ class KnowledgeBase(BotStateMethods):
     ) -> tuple[ResolvedPrincipals, list[DocumentVerdict]]:
         """A person's principals with their origins and, for the documents `document` names (an id, URL,
         `SOURCE:ID` or title), whether they may see each and which of its principals matched."""
-        from knowledge.storage import directory as directory_store
-
         resolved = await self.access.principals_for(person)
         if document is None:
             return resolved, []

@@ -14,6 +14,7 @@ from conftest import write
 
 from bot.app import BotApp
 from bot.chat.feedback import remember_answer
+from bot.chat.state import BotState
 from bot.settings import BotSettings
 from knowledge.sources.folder import FolderSource
 
@@ -36,9 +37,9 @@ async def _populated_kb(kb_factory, tmp_path: Path):
              (HOSTILE, None, True)]
     for i, (question, channel, private) in enumerate(asked):
         answer = await kb.answer(question, ["everyone"], f"slack:T1:C1:{i}", asker="slack:UANN")
-        answer_id = await remember_answer(kb, platform="slack", conversation_id=f"slack:T1:C1:{i}", asker="slack:UANN",
+        answer_id = await remember_answer(BotState(kb.engine), platform="slack", conversation_id=f"slack:T1:C1:{i}", asker="slack:UANN",
                                           question=question, answer=answer, channel_key=channel, private=private)
-        await kb.record_feedback(answer_id, "slack:UBOB", "down" if i else "up")
+        await BotState(kb.engine).record_feedback(answer_id, "slack:UBOB", "down" if i else "up")
     return kb
 
 

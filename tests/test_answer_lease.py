@@ -23,6 +23,7 @@ from fakes.discord_gateway import DiscordHarness
 from fakes.slack_api import FakeSlackAPI
 from slack_harness import answer_in, finished, mention, new_ts, running_bot, settle, wait_for
 
+from bot.chat.state import BotState
 from bot.discord.adapter import RagbotDiscord, configure_api_url
 from bot.server import BotMetrics
 from bot.settings import BotSettings
@@ -175,20 +176,20 @@ async def test_two_replicas_racing_for_one_expired_claim_answer_it_once(lease_kb
 
 
 async def test_concurrent_takeovers_of_one_expired_lease_have_one_winner(lease_kb) -> None:
-    claim = await lease_kb.claim_lease(["slack:event:EvSql", "slack:msg:T:C:1.1"], "dead-holder", 0.1)
+    claim = await BotState(lease_kb.engine).claim_lease(["slack:event:EvSql", "slack:msg:T:C:1.1"], "dead-holder", 0.1)
     assert claim is not None and not claim.resumed
-    assert await lease_kb.record_lease_question(claim, platform="slack", question=QUESTION, conversation_id="c",
+    assert await BotState(lease_kb.engine).record_lease_question(claim, platform="slack", question=QUESTION, conversation_id="c",
                                                 asker="slack:U", target={"channel": "C"})
     await asyncio.sleep(0.2)
     taken = await asyncio.gather(
-        *(lease_kb.take_expired_lease("slack", f"sweeper{i}", 60, max_attempts=3, max_age_seconds=600)
+        *(BotState(lease_kb.engine).take_expired_lease("slack", f"sweeper{i}", 60, max_attempts=3, max_age_seconds=600)
           for i in range(6)),
-        *(lease_kb.claim_lease(["slack:event:EvSql", "slack:msg:T:C:1.1"], f"retry{i}", 60) for i in range(6)),
+        *(BotState(lease_kb.engine).claim_lease(["slack:event:EvSql", "slack:msg:T:C:1.1"], f"retry{i}", 60) for i in range(6)),
     )
     winners = [t for t in taken if t is not None]
     assert len(winners) == 1
     # The dead holder can no longer deliver, nor renew, nor store a placeholder.
-    assert not await lease_kb.renew_lease(claim, 60) and not await lease_kb.mark_lease_delivered(claim)
+    assert not await BotState(lease_kb.engine).renew_lease(claim, 60) and not await BotState(lease_kb.engine).mark_lease_delivered(claim)
 
 
 # ---- Discord: a message is never redelivered, so the sweeper finishes it -------------------------------------------

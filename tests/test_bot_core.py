@@ -21,6 +21,7 @@ from bot.chat.access import private_audience, shared_audience
 from bot.chat.admin import Caller, run_command
 from bot.chat.feedback import button_value, parse_button_value, record_click, remember_answer
 from bot.chat.render import sources_list, split_text
+from bot.chat.state import BotState
 from bot.cli import app as cli_app
 from bot.settings import BotSettings
 from knowledge.answer.answering import Citation
@@ -41,15 +42,17 @@ async def open_restricted_kb(kb_factory, tmp_path: Path):  # type: ignore[no-unt
 
 
 async def test_claim_event_is_true_once_even_under_concurrent_claims(fresh_kb) -> None:
-    results = await asyncio.gather(*(fresh_kb.claim_event("slack:event:Ev1") for _ in range(8)))
+    state = BotState(fresh_kb.engine)
+    results = await asyncio.gather(*(state.claim_event("slack:event:Ev1") for _ in range(8)))
     assert sorted(results) == [False] * 7 + [True]
-    assert await fresh_kb.claim_event("slack:event:Ev2") is True
-    assert await fresh_kb.claim_event("slack:event:Ev1") is False
+    assert await state.claim_event("slack:event:Ev2") is True
+    assert await state.claim_event("slack:event:Ev1") is False
 
 
 async def test_private_audience_uses_mapping_and_email_shared_uses_only_grants(kb_factory, tmp_path) -> None:
     kb = await open_restricted_kb(kb_factory, tmp_path)
-    await kb.map_identity("discord:42", "group:finance")
+    state = BotState(kb.engine)
+    await state.map_identity("discord:42", "group:finance")
 
     dm = await private_audience(kb, "discord:42")
     assert dm.is_private and set(dm.principals) == {"group:finance", "everyone"}
@@ -57,7 +60,7 @@ async def test_private_audience_uses_mapping_and_email_shared_uses_only_grants(k
     assert set(with_email.principals) == {"user:Bob@Example.com", "user:bob@example.com", "everyone"}
 
     # The asker's own mapping never applies in a shared channel.
-    channel = await shared_audience(kb, "discord:42", CHANNEL)
+    channel = await shared_audience(state, "discord:42", CHANNEL)
     assert channel.principals == ("everyone",)
 
     question = "What is the marketing budget for 2027?"
@@ -69,67 +72,70 @@ async def test_private_audience_uses_mapping_and_email_shared_uses_only_grants(k
 
     # An admin grants the channel: now it may draw on finance documents.
     admin_caller = Caller("slack:UADMIN", is_admin=True, channel_key=CHANNEL)
-    result = await run_command(kb, "channel-access add group:finance", admin_caller)
+    result = await run_command(kb, state, "channel-access add group:finance", admin_caller)
     assert result.ok and "group:finance" in result.text
-    channel = await shared_audience(kb, "slack:U2", CHANNEL)
+    channel = await shared_audience(state, "slack:U2", CHANNEL)
     assert set(channel.principals) == {"everyone", "group:finance"}
     granted = await kb.answer(question, channel.principals, "t:channel2")
     assert any(c.title == "Budget 2027" for c in granted.citations)
     # Other channels are unaffected.
-    assert (await shared_audience(kb, "slack:U2", "slack:T1:C2")).principals == ("everyone",)
+    assert (await shared_audience(state, "slack:U2", "slack:T1:C2")).principals == ("everyone",)
 
-    listed = await run_command(kb, "channel-access list", admin_caller)
+    listed = await run_command(kb, state, "channel-access list", admin_caller)
     assert "group:finance" in listed.text
-    removed = await run_command(kb, "channel-access remove group:finance", admin_caller)
-    assert removed.ok and (await shared_audience(kb, "slack:U2", CHANNEL)).principals == ("everyone",)
+    removed = await run_command(kb, state, "channel-access remove group:finance", admin_caller)
+    assert removed.ok and (await shared_audience(state, "slack:U2", CHANNEL)).principals == ("everyone",)
 
 
 async def test_admin_commands_refuse_non_admins_and_change_nothing(fresh_kb) -> None:
     caller = Caller("slack:U1", is_admin=False, channel_key=CHANNEL)
+    state = BotState(fresh_kb.engine)
     for text in ("reindex", "reindex docs", "channel-access add group:finance", "channel-access list",
                  "users map discord:1 group:x"):
-        result = await run_command(fresh_kb, text, caller)
+        result = await run_command(fresh_kb, state, text, caller)
         assert not result.ok and "needs an admin" in result.text and result.followup is None, text
-    assert await fresh_kb.channel_principals(CHANNEL) == []
-    assert await fresh_kb.identity_principals("discord:1") == []
+    assert await state.channel_principals(CHANNEL) == []
+    assert await state.identity_principals("discord:1") == []
     # Everyone may read help and sources; status (counts including restricted documents) needs an admin.
-    assert "/kb reindex" in (await run_command(fresh_kb, "help", caller)).text
-    assert "Nothing is indexed" in (await run_command(fresh_kb, "sources", caller)).text
-    assert "needs an admin" in (await run_command(fresh_kb, "status", caller)).text
+    assert "/kb reindex" in (await run_command(fresh_kb, state, "help", caller)).text
+    assert "Nothing is indexed" in (await run_command(fresh_kb, state, "sources", caller)).text
+    assert "needs an admin" in (await run_command(fresh_kb, state, "status", caller)).text
     admin = Caller("slack:U9", is_admin=True, channel_key=CHANNEL)
-    assert "0 documents" in (await run_command(fresh_kb, "status", admin)).text
+    assert "0 documents" in (await run_command(fresh_kb, state, "status", admin)).text
 
 
 async def test_admin_command_errors_are_clear(fresh_kb) -> None:
     caller = Caller("slack:UADMIN", is_admin=True, channel_key=CHANNEL)
-    bad = await run_command(fresh_kb, "channel-access add not a principal", caller)
+    state = BotState(fresh_kb.engine)
+    bad = await run_command(fresh_kb, state, "channel-access add not a principal", caller)
     assert not bad.ok and "Usage" in bad.text
-    bad = await run_command(fresh_kb, "channel-access add finance", caller)
+    bad = await run_command(fresh_kb, state, "channel-access add finance", caller)
     assert not bad.ok and "not a principal" in bad.text
-    unknown = await run_command(fresh_kb, "reindex nosuch", caller)
+    unknown = await run_command(fresh_kb, state, "reindex nosuch", caller)
     assert not unknown.ok and "Unknown source `nosuch`" in unknown.text
-    assert "Unknown command" in (await run_command(fresh_kb, "frobnicate", caller)).text
-    no_channel = await run_command(fresh_kb, "channel-access list", Caller("cli", True, None))
+    assert "Unknown command" in (await run_command(fresh_kb, state, "frobnicate", caller)).text
+    no_channel = await run_command(fresh_kb, state, "channel-access list", Caller("cli", True, None))
     assert not no_channel.ok
 
 
 async def test_feedback_is_stored_with_question_query_and_chunks_and_can_change(kb_factory, tmp_path) -> None:
     kb = await open_restricted_kb(kb_factory, tmp_path)
     answer = await kb.answer("When is the office closed?", ["everyone"], "slack:T1:C1:1.0")
-    answer_id = await remember_answer(kb, platform="slack", conversation_id="slack:T1:C1:1.0", asker="slack:U1",
+    state = BotState(kb.engine)
+    answer_id = await remember_answer(state, platform="slack", conversation_id="slack:T1:C1:1.0", asker="slack:U1",
                                       question="When is the office closed?", answer=answer)
-    assert await kb.bot_answered_in("slack:T1:C1:1.0") and not await kb.bot_answered_in("slack:T1:C1:2.0")
+    assert await state.bot_answered_in("slack:T1:C1:1.0") and not await state.bot_answered_in("slack:T1:C1:2.0")
     rating, parsed_id = parse_button_value(button_value("down", answer_id))  # type: ignore[misc]
-    ack = await record_click(kb, parsed_id, "slack:U7", rating)
+    ack = await record_click(state, parsed_id, "slack:U7", rating)
     assert ack.stored is not None and ack.text.startswith("Thanks")
-    ack = await record_click(kb, parsed_id, "slack:U7", "up")  # changed their mind: still one row
-    rows = await kb.recent_feedback()
+    ack = await record_click(state, parsed_id, "slack:U7", "up")  # changed their mind: still one row
+    rows = await state.recent_feedback()
     assert len(rows) == 1
     row = rows[0]
     assert (row.rating, row.platform_user, row.question) == ("up", "slack:U7", "When is the office closed?")
     assert row.chunk_ids and set(row.chunk_ids) == {h.chunk_id for h in answer.chunks_used}
     assert row.standalone_query
-    unknown = await record_click(kb, 999999, "slack:U7", "up")
+    unknown = await record_click(state, 999999, "slack:U7", "up")
     assert unknown.stored is None
     assert parse_button_value("sideways:3") is None and parse_button_value("up:x") is None
 
@@ -260,9 +266,10 @@ def test_cli_users_map_channel_access_and_feedback_json(
 
         async with await KnowledgeBase.open() as kb:
             answer = await kb.answer("anything at all?", ["everyone"], "slack:T1:C1:5.0")
-            answer_id = await remember_answer(kb, platform="slack", conversation_id="slack:T1:C1:5.0",
+            state = BotState(kb.engine)
+            answer_id = await remember_answer(state, platform="slack", conversation_id="slack:T1:C1:5.0",
                                               asker="slack:U1", question="anything at all?", answer=answer)
-            await record_click(kb, answer_id, "slack:U5", "down")
+            await record_click(state, answer_id, "slack:U5", "down")
 
     asyncio.run(rate())
     rows = json.loads(ok("feedback", "--json").stdout)["feedback"]

@@ -15,6 +15,7 @@ from fakes.slack_api import FakeSlackAPI
 from slack_harness import answer_in, mention, message, new_ts, running_bot, settle
 
 from bot.chat.channels import channel_settings
+from bot.chat.state import BotState
 from db.settings import DatabaseSettings
 from knowledge.kb import KnowledgeBase
 from knowledge.sources.folder import FolderSource
@@ -122,10 +123,11 @@ async def test_auto_answers_top_level_questions_only_and_stays_silent_on_a_decli
     assert len(posted) == 1 and posted[0].args["thread_ts"] == question["ts"]  # no placeholder, no apology
     assert "Searching" not in posted[0].args["text"]
     # The declined question is still a gap, kept out of "conversations the bot is in".
-    gaps = [g for g in await two_sources_kb.gap_questions(since=__import__("datetime").datetime(2000, 1, 1))
+    state = BotState(two_sources_kb.engine)
+    gaps = [g for g in await state.gap_questions(since=__import__("datetime").datetime(2000, 1, 1))
             if g.question == UNANSWERABLE]
     assert len(gaps) == 1 and gaps[0].posted is False and gaps[0].outcome == "decline"
-    assert not await two_sources_kb.bot_answered_in(gaps[0].conversation_id)
+    assert not await state.bot_answered_in(gaps[0].conversation_id)
 
 
 async def test_mode_is_stored_shown_and_read_by_the_flow(two_sources_kb, fake) -> None:

@@ -23,6 +23,7 @@ from fakes.slack_api import FakeSlackAPI, Message
 from slack_harness import finished, mention, message, running_bot, wait_for
 from sqlalchemy import text
 
+from bot.chat.state import BotState
 from bot.discord.adapter import RagbotDiscord, configure_api_url
 from bot.server import BotMetrics
 from bot.settings import BotSettings
@@ -77,10 +78,10 @@ async def open_world(kb_factory: Any, tmp_path: Path) -> Any:
         source_id = (await conn.execute(text("SELECT id FROM sources WHERE name = 'docs'"))).scalar_one()
         await directory_store.replace_membership(conn, source_id, [("group:finance", "user:fin@example.com")])
     kb.access.invalidate()
-    await kb.map_identity("slack:ULENA", "user:confluence:lena")
+    await BotState(kb.engine).map_identity("slack:ULENA", "user:confluence:lena")
     for name in ("cfo", "fin"):  # Discord has no email: an admin maps people to theirs
-        await kb.map_identity(f"discord:{PEOPLE[name][2]}", f"user:{PEOPLE[name][1]}")
-    await kb.map_identity(f"discord:{PEOPLE['lena'][2]}", "user:confluence:lena")
+        await BotState(kb.engine).map_identity(f"discord:{PEOPLE[name][2]}", f"user:{PEOPLE[name][1]}")
+    await BotState(kb.engine).map_identity(f"discord:{PEOPLE['lena'][2]}", "user:confluence:lena")
     return kb
 
 
@@ -174,7 +175,7 @@ async def test_slack_uncomputable_audience_falls_back_to_everyone_and_grants_nev
         slack.add_channel(crowded, private=True, members=["UFIN", "UCFO", "ULENA"])
         assert secret not in await slack_answer(slack, bot, crowded, question, "UFIN")
         # The channel's grants still apply in the fallback.
-        await kb.grant_channel(f"slack:T1:{crowded}", "group:finance")
+        await BotState(kb.engine).grant_channel(f"slack:T1:{crowded}", "group:finance")
         assert secret in await slack_answer(slack, bot, crowded, question, "UCFO")
 
 

@@ -19,6 +19,7 @@ from fakes.anthropic_api import FakeAnthropicAPI
 from fakes.discord_api import FakeDiscordAPI
 from fakes.discord_gateway import MANAGE_GUILD, MEMBER_PERMISSIONS, DiscordHarness
 
+from bot.chat.state import BotState
 from bot.discord.adapter import (
     EMBED_DESCRIPTION_LIMIT,
     EMBED_TOTAL_LIMIT,
@@ -273,7 +274,7 @@ async def test_a_mention_opens_a_thread_and_a_reply_there_is_answered_with_memor
     assert "5 unused vacation days carry over" in answers[1]["content"]
     # What was searched came from the conversation (guild + thread), not from the reply's words alone.
     answer_id = int(feedback_buttons(answers[1])[0].split(":")[2])
-    delivered = await kb.delivered_answer(answer_id)
+    delivered = await BotState(kb.engine).delivered_answer(answer_id)
     assert delivered.conversation_id == f"discord:{GUILD}:{thread_id}"
     assert "vacation" in delivered.standalone_query.lower()
 
@@ -298,7 +299,7 @@ async def test_mentioned_mid_thread_the_bot_reads_the_thread_so_far(corpus_kb, s
     assert not discord_api.calls_to("POST", "/threads")  # answered in place, no new thread
     [answer] = discord_api.bot_messages(thread_id)
     assert "5 unused vacation days carry over" in answer["content"]
-    delivered = await kb.delivered_answer(int(feedback_buttons(answer)[0].split(":")[2]))
+    delivered = await BotState(kb.engine).delivered_answer(int(feedback_buttons(answer)[0].split(":")[2]))
     assert "vacation" in delivered.standalone_query.lower()  # the earlier message was read as history
 
 
@@ -318,7 +319,7 @@ async def test_a_restricted_document_never_reaches_a_channel_but_reaches_its_map
         guild_id=GUILD, channel_id=CHANNEL, user_id=ADMIN, permissions=MEMBER_PERMISSIONS | MANAGE_GUILD,
         resolved={"users": {str(CFO): {"id": str(CFO), "username": "cfo", "discriminator": "0", "avatar": None}}},
     )
-    assert await kb.identity_principals(f"discord:{CFO}") == ["user:cfo@example.com"]
+    assert await BotState(kb.engine).identity_principals(f"discord:{CFO}") == ["user:cfo@example.com"]
 
     # Asked by the CFO, in a shared channel (mention and /ask): everyone there would read it.
     mention = await discord_harness.message(question, mention_bot=True, channel_id=CHANNEL, guild_id=GUILD,
@@ -402,7 +403,7 @@ async def test_a_feedback_click_is_stored_even_after_a_restart(corpus_kb, start_
 
     [ack] = [c for c in discord_api.calls if click["token"] in c.path]
     assert ack.body["type"] == 4 and ack.body["data"]["flags"] == 64 and "Thanks" in ack.body["data"]["content"]
-    [row] = await kb.recent_feedback()
+    [row] = await BotState(kb.engine).recent_feedback()
     assert (row.rating, row.platform_user, row.question) == ("down", f"discord:{ALICE}", "How do I set up the VPN?")
     assert row.chunk_ids
 

@@ -14,7 +14,7 @@ from conftest import write
 from sqlalchemy import text
 
 from knowledge.search.retrieval import SearchFilters
-from knowledge.sources.base import SourceItem
+from knowledge.sources.base import ItemRef, SourceItem, StaticSource
 from knowledge.sources.folder import FolderSource, intersect_access, parse_access_lines
 
 SECRET = "# Salary bands\n\nBand L3 pays 150k. The vault codeword is zebrafinch.\n"
@@ -209,17 +209,19 @@ async def test_file_and_folder_names_that_are_not_utf8_never_stop_the_sync(fresh
     assert again.unchanged == 4 and again.deleted == []
 
 
-class _Listed:
-    """A folder listing made by another (unprivileged) process, replayed to the indexer."""
+class _Listed(StaticSource):
+    """A folder listing made by another (unprivileged) process, replayed to the indexer: its items, its warnings and
+    the parts it could not list; the listing is the inventory when the folder source's would be."""
 
     def __init__(self, source: FolderSource, listing: dict) -> None:  # type: ignore[type-arg]
-        self.spec, self.complete_listing, self.listing_prefix = source.spec, source.complete_listing, source.listing_prefix
+        items = [SourceItem(external_id=e, filename=Path(e).name, read=(source.root / e).read_bytes, access=tuple(a))
+                 for e, a in listing["items"]]
+        super().__init__(source.spec, items, source.listing_prefix)
+        self.complete_listing = source.complete_listing
         self.warnings, self.unlisted_prefixes = listing["warnings"], listing["unlisted"]
-        self._items = [SourceItem(external_id=e, filename=Path(e).name, read=(source.root / e).read_bytes,
-                                  access=tuple(a)) for e, a in listing["items"]]
 
-    def items(self):  # type: ignore[no-untyped-def]
-        return iter(self._items)
+    async def inventory(self) -> list[ItemRef] | None:
+        return await super().inventory() if self.complete_listing else None
 
 
 def list_unprivileged(source: FolderSource) -> _Listed | FolderSource:

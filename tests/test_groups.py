@@ -14,6 +14,7 @@ from fakes.drive_api import FakeDrive
 from test_cli import cli, ok, ok_json, text
 from test_gdrive import private_key_pem  # noqa: F401  (session fixture)
 
+from bot.chat.state import BotState
 from knowledge.access import AccessResolver
 from knowledge.errors import SourceUnavailable
 from knowledge.search.retrieval import SearchFilters
@@ -80,7 +81,7 @@ async def test_confluence_group_pages_reach_members_and_only_members(fresh_kb, m
         assert ids["payroll"] not in await visible(fresh_kb, "when does payroll run", carol, expand=False)
         # Bob's email is hidden on both: he is his `user:confluence:` principal, as documents would carry him, and
         # an admin mapping of his chat identity to it brings his groups along.
-        await fresh_kb.map_identity("slack:UBOB", "user:confluence:bob")
+        await BotState(fresh_kb.engine).map_identity("slack:UBOB", "user:confluence:bob")
         bob = await fresh_kb.principals_for("slack:UBOB")
         assert {"group:hr", "group:payroll"} <= set(bob.principals)
         assert [o.describe() for o in bob.origins["user:confluence:bob"]] == ["admin mapping of slack:UBOB"]

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from bot.app import build_app
 from bot.chat.feedback import remember_answer
 from bot.chat.retention import RetentionService, enforce_retention
+from bot.chat.state import BotState
 from bot.cli import app
 from bot.settings import BotSettings
 from db.settings import DatabaseSettings
@@ -28,7 +29,7 @@ runner = CliRunner()
 
 async def _ask(kb: KnowledgeBase, question: str, asker: str, conversation: str, *, private: bool = False) -> int:
     answer = await kb.answer(question, ["everyone"], conversation, asker=asker)
-    return await remember_answer(kb, platform=asker.split(":")[0], conversation_id=conversation, asker=asker,
+    return await remember_answer(BotState(kb.engine), platform=asker.split(":")[0], conversation_id=conversation, asker=asker,
                                  question=question, answer=answer, private=private,
                                  channel_key=None if private else conversation.rsplit(":", 1)[0])
 
@@ -57,17 +58,18 @@ async def test_retention_deletes_questions_answers_and_feedback_older_than_the_l
     kb = await kb_factory()
     old = await _ask(kb, "How many vacation days do I get?", "slack:UANN", "slack:T1:C1:1")
     new = await _ask(kb, "How do I set up the VPN?", "slack:UANN", "slack:T1:C1:2")
+    state = BotState(kb.engine)
     for answer_id in (old, new):
-        await kb.record_feedback(answer_id, "slack:UBOB", "down")
+        await state.record_feedback(answer_id, "slack:UBOB", "down")
     await _age(kb, old, 91)
 
-    report = await enforce_retention(kb, 90)
+    report = await enforce_retention(kb, state, 90)
 
     assert (report.answers, report.feedback, report.turns) == (1, 1, 1)
-    assert await kb.delivered_answer(old) is None and await kb.delivered_answer(new) is not None
-    assert [f.answer_id for f in await kb.recent_feedback()] == [new]
+    assert await state.delivered_answer(old) is None and await state.delivered_answer(new) is not None
+    assert [f.answer_id for f in await state.recent_feedback()] == [new]
     assert await _count(kb, "conversation_turns") == 1
-    assert (await enforce_retention(kb, 90)).answers == 0  # nothing left to delete
+    assert (await enforce_retention(kb, state, 90)).answers == 0  # nothing left to delete
 
 
 async def test_ragbot_run_enforces_retention_in_the_background(kb_factory) -> None:
@@ -88,7 +90,7 @@ async def test_ragbot_run_enforces_retention_in_the_background(kb_factory) -> No
             await asyncio.sleep(0.05)
     finally:
         await service.stop()
-    assert service.runs == 1 and await kb.delivered_answer(old) is None
+    assert service.runs == 1 and await BotState(kb.engine).delivered_answer(old) is None
 
 
 def _populate(url: str) -> dict[str, int]:
@@ -102,9 +104,10 @@ def _populate(url: str) -> dict[str, int]:
                 "bob": await _ask(kb, "What is the airspeed velocity of a laden swallow?", "slack:UBOB",
                                   "slack:T1:C1:2"),
             }
-            await kb.record_feedback(ids["bob"], "slack:UALICE", "down")
-            await kb.record_feedback(ids["alice_slack"], "slack:UBOB", "up")
-            await kb.map_identity("discord:42", "user:alice@example.com", "test")
+            state = BotState(kb.engine)
+            await state.record_feedback(ids["bob"], "slack:UALICE", "down")
+            await state.record_feedback(ids["alice_slack"], "slack:UBOB", "up")
+            await state.map_identity("discord:42", "user:alice@example.com", "test")
             return ids
         finally:
             await kb.close()
@@ -155,8 +158,9 @@ def test_forget_user_removes_their_questions_and_feedback_and_nobody_elses(popul
 
         async with kb.engine.connect() as conn:
             askers = list((await conn.execute(text("SELECT DISTINCT asker FROM conversation_turns"))).scalars())
-        return (await kb.delivered_answer(ids["alice_discord"]), await kb.delivered_answer(ids["alice_slack"]),
-                await kb.delivered_answer(ids["bob"]), await kb.recent_feedback(), askers)
+        state = BotState(kb.engine)
+        return (await state.delivered_answer(ids["alice_discord"]), await state.delivered_answer(ids["alice_slack"]),
+                await state.delivered_answer(ids["bob"]), await state.recent_feedback(), askers)
 
     alice_discord, alice_slack, bob, feedback, askers = _read(url, check)  # type: ignore[misc]
     assert alice_discord is None and alice_slack is None and bob is not None

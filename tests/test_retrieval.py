@@ -1,12 +1,13 @@
 """Hybrid search: access control inside the index scans, filters, per-document caps, near-duplicates."""
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from conftest import write
 from sqlalchemy import text
 
-from knowledge.search.retrieval import MODES, SearchFilters
+from knowledge.search.retrieval import MODES, Retriever, SearchFilters, SearchTuning
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 from knowledge.sources.folder import FolderSource
 
@@ -16,6 +17,12 @@ def item(external_id: str, body: str, access=("everyone",), updated_at=None, tit
         external_id=external_id, filename=f"{external_id}.md", read=lambda: body.encode(), title=title,
         access=tuple(access), updated_at=updated_at,
     )
+
+
+def tuned(kb: Any, knobs: dict[str, Any]) -> Retriever:
+    """A retriever over `kb` whose search statements use these knobs (knowledge.storage.search.SearchTuning), as a
+    large corpus would have them."""
+    return Retriever(kb.search_engine, kb.embedder, kb.settings, SearchTuning(**knobs))
 
 
 @pytest.fixture
@@ -67,7 +74,7 @@ async def test_a_filtered_search_still_returns_k_results(fresh_kb):
 
 
 
-async def test_the_hnsw_search_list_grows_with_the_corpus_and_the_pool_remembers_it_truly(fresh_kb, monkeypatch):
+async def test_the_hnsw_search_list_grows_with_the_corpus_and_the_pool_remembers_it_truly(fresh_kb):
     """A larger corpus gets a longer HNSW search list (knowledge.search.retrieval.ef_search_for: at a million chunks the
     default one missed a question's clear answer 33 times in 200). It is SET on a pooled connection only when that
     connection's differs, so what the pool remembers must be what Postgres has."""
@@ -75,10 +82,10 @@ async def test_the_hnsw_search_list_grows_with_the_corpus_and_the_pool_remembers
 
     from sqlalchemy.ext.asyncio import AsyncConnection
 
-    from knowledge.search import retrieval
-
-    monkeypatch.setattr(retrieval, "CHUNKS_PER_EF_SEARCH", 1)  # so that a few hundred chunks count as large
-    monkeypatch.setattr(retrieval, "CORPUS_SIZE_TTL_S", 0.0)
+    knobs: dict[str, Any] = {  # the search statements' knobs (SearchTuning)
+        "chunks_per_ef_search": 1,  # so that a few hundred chunks count as large
+        "corpus_size_ttl_s": 0.0,
+    }
     docs = [item(f"team-{i}", f"# Team {i} rituals\n\nTeam {i} holds a planning meeting every March.")
             for i in range(250)]
     await fresh_kb.sync(StaticSource(SourceSpec("teams", "test"), docs))
@@ -93,7 +100,7 @@ async def test_the_hnsw_search_list_grows_with_the_corpus_and_the_pool_remembers
             connections = [await stack.enter_async_context(fresh_kb.search_engine.connect()) for _ in range(10)]
             return [await one(conn) for conn in connections]
 
-    hits = (await fresh_kb.search("when does team 7 plan", SearchFilters(), k=5, mode="dense")).hits
+    hits = (await tuned(fresh_kb, knobs).search("when does team 7 plan", SearchFilters(), k=5, mode="dense")).hits
     assert hits[0].external_id == "team-7"
     pooled = await settings_on_every_pooled_connection()
     assert (str(n_chunks), str(n_chunks)) in pooled  # the connection the search used
@@ -103,7 +110,7 @@ async def test_the_hnsw_search_list_grows_with_the_corpus_and_the_pool_remembers
         item(f"guild-{i}", f"# Guild {i}\n\nGuild {i} meets on Fridays.") for i in range(100)]))
     (grown,) = (await _read(fresh_kb, "SELECT n_chunks FROM corpus_stats")).one()
     assert grown > n_chunks
-    await fresh_kb.search("when does guild 3 meet", SearchFilters(), k=5, mode="dense")
+    await tuned(fresh_kb, knobs).search("when does guild 3 meet", SearchFilters(), k=5, mode="dense")
     pooled = await settings_on_every_pooled_connection()
     assert (str(grown), str(grown)) in pooled
     assert all(remembered == actual for remembered, actual in pooled)
@@ -132,14 +139,14 @@ async def _read(kb, sql: str):  # type: ignore[no-untyped-def]
         return await conn.execute(text(sql))
 
 
-async def test_a_lexical_search_for_a_reader_of_few_documents_still_fills_k(fresh_kb, monkeypatch):
+async def test_a_lexical_search_for_a_reader_of_few_documents_still_fills_k(fresh_kb):
     """The rarest question term brings the candidates; its postings are mostly in documents the asker may not see,
     and the more common term that their documents do contain is over the posting budget (its postings mostly hidden
     too). The search looks once more, with every term, among the chunks the asker may see."""
-    import knowledge.search.retrieval as retrieval
-
-    monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus: rarest terms only
-    monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 4)
+    knobs: dict[str, Any] = {  # the search statements' knobs (SearchTuning)
+        "rare_term_corpus_size": 0,  # act as a large corpus: rarest terms only
+        "candidate_postings": 4,
+    }
     hidden = [item(f"hidden-{i}", f"# Audit {i}\n\nThe zeppelin audit number {i} is confidential.",
                    access=("group:exec",)) for i in range(3)]
     hidden += [item(f"hidden-inspection-{i}", f"# Board {i}\n\nThe board inspection {i} is confidential.",
@@ -148,7 +155,7 @@ async def test_a_lexical_search_for_a_reader_of_few_documents_still_fills_k(fres
     mine += [item(f"inspection-{i}", f"# Site {i}\n\nThe inspection of site {i} happens every spring.")
              for i in range(8)]
     await fresh_kb.sync(StaticSource(SourceSpec("mixed", "test"), hidden + mine))
-    hits = (await fresh_kb.search("zeppelin inspection", SearchFilters(), k=5, mode="lexical")).hits
+    hits = (await tuned(fresh_kb, knobs).search("zeppelin inspection", SearchFilters(), k=5, mode="lexical")).hits
     assert len(hits) == 5
     assert hits[0].external_id == "zeppelin"
     assert all(not h.external_id.startswith("hidden-") for h in hits)
@@ -163,43 +170,43 @@ def hangar_and_inspection_items() -> list[SourceItem]:
     return items
 
 
-async def test_a_chunk_holding_two_other_terms_together_is_found_without_the_rarest_one(fresh_kb, monkeypatch):
+async def test_a_chunk_holding_two_other_terms_together_is_found_without_the_rarest_one(fresh_kb):
     """In a large corpus BM25's candidates come from the rarest question terms. The best match here lacks the rarest
     term ("zeppelin") but holds the next two ("hangar", "inspection") together: it is found, and ranked first."""
-    import knowledge.search.retrieval as retrieval
-
-    monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus: rarest terms only
-    monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 2)  # "zeppelin" (2 chunks) fills the budget alone
-    monkeypatch.setattr(retrieval, "TOGETHER_CORPUS_SIZE", 0)  # ... and large enough for groups of terms
+    knobs: dict[str, Any] = {  # the search statements' knobs (SearchTuning)
+        "rare_term_corpus_size": 0,  # act as a large corpus: rarest terms only
+        "candidate_postings": 2,  # "zeppelin" (2 chunks) fills the budget alone
+        "together_corpus_size": 0,  # ... and large enough for groups of terms
+    }
     items = [item(f"airship-{i}", f"# Airship {i}\n\nA zeppelin model number {i} sits on the reception desk "
                                   "next to the plants, the post trays and the visitor book.") for i in range(2)]
     items += hangar_and_inspection_items()
     items += [item(f"other-{i}", f"# Note {i}\n\nThe kitchen rota for week {i} is on the fridge.") for i in range(8)]
     await fresh_kb.sync(StaticSource(SourceSpec("mixed", "test"), items))
-    hits = (await fresh_kb.search("zeppelin hangar inspection", SearchFilters(), k=2, mode="lexical")).hits
+    hits = (await tuned(fresh_kb, knobs).search("zeppelin hangar inspection", SearchFilters(), k=2, mode="lexical")).hits
     assert [h.external_id for h in hits][0] == "answer"
     assert hits[1].external_id.startswith("airship-")
 
-    # A corpus smaller than TOGETHER_CORPUS_SIZE reads no groups: the rarest term's chunks only.
-    monkeypatch.setattr(retrieval, "TOGETHER_CORPUS_SIZE", len(items) + 1)
-    hits = (await fresh_kb.search("zeppelin hangar inspection", SearchFilters(), k=2, mode="lexical")).hits
+    # A corpus smaller than together_corpus_size reads no groups: the rarest term's chunks only.
+    knobs["together_corpus_size"] = len(items) + 1
+    hits = (await tuned(fresh_kb, knobs).search("zeppelin hangar inspection", SearchFilters(), k=2, mode="lexical")).hits
     assert all(h.external_id.startswith("airship-") for h in hits)
 
-    monkeypatch.setattr(retrieval, "TOGETHER_CORPUS_SIZE", 0)
-    monkeypatch.setattr(retrieval, "TOGETHER_POSTINGS", 0)  # no pair qualifies: the rarest term's chunks only
-    hits = (await fresh_kb.search("zeppelin hangar inspection", SearchFilters(), k=2, mode="lexical")).hits
+    knobs["together_corpus_size"] = 0
+    knobs["together_postings"] = 0  # no pair qualifies: the rarest term's chunks only
+    hits = (await tuned(fresh_kb, knobs).search("zeppelin hangar inspection", SearchFilters(), k=2, mode="lexical")).hits
     assert all(h.external_id.startswith("airship-") for h in hits)
 
 
-async def test_a_chunk_holding_three_other_terms_is_found_when_no_pair_of_them_qualifies(fresh_kb, monkeypatch):
+async def test_a_chunk_holding_three_other_terms_is_found_when_no_pair_of_them_qualifies(fresh_kb):
     """A short question of fairly common words: no two of its terms are rare enough together to bring candidates,
     but all three together are, and the best match holds all three."""
-    import knowledge.search.retrieval as retrieval
-
-    monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus: rarest terms only
-    monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 2)  # "zeppelin" (2 chunks) fills the budget alone
-    monkeypatch.setattr(retrieval, "TOGETHER_CORPUS_SIZE", 0)  # ... and large enough for groups of terms
-    monkeypatch.setattr(retrieval, "TOGETHER_MAX_DF", 0)  # no pair qualifies
+    knobs: dict[str, Any] = {  # the search statements' knobs (SearchTuning)
+        "rare_term_corpus_size": 0,  # act as a large corpus: rarest terms only
+        "candidate_postings": 2,  # "zeppelin" (2 chunks) fills the budget alone
+        "together_corpus_size": 0,  # ... and large enough for groups of terms
+        "together_max_df": 0,  # no pair qualifies
+    }
     items = [item(f"airship-{i}", f"# Airship {i}\n\nA zeppelin model number {i} sits on the reception desk "
                                   "next to the plants, the post trays and the visitor book.") for i in range(2)]
     items += hangar_and_inspection_items()
@@ -207,58 +214,58 @@ async def test_a_chunk_holding_three_other_terms_is_found_when_no_pair_of_them_q
               for i in range(3)]
     await fresh_kb.sync(StaticSource(SourceSpec("mixed", "test"), items))
     question = "zeppelin hangar inspection facilities"
-    hits = (await fresh_kb.search(question, SearchFilters(), k=2, mode="lexical")).hits
+    hits = (await tuned(fresh_kb, knobs).search(question, SearchFilters(), k=2, mode="lexical")).hits
     assert hits[0].external_id == "answer"
 
-    monkeypatch.setattr(retrieval, "TOGETHER_TRIPLE_MAX_DF", 0)  # no triple either: the rarest term's chunks only
-    hits = (await fresh_kb.search(question, SearchFilters(), k=2, mode="lexical")).hits
+    knobs["together_triple_max_df"] = 0  # no triple either: the rarest term's chunks only
+    hits = (await tuned(fresh_kb, knobs).search(question, SearchFilters(), k=2, mode="lexical")).hits
     assert all(h.external_id.startswith("airship-") for h in hits)
 
 
-async def test_a_question_of_common_words_finds_the_chunk_holding_two_of_them(fresh_kb, monkeypatch):
+async def test_a_question_of_common_words_finds_the_chunk_holding_two_of_them(fresh_kb):
     """When every question term is in many chunks, BM25's candidates were the first chunks holding the rarest one;
     the chunk holding both terms came later in the table and was not among them. It is now found through the pair."""
-    import knowledge.search.retrieval as retrieval
-
-    monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus
-    monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)  # every term counts as common
-    monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)  # ... and in more chunks than the scan cap
-    monkeypatch.setattr(retrieval, "COMMON_INDEX_DF", 1)  # ... read in table order, not through the index
-    monkeypatch.setattr(retrieval, "TOGETHER_CORPUS_SIZE", 0)  # ... and large enough for groups of terms
+    knobs: dict[str, Any] = {  # the search statements' knobs (SearchTuning)
+        "rare_term_corpus_size": 0,  # act as a large corpus
+        "candidate_postings": 0,  # every term counts as common
+        "candidate_scan_cap": 1,  # ... and in more chunks than the scan cap
+        "common_index_df": 1,  # ... read in table order, not through the index
+        "together_corpus_size": 0,  # ... and large enough for groups of terms
+    }
     items = hangar_and_inspection_items()
     await fresh_kb.sync(StaticSource(SourceSpec("common", "test"), items))
-    hits = (await fresh_kb.search("hangar inspection", SearchFilters(), k=1, mode="lexical")).hits
+    hits = (await tuned(fresh_kb, knobs).search("hangar inspection", SearchFilters(), k=1, mode="lexical")).hits
     assert [h.external_id for h in hits] == ["answer"]
 
-    monkeypatch.setattr(retrieval, "TOGETHER_POSTINGS", 0)  # no pairs: the first chunk holding "hangar" only
-    hits = (await fresh_kb.search("hangar inspection", SearchFilters(), k=1, mode="lexical")).hits
+    knobs["together_postings"] = 0  # no pairs: the first chunk holding "hangar" only
+    hits = (await tuned(fresh_kb, knobs).search("hangar inspection", SearchFilters(), k=1, mode="lexical")).hits
     assert [h.external_id for h in hits] == ["hangar-0"]
 
 
-async def test_a_common_term_read_through_the_index_is_read_whole(fresh_kb, monkeypatch):
+async def test_a_common_term_read_through_the_index_is_read_whole(fresh_kb):
     """When no question term is rare, the rarest one's chunks are the candidates. Read through the GIN index, its
     posting list is read whole: the scan cap used to keep the first chunks found, which need not hold the best match."""
-    import knowledge.search.retrieval as retrieval
-
-    monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus
-    monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)  # every term counts as common
-    monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)  # ... and in more chunks than the scan cap
+    knobs: dict[str, Any] = {  # the search statements' knobs (SearchTuning)
+        "rare_term_corpus_size": 0,  # act as a large corpus
+        "candidate_postings": 0,  # every term counts as common
+        "candidate_scan_cap": 1,  # ... and in more chunks than the scan cap
+    }
     await fresh_kb.sync(StaticSource(SourceSpec("common", "test"), hangar_and_inspection_items()))
-    hits = (await fresh_kb.search("hangar inspection", SearchFilters(), k=1, mode="lexical")).hits
+    hits = (await tuned(fresh_kb, knobs).search("hangar inspection", SearchFilters(), k=1, mode="lexical")).hits
     assert [h.external_id for h in hits] == ["answer"]  # the last of the four chunks holding "hangar"
 
 
-async def test_a_question_of_common_words_finds_the_chunk_that_repeats_them(fresh_kb, monkeypatch):
+async def test_a_question_of_common_words_finds_the_chunk_that_repeats_them(fresh_kb):
     """When every question term is common and read in table order, the chunks read first need not be its best
     matches: those repeat the term, and are found in the index of term-frequency tiers, also by a reader who may see
     only some documents. A repeating chunk the asker may not see is not found."""
-    import knowledge.search.retrieval as retrieval
-
-    monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)  # act as a large corpus
-    monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)  # every term counts as common
-    monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)  # ... and in more chunks than the scan cap
-    monkeypatch.setattr(retrieval, "COMMON_INDEX_DF", 1)  # ... read in table order, not through the index
-    monkeypatch.setattr(retrieval, "COMMON_SCAN_ROWS", 3)  # ... only the first chunks of the table
+    knobs: dict[str, Any] = {  # the search statements' knobs (SearchTuning)
+        "rare_term_corpus_size": 0,  # act as a large corpus
+        "candidate_postings": 0,  # every term counts as common
+        "candidate_scan_cap": 1,  # ... and in more chunks than the scan cap
+        "common_index_df": 1,  # ... read in table order, not through the index
+        "common_scan_rows": 3,  # ... only the first chunks of the table
+    }
     items = [item(f"hangar-{i}", f"# Note {i}\n\nHangar {i} stores the spare chairs.") for i in range(6)]
     items.append(item("secret", "# Hangar audit\n\nHangar hangar hangar hangar: the hangar audit of the hangar.",
                       access=("group:audit",)))
@@ -266,9 +273,9 @@ async def test_a_question_of_common_words_finds_the_chunk_that_repeats_them(fres
     await fresh_kb.sync(StaticSource(SourceSpec("common", "test"), items))
 
     for principals in (("everyone",), ("user:ann",)):
-        hits = (await fresh_kb.search("hangar", SearchFilters(principals), k=1, mode="lexical")).hits
+        hits = (await tuned(fresh_kb, knobs).search("hangar", SearchFilters(principals), k=1, mode="lexical")).hits
         assert [h.external_id for h in hits] == ["answer"]
-    hits = (await fresh_kb.search("hangar", SearchFilters(("group:audit",)), k=1, mode="lexical")).hits
+    hits = (await tuned(fresh_kb, knobs).search("hangar", SearchFilters(("group:audit",)), k=1, mode="lexical")).hits
     assert [h.external_id for h in hits] == ["secret"]
 
     # Chunks written before migration 0010 have no stored tiers: the index computes theirs from the tsvector, also
@@ -277,11 +284,11 @@ async def test_a_question_of_common_words_finds_the_chunk_that_repeats_them(fres
         await conn.execute(text("UPDATE chunks SET tf_tiers = NULL"))
     async with fresh_kb.engine.begin() as conn:
         await conn.execute(text("REINDEX INDEX chunks_tf_tiers"))
-    hits = (await fresh_kb.search("hangar", SearchFilters(), k=1, mode="lexical")).hits
+    hits = (await tuned(fresh_kb, knobs).search("hangar", SearchFilters(), k=1, mode="lexical")).hits
     assert [h.external_id for h in hits] == ["answer"]
 
-    monkeypatch.setattr(retrieval, "TF_TIERS", ())  # without the tiers: the first chunks of the table only
-    hits = (await fresh_kb.search("hangar", SearchFilters(), k=1, mode="lexical")).hits
+    knobs["tf_tiers"] = ()  # without the tiers: the first chunks of the table only
+    hits = (await tuned(fresh_kb, knobs).search("hangar", SearchFilters(), k=1, mode="lexical")).hits
     assert [h.external_id for h in hits] != ["answer"]
 
 

@@ -8,6 +8,7 @@ document must give exactly the same hits, scores and abstention signal in both, 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -16,8 +17,7 @@ from conftest import test_settings as kb_settings
 
 from db.settings import DatabaseSettings
 from knowledge.kb import KnowledgeBase
-from knowledge.search import retrieval
-from knowledge.search.retrieval import MODES, SearchFilters
+from knowledge.search.retrieval import MODES, Retriever, SearchFilters, SearchTuning
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
 
 PUBLIC = {
@@ -58,6 +58,11 @@ async def twin_kbs(server_url, template_db):
         drop_database(server_url, name)
 
 
+def tuned(kb: KnowledgeBase, knobs: dict[str, Any]) -> Retriever:
+    """A retriever over `kb` whose search statements use these knobs (knowledge.storage.search.SearchTuning)."""
+    return Retriever(kb.search_engine, kb.embedder, kb.settings, SearchTuning(**knobs))
+
+
 def _seen(results) -> list[tuple[str, float, float | None, float | None]]:  # type: ignore[no-untyped-def]
     return [(h.external_id, round(h.score, 9),
              None if h.dense_score is None else round(h.dense_score, 9),
@@ -68,35 +73,36 @@ def _seen(results) -> list[tuple[str, float, float | None, float | None]]:  # ty
                          ids=["small-corpus", "large-corpus-candidates", "terms-together", "three-terms-together",
                               "every-term-common"])
 @pytest.mark.parametrize("mode", MODES)
-async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(twin_kbs, mode, regime, monkeypatch):
+async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(twin_kbs, mode, regime):
+    knobs: dict[str, Any] = {}  # the search statements' knobs (SearchTuning)
     if regime != "small":
         # Behave as a large corpus does: candidates come only from the rarest terms.
-        monkeypatch.setattr(retrieval, "RARE_TERM_CORPUS_SIZE", 0)
-        monkeypatch.setattr(retrieval, "TOGETHER_CORPUS_SIZE", 0)  # groups of terms too (in regimes with them)
+        knobs["rare_term_corpus_size"] = 0
+        knobs["together_corpus_size"] = 0  # groups of terms too (in regimes with them)
     question = "salary band hunter3"
     if regime == "together":
         # ... and candidates also come from the chunks holding two of the other terms together ("salary" and
         # "band", after the rare "rehearses"); the hidden word pairs with each of them and must bring nothing.
-        monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 1)
+        knobs["candidate_postings"] = 1
         question = "salary band rehearses hunter3"
     if regime == "triples":
         # ... and from the chunks holding three of the terms when no pair of them qualifies ("salary", "band" and
         # "level"); the hidden word makes triples with the others and must bring nothing.
-        monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 1)
-        monkeypatch.setattr(retrieval, "TOGETHER_MAX_DF", 0)
+        knobs["candidate_postings"] = 1
+        knobs["together_max_df"] = 0
         question = "salary band level hunter3"
     if regime == "common":
         # ... and every term is common: candidates from the rarest term the asker can find, read in table order
         # (more postings than the scan cap) and from the chunks that repeat a term (its term-frequency tiers, where
         # the hidden word has a tier of its own); visibility looked for in the first few rows, then in the index.
-        monkeypatch.setattr(retrieval, "CANDIDATE_POSTINGS", 0)
-        monkeypatch.setattr(retrieval, "CANDIDATE_SCAN_CAP", 1)
-        monkeypatch.setattr(retrieval, "COMMON_INDEX_DF", 1)
-        monkeypatch.setattr(retrieval, "COMMON_PROBE_ROWS", 3)
+        knobs["candidate_postings"] = 0
+        knobs["candidate_scan_cap"] = 1
+        knobs["common_index_df"] = 1
+        knobs["common_probe_rows"] = 3
     with_word, without_word = twin_kbs
     for k in (1, 5):
-        a = await with_word.search(question, SearchFilters(("user:bob@example.com",)), k=k, mode=mode)
-        b = await without_word.search(question, SearchFilters(("user:bob@example.com",)), k=k, mode=mode)
+        a = await tuned(with_word, knobs).search(question, SearchFilters(("user:bob@example.com",)), k=k, mode=mode)
+        b = await tuned(without_word, knobs).search(question, SearchFilters(("user:bob@example.com",)), k=k, mode=mode)
         assert _seen(a) == _seen(b)
         assert a.hits, "the public documents match the question"
         assert "vault" not in {h.external_id for h in a.hits}

@@ -21,6 +21,7 @@ from fakes.anthropic_api import FakeAnthropicAPI
 from fakes.slack_api import BOT_USER_ID, FakeSlackAPI
 from slack_harness import answer_in, finished, mention, message, new_ts, running_bot, settle, wait_for
 
+from bot.chat.state import BotState
 from db.settings import DatabaseSettings
 from knowledge.kb import KnowledgeBase
 from knowledge.sources.folder import FolderSource
@@ -302,7 +303,7 @@ async def test_feedback_click_is_stored_acknowledged_and_counted(offline_kb, fak
         ack = await wait_for(lambda: fake.calls_to("chat.postEphemeral"), what="the feedback acknowledgement")
         metrics = await (await slack.http.get(f"{slack.url}/metrics")).text()
     assert ack[0].args["user"] == BOB and ack[0].args["text"].startswith("Thanks")
-    rows = [r for r in await offline_kb.recent_feedback() if r.question == question]
+    rows = [r for r in await BotState(offline_kb.engine).recent_feedback() if r.question == question]
     assert len(rows) == 1
     row = rows[0]
     assert (row.rating, row.platform_user, row.platform) == ("down", f"slack:{BOB}", "slack")

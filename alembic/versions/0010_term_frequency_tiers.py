@@ -8,7 +8,7 @@ After: each chunk's `tf_tiers` holds one token per lexeme it holds at least twic
 its term frequency (`word#2` … `word#6`, then `#8`, `#11`, `#16`, `#23`, `#32` for at least that many). A GIN index
 on it (`chunks_tf_tiers`) holds, for each word, short posting lists of the chunks with its highest term
 frequencies: an impact-ordered index built from the GIN Postgres already has. A search reads the rarest common
-term's tiers from the top down until it has enough candidates (knowledge.search.retrieval, TF_TIERS).
+term's tiers from the top down until it has enough candidates (knowledge.storage.search, SearchTuning.tf_tiers).
 
 `store.write_documents` fills the column from the term frequencies its INSERT counts anyway. Chunks written before
 keep it NULL, and the index reads theirs from `bm25_tf_tiers(tsv)` instead (`coalesce`, which calls the function only
@@ -29,7 +29,7 @@ branch_labels = None
 depends_on = None
 
 # The tier of a term frequency: the largest of 2, 3, 4, 5, 6, 8, 11, 16, 23, 32 at most `tf`. A single CASE in SQL
-# that the planner inlines, so store._INSERT_CHUNKS uses it at no cost. knowledge.search.retrieval.TF_TIERS lists the
+# that the planner inlines, so store._INSERT_CHUNKS uses it at no cost. knowledge.storage.search.SearchTuning.tf_tiers lists the
 # same tiers. (Not STRICT: a strict function is inlined only when its body is.)
 _TIER = r"""
 CREATE OR REPLACE FUNCTION bm25_tf_tier(tf integer) RETURNS integer

@@ -17,11 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from knowledge.access import EVERYONE, Person, ResolvedPrincipals
+from knowledge import EVERYONE, Person, ResolvedPrincipals
 
 
-class BotStateReader(Protocol):
+class PrincipalResolver(Protocol):
+    """The one resolver (`KnowledgeBase.principals_for`)."""
+
     async def principals_for(self, person: Person) -> ResolvedPrincipals: ...
+
+
+class ChannelGrants(Protocol):
+    """A channel's admin grants (`bot.chat.state.BotState.channel_principals`)."""
 
     async def channel_principals(self, channel_key: str) -> list[str]: ...
 
@@ -43,7 +49,7 @@ def _unique(values: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(v for v in values if v))
 
 
-async def private_audience(kb: BotStateReader, identity: str, email: str | None = None) -> Audience:
+async def private_audience(kb: PrincipalResolver, identity: str, email: str | None = None) -> Audience:
     """A DM, assistant thread or ephemeral answer: the asker's principals through the one resolver (email, admin
     mappings, synced groups, `everyone`)."""
     given = (f"user:{email.strip()}",) if email and email.strip() else ()
@@ -53,7 +59,7 @@ async def private_audience(kb: BotStateReader, identity: str, email: str | None 
     return Audience("private", _unique([*resolved.principals, *given, EVERYONE]), identity)
 
 
-async def shared_audience(kb: BotStateReader, identity: str, channel_key: str) -> Audience:
+async def shared_audience(state: ChannelGrants, identity: str, channel_key: str) -> Audience:
     """A channel many people read: `everyone` plus the channel's grants, whoever asks."""
-    granted = await kb.channel_principals(channel_key)
+    granted = await state.channel_principals(channel_key)
     return Audience("shared", _unique([EVERYONE, *granted]), identity)

@@ -13,13 +13,17 @@ import shlex
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from knowledge.errors import InvalidPrincipal, KnowledgeError
+from bot.chat.access import private_audience
+from bot.chat.channels import ChannelSettings, channel_settings, set_auto, set_mode, set_sources
+from bot.chat.insights import Viewer, build_report, gaps_text
+from knowledge import InvalidPrincipal, KnowledgeError, check_principal, format_interval
 
 if TYPE_CHECKING:
-    from bot.chat.channels import ChannelSettings
-    from knowledge.kb import KnowledgeBase
+    from bot.chat.state import BotState
+    from knowledge import KnowledgeBase
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +86,6 @@ def _last_run(run: object | None, running: bool) -> str:
 async def sources_text(kb: KnowledgeBase, *, counts: bool = True) -> str:
     """The sources and their syncs. Document counts include restricted documents, so only admins get them
     (`counts`): a count that moves tells anyone that restricted documents were added or removed."""
-    from knowledge.ingest.schedule import format_interval
-
     sources = await kb.list_sources()
     if not sources:
         return "Nothing is indexed yet."
@@ -147,16 +149,16 @@ async def reindex(kb: KnowledgeBase, source: str | None = None, *, trigger: str 
     return "**Reindex finished**\n" + "\n".join(f"- {line}" for line in lines)
 
 
-async def channel_access_list(kb: KnowledgeBase, channel_key: str) -> str:
-    grants = await kb.channel_grants(channel_key)
+async def channel_access_list(state: BotState, channel_key: str) -> str:
+    grants = await state.channel_grants(channel_key)
     if not grants:
         return "Answers in this channel use documents shared with `everyone` only."
     listed = ", ".join(f"`{g.principal}`" for g in grants)
     return f"Answers in this channel use documents shared with `everyone` and with: {listed}."
 
 
-async def channel_access_add(kb: KnowledgeBase, channel_key: str, principal: str, by: str | None) -> str:
-    added = await kb.grant_channel(channel_key, principal, by)
+async def channel_access_add(state: BotState, channel_key: str, principal: str, by: str | None) -> str:
+    added = await state.grant_channel(channel_key, principal, by)
     principal = principal.strip()
     if not added:
         return f"This channel already has `{principal}`."
@@ -164,25 +166,25 @@ async def channel_access_add(kb: KnowledgeBase, channel_key: str, principal: str
             f"`{principal}` may see.")
 
 
-async def channel_access_remove(kb: KnowledgeBase, channel_key: str, principal: str) -> str:
-    if await kb.revoke_channel(channel_key, principal):
+async def channel_access_remove(state: BotState, channel_key: str, principal: str) -> str:
+    if await state.revoke_channel(channel_key, principal):
         return f"Removed `{principal.strip()}` from this channel."
     return f"This channel had no grant for `{principal.strip()}`."
 
 
-async def users_map(kb: KnowledgeBase, identity: str, principal: str, by: str | None) -> str:
-    added = await kb.map_identity(identity, principal, by)
+async def users_map(state: BotState, identity: str, principal: str, by: str | None) -> str:
+    added = await state.map_identity(identity, principal, by)
     return (f"`{identity}` now also asks as `{principal.strip()}` in private conversations." if added
             else f"`{identity}` already asks as `{principal.strip()}`.")
 
 
-async def users_unmap(kb: KnowledgeBase, identity: str, principal: str | None) -> str:
-    removed = await kb.unmap_identity(identity, principal)
+async def users_unmap(state: BotState, identity: str, principal: str | None) -> str:
+    removed = await state.unmap_identity(identity, principal)
     return f"Removed {removed} mapping(s) of `{identity}`."
 
 
-async def users_list(kb: KnowledgeBase, identity: str | None = None) -> str:
-    mappings = await kb.identity_mappings(identity)
+async def users_list(state: BotState, identity: str | None = None) -> str:
+    mappings = await state.identity_mappings(identity)
     if not mappings:
         return "No chat users are mapped."
     return "\n".join(f"- `{m.identity}` → `{m.principal}`" for m in mappings)
@@ -191,7 +193,7 @@ async def users_list(kb: KnowledgeBase, identity: str | None = None) -> str:
 # Parsing and dispatch: `/kb <text>` on Slack, the same words from anywhere else.
 
 
-async def run_command(kb: KnowledgeBase, text: str, caller: Caller) -> CommandResult:
+async def run_command(kb: KnowledgeBase, state: BotState, text: str, caller: Caller) -> CommandResult:
     """Parse `text` ("reindex handbook", "channel-access add group:eng") and run it for `caller`."""
     try:
         words = shlex.split(text or "")
@@ -225,13 +227,13 @@ async def run_command(kb: KnowledgeBase, text: str, caller: Caller) -> CommandRe
                 followup=lambda: reindex(kb, source, trigger="chat"),
             )
         if command == "channel-access":
-            return await _channel_access(kb, args, caller)
+            return await _channel_access(state, args, caller)
         if command == "users":
-            return await _users(kb, args, caller)
+            return await _users(state, args, caller)
         if command == "channel":
-            return await _channel(kb, args, caller)
+            return await _channel(kb, state, args, caller)
         if command == "gaps":
-            return CommandResult(await gaps(kb, caller))
+            return CommandResult(await gaps(kb, state, caller))
         if command == "access":
             return await _access(kb, args, caller)
     except InvalidPrincipal as exc:
@@ -239,27 +241,27 @@ async def run_command(kb: KnowledgeBase, text: str, caller: Caller) -> CommandRe
     return CommandResult(f"Unknown command `{command}`. Try `/kb help`.", ok=False)
 
 
-async def _channel_access(kb: KnowledgeBase, args: list[str], caller: Caller) -> CommandResult:
+async def _channel_access(state: BotState, args: list[str], caller: Caller) -> CommandResult:
     if caller.channel_key is None:
         return CommandResult("Run `/kb channel-access` in the channel it should apply to.", ok=False)
     action = args[0].lower() if args else "list"
     if action == "list" and len(args) <= 1:
-        return CommandResult(await channel_access_list(kb, caller.channel_key))
+        return CommandResult(await channel_access_list(state, caller.channel_key))
     if action in ("add", "remove") and len(args) == 2:
         if action == "add":
-            return CommandResult(await channel_access_add(kb, caller.channel_key, args[1], caller.identity))
-        return CommandResult(await channel_access_remove(kb, caller.channel_key, args[1]))
+            return CommandResult(await channel_access_add(state, caller.channel_key, args[1], caller.identity))
+        return CommandResult(await channel_access_remove(state, caller.channel_key, args[1]))
     return CommandResult("Usage: `/kb channel-access list|add|remove PRINCIPAL` (e.g. `group:eng`)", ok=False)
 
 
-async def _users(kb: KnowledgeBase, args: list[str], caller: Caller) -> CommandResult:
+async def _users(state: BotState, args: list[str], caller: Caller) -> CommandResult:
     action = args[0].lower() if args else "list"
     if action == "list" and len(args) <= 2:
-        return CommandResult(await users_list(kb, args[1] if len(args) == 2 else None))
+        return CommandResult(await users_list(state, args[1] if len(args) == 2 else None))
     if action == "map" and len(args) == 3:
-        return CommandResult(await users_map(kb, args[1], args[2], caller.identity))
+        return CommandResult(await users_map(state, args[1], args[2], caller.identity))
     if action == "unmap" and len(args) in (2, 3):
-        return CommandResult(await users_unmap(kb, args[1], args[2] if len(args) == 3 else None))
+        return CommandResult(await users_unmap(state, args[1], args[2] if len(args) == 3 else None))
     return CommandResult("Usage: `/kb users map|unmap IDENTITY PRINCIPAL`, `/kb users list [IDENTITY]`", ok=False)
 
 
@@ -277,10 +279,8 @@ def channel_settings_text(settings: ChannelSettings) -> str:
             f"- Mode: {settings.mode}")
 
 
-async def channel_show(kb: KnowledgeBase, channel_key: str) -> str:
-    from bot.chat.channels import channel_settings
-
-    settings = await channel_settings(kb, channel_key)
+async def channel_show(kb: KnowledgeBase, state: BotState, channel_key: str) -> str:
+    settings = await channel_settings(state, channel_key)
     text = channel_settings_text(settings)
     known = set(await kb.source_names())
     missing = [name for name in settings.sources or () if name not in known]
@@ -289,10 +289,8 @@ async def channel_show(kb: KnowledgeBase, channel_key: str) -> str:
     return text
 
 
-async def channel_sources(kb: KnowledgeBase, channel_key: str, action: str, name: str, by: str | None) -> str:
-    from bot.chat.channels import channel_settings, set_sources
-
-    current = set((await channel_settings(kb, channel_key)).sources or ())
+async def channel_sources(kb: KnowledgeBase, state: BotState, channel_key: str, action: str, name: str, by: str | None) -> str:
+    current = set((await channel_settings(state, channel_key)).sources or ())
     if action == "add":
         known = await kb.source_names()
         if name not in known:
@@ -302,56 +300,47 @@ async def channel_sources(kb: KnowledgeBase, channel_key: str, action: str, name
         if name not in current:
             return f"`{name}` is not among this channel's sources. Nothing was changed."
         current.discard(name)
-    await set_sources(kb, channel_key, sorted(current), by)
+    await set_sources(state, channel_key, sorted(current), by)
     if not current:
         return "No source restriction left: every source (that the channel may see) answers here."
     return "Answers in this channel now come only from " + ", ".join(f"`{n}`" for n in sorted(current)) + "."
 
 
-async def channel_auto(kb: KnowledgeBase, channel_key: str, on: bool, by: str | None) -> str:
-    from bot.chat.channels import set_auto
-
-    await set_auto(kb, channel_key, on, by)
+async def channel_auto(state: BotState, channel_key: str, on: bool, by: str | None) -> str:
+    await set_auto(state, channel_key, on, by)
     if on:
         return ("Auto-answer is on: I'll answer top-level questions in this channel without a mention, but only "
                 "when the documents answer them (I stay silent otherwise).")
     return "Auto-answer is off: I answer here only when mentioned."
 
 
-async def channel_mode(kb: KnowledgeBase, channel_key: str, mode: str, by: str | None) -> str:
-    from bot.chat.channels import set_mode
-
-    await set_mode(kb, channel_key, mode, by)  # type: ignore[arg-type]
+async def channel_mode(state: BotState, channel_key: str, mode: str, by: str | None) -> str:
+    await set_mode(state, channel_key, mode, by)  # type: ignore[arg-type]
     return f"Answer mode for this channel: {mode}."
 
 
-async def _channel(kb: KnowledgeBase, args: list[str], caller: Caller) -> CommandResult:
+async def _channel(kb: KnowledgeBase, state: BotState, args: list[str], caller: Caller) -> CommandResult:
     if caller.channel_key is None:
         return CommandResult("Run `/kb channel` in the channel it should apply to.", ok=False)
     key, by = caller.channel_key, caller.identity
     action = args[0].lower() if args else "show"
     if action == "show" and len(args) <= 1:
-        return CommandResult(await channel_show(kb, key))
+        return CommandResult(await channel_show(kb, state, key))
     if action == "sources" and len(args) == 3 and args[1].lower() in ("add", "remove"):
-        return CommandResult(await channel_sources(kb, key, args[1].lower(), args[2], by))
+        return CommandResult(await channel_sources(kb, state, key, args[1].lower(), args[2], by))
     if action == "auto" and len(args) == 2 and args[1].lower() in ("on", "off"):
-        return CommandResult(await channel_auto(kb, key, args[1].lower() == "on", by))
+        return CommandResult(await channel_auto(state, key, args[1].lower() == "on", by))
     if action == "mode" and len(args) == 2 and args[1].lower() in ("public", "private"):
-        return CommandResult(await channel_mode(kb, key, args[1].lower(), by))
+        return CommandResult(await channel_mode(state, key, args[1].lower(), by))
     return CommandResult(CHANNEL_USAGE, ok=False)
 
 
-async def gaps(kb: KnowledgeBase, caller: Caller, days: int = 30) -> str:
+async def gaps(kb: KnowledgeBase, state: BotState, caller: Caller, days: int = 30) -> str:
     """`/kb gaps` for a chat admin: the questions of their own workspace or server; documents named only if the
     admin may see them (their mapped principals and `everyone`)."""
-    from datetime import timedelta
-
-    from bot.chat.access import private_audience
-    from bot.chat.insights import Viewer, build_report, gaps_text
-
     audience = await private_audience(kb, caller.identity)
     viewer = Viewer(caller.identity, caller.workspace, tuple(audience.principals))
-    return gaps_text(await build_report(kb, timedelta(days=days), viewer))
+    return gaps_text(await build_report(kb, state, timedelta(days=days), viewer))
 # `/kb access USER [DOCUMENT]`: what `ragbot access explain` shows, through the same `kb.explain_access`.
 
 
@@ -379,8 +368,6 @@ async def access_text(kb: KnowledgeBase, person: object, document: str | None = 
 
 
 async def _access(kb: KnowledgeBase, args: list[str], caller: Caller) -> CommandResult:
-    from knowledge.access import check_principal
-
     if not args or len(args) > 2:
         return CommandResult("Usage: `/kb access USER [DOCUMENT]` (USER: @someone, slack:U1, discord:ID or "
                              "user:alice@acme.com)", ok=False)

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from bot.chat.access import Audience
-from knowledge.access import EVERYONE, Person
+from knowledge import EVERYONE, Person
 
 if TYPE_CHECKING:
-    from knowledge.kb import KnowledgeBase
+    from bot.chat.state import BotState
+    from knowledge import KnowledgeBase
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +82,10 @@ async def person_principals(kb: KnowledgeBase, person: Person) -> tuple[str, ...
 class ChannelAudiences:
     """One per adapter: channel key → its member list (cached), and the audience computed from it."""
 
-    def __init__(self, kb: KnowledgeBase, *, ttl_seconds: float, max_members: int,
+    def __init__(self, kb: KnowledgeBase, state: BotState, *, ttl_seconds: float, max_members: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.kb = kb
+        self.state = state
         self.ttl = ttl_seconds
         self.max_members = max_members
         self.clock = clock
@@ -151,5 +153,5 @@ class ChannelAudiences:
         grants. Never the asker's own access (unless the asker is the only member)."""
         view = await self.view(channel_key, list_members)
         common = await self.principals(view)
-        granted = await self.kb.channel_principals(channel_key)
+        granted = await self.state.channel_principals(channel_key)
         return Audience("shared", tuple(dict.fromkeys([*common, *granted])), asker)

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bot.chat.state import FeedbackRecord, Rating
+from bot.chat.auto import outcome_of
+from bot.chat.state import BotState, FeedbackRecord, Rating
 
 if TYPE_CHECKING:
-    from knowledge.answer.answering import Answer
-    from knowledge.kb import KnowledgeBase
+    from knowledge import Answer
 
 THANKS = {
     "up": "Thanks for the feedback: glad it helped.",
@@ -23,14 +23,12 @@ THANKS = {
 
 
 async def remember_answer(
-    kb: KnowledgeBase, *, platform: str, conversation_id: str, asker: str, question: str, answer: Answer,
+    state: BotState, *, platform: str, conversation_id: str, asker: str, question: str, answer: Answer,
     channel_key: str | None = None, private: bool = False, posted: bool = True,
 ) -> int:
     """Store what a later feedback row (and the gaps report) needs; the id goes into the answer's feedback
     buttons. `posted=False`: a help-channel auto-answer kept back because it was not an answer."""
-    from bot.chat.auto import outcome_of
-
-    return await kb.record_delivered_answer(
+    return await state.record_delivered_answer(
         platform=platform, conversation_id=conversation_id, asker=asker,
         turn_id=getattr(answer, "id", None),
         question=question,
@@ -65,8 +63,8 @@ def parse_button_value(value: str) -> tuple[Rating, int] | None:
     return rating, int(number)
 
 
-async def record_click(kb: KnowledgeBase, answer_id: int, platform_user: str, rating: Rating) -> FeedbackAck:
-    stored = await kb.record_feedback(answer_id, platform_user, rating)
+async def record_click(state: BotState, answer_id: int, platform_user: str, rating: Rating) -> FeedbackAck:
+    stored = await state.record_feedback(answer_id, platform_user, rating)
     if stored is None:
         return FeedbackAck(None, "That answer is too old to rate, sorry.")
     return FeedbackAck(stored, THANKS[rating])

@@ -23,13 +23,12 @@ from bot.chat.access import Audience
 from bot.chat.auto import is_answer, outcome_of
 from bot.chat.channels import ChannelSettings, channel_settings
 from bot.chat.errors import apology, new_error_id
+from bot.chat.state import BotState
 
 if TYPE_CHECKING:
     from bot.chat.state import LeaseClaim, Rating
     from bot.server import BotMetrics
-    from knowledge.answer.answering import Answer
-    from knowledge.answer.memory import ChatMessage
-    from knowledge.kb import KnowledgeBase
+    from knowledge import Answer, ChatMessage, KnowledgeBase
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +69,10 @@ class ChatFlow:
     """The platform-neutral flow, one per adapter (it counts metrics under the adapter's platform name)."""
 
     def __init__(self, kb: KnowledgeBase, platform: str, metrics: BotMetrics | None = None, *,
-                 lease_seconds: float = 120.0, max_attempts: int = lease.MAX_ATTEMPTS) -> None:
+                 state: BotState | None = None, lease_seconds: float = 120.0,
+                 max_attempts: int = lease.MAX_ATTEMPTS) -> None:
         self.kb = kb
+        self.state = state if state is not None else BotState(kb.engine)  # the bot tables (bot.chat.state)
         self.platform = platform
         self.metrics = metrics
         self.lease_seconds = lease_seconds  # ANSWER_LEASE_SECONDS: how long a claimed question waits for a dead holder
@@ -95,7 +96,7 @@ class ChatFlow:
         """True the first time every key is seen: a retried event, the same message delivered as two events, or a
         second replica of the bot never answers twice. Raises if the database is unreachable."""
         for key in keys:
-            if not await self.kb.claim_event(key):
+            if not await self.state.claim_event(key):
                 self.count("duplicate_events")
                 logger.info("%s: ignoring duplicate delivery %s", self.platform, key)
                 return False
@@ -104,7 +105,7 @@ class ChatFlow:
     async def claim_question(self, *keys: str) -> LeaseClaim | None:
         """Claim a question as a lease (`bot.chat.lease`): None for a duplicate (answered, or being answered by a
         live holder); a claim, possibly taken over from a holder that died, with the placeholder to answer in."""
-        claim = await self.kb.claim_lease(keys, self.holder, self.lease_seconds)
+        claim = await self.state.claim_lease(keys, self.holder, self.lease_seconds)
         if claim is None:
             self.count("duplicate_events")
             logger.info("%s: ignoring duplicate delivery %s", self.platform, " ".join(keys))
@@ -117,7 +118,7 @@ class ChatFlow:
     async def delivered(self, claim: LeaseClaim | None) -> None:
         """A claimed event was handled without an answer (an empty mention got a hint): never handle it again."""
         if claim is not None:
-            await self.kb.mark_lease_delivered(claim)
+            await self.state.mark_lease_delivered(claim)
 
     async def sweep(self, resume: lease.Resume) -> int:
         """Answer this platform's questions whose holder died before delivering (see `bot.chat.lease`)."""
@@ -125,12 +126,12 @@ class ChatFlow:
 
     async def answered_in(self, conversation_id: str) -> bool:
         """Whether the bot has answered in this conversation (a thread reply there is a follow-up)."""
-        return await self.kb.bot_answered_in(conversation_id)
+        return await self.state.bot_answered_in(conversation_id)
 
     async def channel_settings(self, channel_key: str | None) -> ChannelSettings:
         """A channel's settings (sources, auto, mode; defaults for a DM or an unconfigured channel). Adapters ask
         before treating an unaddressed message as a help-channel question; the flow reads them once per question."""
-        return await channel_settings(self.kb, channel_key)
+        return await channel_settings(self.state, channel_key)
 
     async def answer(self, ask: Ask, reply: Reply, claim: LeaseClaim | None = None,
                      target: Mapping[str, Any] | None = None) -> Answer | None:
@@ -143,10 +144,10 @@ class ChatFlow:
             finally:
                 # Posted or deliberately withheld, the question is settled: no retry or sweeper may answer it.
                 if claim is not None:
-                    await lease.LeaseKeeper(self.kb, claim, self.lease_seconds).delivered()
+                    await lease.LeaseKeeper(self.state, claim, self.lease_seconds).delivered()
         self.count("questions")
         started = time.perf_counter()
-        keeper = lease.LeaseKeeper(self.kb, claim, self.lease_seconds) if claim is not None else None
+        keeper = lease.LeaseKeeper(self.state, claim, self.lease_seconds) if claim is not None else None
         try:
             return await self._answer(ask, reply, keeper, target, started)
         finally:
@@ -193,7 +194,7 @@ class ChatFlow:
                                keeper.claim.key)
                 return None
             answer_id = await feedback.remember_answer(
-                self.kb, platform=self.platform, conversation_id=ask.conversation_id, asker=ask.asker,
+                self.state, platform=self.platform, conversation_id=ask.conversation_id, asker=ask.asker,
                 question=ask.question, answer=answer, channel_key=ask.channel_key, private=audience.is_private,
             )
             await reply.deliver(answer, answer_id)
@@ -229,7 +230,7 @@ class ChatFlow:
                                           asker=ask.asker, sources=channel.sources)
             posting = is_answer(answer)
             answer_id = await feedback.remember_answer(
-                self.kb, platform=self.platform, conversation_id=ask.conversation_id, asker=ask.asker,
+                self.state, platform=self.platform, conversation_id=ask.conversation_id, asker=ask.asker,
                 question=ask.question, answer=answer, channel_key=ask.channel_key, private=False, posted=posting,
             )
             if not posting:
@@ -246,7 +247,7 @@ class ChatFlow:
     async def command(self, text: str, caller: admin.Caller) -> admin.CommandResult:
         """A `/kb` command; an unexpected failure becomes an apology (never a stack trace in chat)."""
         try:
-            return await admin.run_command(self.kb, text, caller)
+            return await admin.run_command(self.kb, self.state, text, caller)
         except Exception as exc:
             return admin.CommandResult(self.failure("command", exc, doing=f"running /kb {text}".strip()), ok=False)
 
@@ -260,7 +261,7 @@ class ChatFlow:
     async def feedback(self, answer_id: int, identity: str, rating: Rating) -> feedback.FeedbackAck:
         """A 👍/👎 click; the acknowledgement is the same whatever was rated."""
         try:
-            ack = await feedback.record_click(self.kb, answer_id, identity, rating)
+            ack = await feedback.record_click(self.state, answer_id, identity, rating)
         except Exception as exc:
             return feedback.FeedbackAck(None, self.failure("feedback", exc, doing="saving your feedback"))
         if ack.stored is not None:

@@ -24,13 +24,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from knowledge.access import EVERYONE
+from knowledge import EVERYONE, parse_interval
 from knowledge.insights.clustering import DEFAULT_THRESHOLD, MAX_QUESTIONS, cluster_questions
 
 if TYPE_CHECKING:
-    from bot.chat.state import DailyCounts, GapQuestion
-    from knowledge.kb import KnowledgeBase
-    from knowledge.storage.usage import DocumentRef
+    from bot.chat.state import BotState, DailyCounts, GapQuestion
+    from knowledge import DocumentRef, KnowledgeBase
 
 STALE_AFTER = timedelta(days=365)
 PRIVATE = "private conversation"
@@ -135,18 +134,17 @@ def _csv_safe(value: str) -> str:
 
 def parse_since(value: str) -> timedelta:
     """"30d", "12h", "2w" → a time span (the CLI's --since)."""
-    from knowledge.ingest.schedule import parse_interval
-
     return timedelta(seconds=parse_interval(value))
 
 
-async def build_report(kb: KnowledgeBase, since: timedelta = timedelta(days=30), viewer: Viewer = Viewer(), *,
+async def build_report(kb: KnowledgeBase, state: BotState, since: timedelta = timedelta(days=30), viewer: Viewer = Viewer(), *,
                        threshold: float = DEFAULT_THRESHOLD, top: int = 10, now: datetime | None = None) -> InsightsReport:
-    """Gather and group. Embedding and clustering run off the event loop."""
+    """Gather and group (the questions and feedback from the bot's tables, the documents from the knowledge base).
+    Embedding and clustering run off the event loop."""
     until = now or datetime.now(UTC)
     start = until - since
-    gaps = [q for q in await kb.gap_questions(start, limit=MAX_QUESTIONS * 4) if viewer.may_see(q)][:MAX_QUESTIONS]
-    cited = await kb.cited_chunk_counts(start)
+    gaps = [q for q in await state.gap_questions(start, limit=MAX_QUESTIONS * 4) if viewer.may_see(q)][:MAX_QUESTIONS]
+    cited = await state.cited_chunk_counts(start)
     closest_chunks = [q.chunk_ids[0] for q in gaps if q.chunk_ids]
     documents = {chunk: doc for chunk, doc in
                  (await kb.documents_of_chunks(sorted(set(closest_chunks) | set(cited)))).items()
@@ -166,7 +164,7 @@ async def build_report(kb: KnowledgeBase, since: timedelta = timedelta(days=30),
     never_total, never = await kb.documents_not_in(sorted(per_document), limit=top * 5)
     never = [doc for doc in never if viewer.may_read(doc)]
     return InsightsReport(start, until, topics, most_cited, never_total, never, stale,
-                          await kb.daily_question_counts(start), await kb.feedback_counts(start))
+                          await state.daily_question_counts(start), await state.feedback_counts(start))
 
 
 async def _topics(kb: KnowledgeBase, gaps: Sequence[GapQuestion], documents: dict[int, DocumentRef],

@@ -1,11 +1,11 @@
 """Answer leases: a claimed question is answered even if the process answering it dies.
 
-Claiming a question (`KnowledgeBase.claim_lease`) gives this process a lease on it for ANSWER_LEASE_SECONDS. While
+Claiming a question (`BotState.claim_lease`) gives this process a lease on it for ANSWER_LEASE_SECONDS. While
 the answer is worked on, `LeaseKeeper` stores what was asked and where to answer (so nobody needs the original
 event again), the placeholder message once it is posted, and renews the lease; delivering the answer marks the claim
 delivered, after which it is never answered again. If the process dies (kill -9, an OOM kill, a lost node), the lease
 runs out undelivered and the question is taken over — by the platform's retry of the same event (Slack retries;
-`KnowledgeBase.claim_lease` hands the retry the lease and the placeholder) or by `sweep` (at the start of
+`BotState.claim_lease` hands the retry the lease and the placeholder) or by `sweep` (at the start of
 `ragbot run` and every ANSWER_SWEEP_SECONDS; a Discord message is never redelivered) — and answered in the same
 placeholder. The SQL is in `bot.chat.state`; adapters only say how to rebuild an answer's `Reply` from the stored
 target and placeholder (`Resume`).
@@ -22,11 +22,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from bot.chat.state import LeaseClaim, PendingQuestion
+from bot.chat.state import BotState, LeaseClaim, PendingQuestion
 
 if TYPE_CHECKING:
     from bot.chat.flow import Ask, ChatFlow, Reply
-    from knowledge.kb import KnowledgeBase
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +45,8 @@ class LeaseKeeper:
     """One claimed question while it is answered: records it, renews its lease every third of the lease, and
     tells the flow whether it still holds the claim before the answer is delivered."""
 
-    def __init__(self, kb: KnowledgeBase, claim: LeaseClaim, lease_seconds: float) -> None:
-        self.kb = kb
+    def __init__(self, state: BotState, claim: LeaseClaim, lease_seconds: float) -> None:
+        self.state = state
         self.claim = claim
         self.lease_seconds = lease_seconds
         self.placeholder = claim.placeholder
@@ -55,7 +54,7 @@ class LeaseKeeper:
         self._renewer: asyncio.Task[None] | None = None
 
     async def start(self, platform: str, ask: Ask, target: Mapping[str, Any] | None) -> None:
-        recorded = await self.kb.record_lease_question(
+        recorded = await self.state.record_lease_question(
             self.claim, platform=platform, question=ask.question, conversation_id=ask.conversation_id,
             asker=ask.asker, target=target or {},
         )
@@ -66,7 +65,7 @@ class LeaseKeeper:
         while not self.lost:
             await asyncio.sleep(self.lease_seconds / 3)
             try:
-                self.lost = not await self.kb.renew_lease(self.claim, self.lease_seconds)
+                self.lost = not await self.state.renew_lease(self.claim, self.lease_seconds)
             except Exception:  # the database blinked: try again next round (the lease is longer than a round)
                 logger.warning("could not renew the lease on %s", self.claim.key, exc_info=True)
 
@@ -75,16 +74,16 @@ class LeaseKeeper:
         ref = getattr(reply, "placeholder", None)
         if ref and ref != self.placeholder:
             self.placeholder = ref
-            await self.kb.record_lease_placeholder(self.claim, str(ref))
+            await self.state.record_lease_placeholder(self.claim, str(ref))
 
     async def still_held(self) -> bool:
         if not self.lost:
-            self.lost = not await self.kb.renew_lease(self.claim, self.lease_seconds)
+            self.lost = not await self.state.renew_lease(self.claim, self.lease_seconds)
         return not self.lost
 
     async def delivered(self) -> None:
         try:
-            await self.kb.mark_lease_delivered(self.claim)
+            await self.state.mark_lease_delivered(self.claim)
         except Exception:  # delivered but not marked: a takeover may answer again, in the same placeholder
             logger.exception("could not mark %s delivered", self.claim.key)
 
@@ -99,7 +98,7 @@ async def sweep(flow: ChatFlow, resume: Resume, *, limit: int = 20) -> int:
     """Take over and answer this platform's undelivered questions whose lease ran out. Returns how many."""
     answered = 0
     for _ in range(limit):
-        pending = await flow.kb.take_expired_lease(
+        pending = await flow.state.take_expired_lease(
             flow.platform, flow.holder, flow.lease_seconds, max_attempts=flow.max_attempts,
             max_age_seconds=MAX_AGE_SECONDS,
         )

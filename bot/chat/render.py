@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from bot.chat.sanitize import quote_safe
 
-if TYPE_CHECKING:  # a type only: importing the answerer would cost every CLI command ~1 s of start-up
-    from knowledge.answer.answering import Citation
+if TYPE_CHECKING:  # an annotation only: the terminal (and so `ragbot --help`) imports this module
+    from knowledge import Citation
 
 # Spans a split must never cut: <...> links and mentions, [text](url) links, bare URLs, citations [1], [1, 2], [2-3].
 _PROTECTED = re.compile(

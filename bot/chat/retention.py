@@ -17,8 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from bot.chat.state import BotState
+
 if TYPE_CHECKING:
-    from knowledge.kb import KnowledgeBase
+    from knowledge import KnowledgeBase
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +36,12 @@ class RetentionReport:
     events: int
 
 
-async def enforce_retention(kb: KnowledgeBase, days: int) -> RetentionReport:
+async def enforce_retention(kb: KnowledgeBase, state: BotState, days: int) -> RetentionReport:
     if days < 1:
         raise ValueError("RETENTION_DAYS must be at least 1")
-    bot_state = await kb.forget_bot_state_older_than(days)
+    bot_state = await state.forget_bot_state_older_than(days)
     turns = await kb.forget_turns_older_than(days)
-    events = await kb.forget_events_older_than(min(days, EVENT_KEYS_DAYS))
+    events = await state.forget_events_older_than(min(days, EVENT_KEYS_DAYS))
     report = RetentionReport(days, bot_state["answers"], bot_state["feedback"], turns, events)
     if report.answers or report.feedback or report.turns:
         logger.info("retention (%d days): deleted %d answers, %d feedback rows, %d conversation turns", days,
@@ -63,7 +65,8 @@ class RetentionService:
     async def _loop(self) -> None:
         while True:
             try:
-                await enforce_retention(self.get_kb(), self.days)
+                kb = self.get_kb()
+                await enforce_retention(kb, BotState(kb.engine), self.days)
                 self.runs += 1
             except Exception:
                 logger.exception("retention: the periodic delete failed; retrying at the next interval")
@@ -100,25 +103,25 @@ class ForgetReport:
         return "\n".join(lines)
 
 
-async def forget_identities(kb: KnowledgeBase, person: str, identities: Sequence[str]) -> ForgetReport:
+async def forget_identities(kb: KnowledgeBase, state: BotState, person: str, identities: Sequence[str]) -> ForgetReport:
     ids = sorted({i.strip() for i in identities if i and i.strip()})
     report = ForgetReport(person, ids)
     if not ids:
         return report
-    bot_state = await kb.forget_bot_state_of(ids)
+    bot_state = await state.forget_bot_state_of(ids)
     report.turns, report.summaries = await kb.forget_turns_of(ids)
     report.answers, report.feedback = bot_state["answers"], bot_state["feedback"]
-    if await kb.identities_for_principal(person):
+    if await state.identities_for_principal(person):
         report.notes.append(f"The identity map still maps them to {person} (access, not history): remove it with "
                             "`ragbot users unmap IDENTITY`.")
     return report
 
 
-async def forget_user(kb: KnowledgeBase, person: str, identities: Sequence[str] = (), *,
+async def forget_user(kb: KnowledgeBase, state: BotState, person: str, identities: Sequence[str] = (), *,
                       lookup: Callable[[str], asyncio.Future[list[str]]] | None = None) -> ForgetReport:
     """Identities: the identity map's (any identity mapped to `person`), `lookup(email)` (the CLI passes Slack's
     users.lookupByEmail), and `identities`."""
-    found = list(identities) + await kb.identities_for_principal(person)
+    found = list(identities) + await state.identities_for_principal(person)
     if lookup is not None:
         found += await lookup(person.removeprefix("user:"))
-    return await forget_identities(kb, person, found)
+    return await forget_identities(kb, state, person, found)

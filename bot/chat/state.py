@@ -2,8 +2,10 @@
 and feedback (tables from migration 0004).
 
 Platform-neutral: keys are platform-qualified strings built by the adapters ("slack:T1:C2", "discord:42"), so the
-Slack and Discord bots share these tables. `BotStateMethods` is mixed into `KnowledgeBase`, so adapters call
-`kb.claim_event(...)` and never see SQL.
+Slack and Discord bots share these tables. `BotState(engine)` is its own object over the knowledge base's engine
+(`bot.context.BotContext.state`, `ChatFlow.state`), so adapters call `state.claim_event(...)` and never see SQL, and
+`KnowledgeBase` knows nothing of the bot. The access resolver's one read of the identity map is
+`knowledge.storage.identities` (knowledge needs it to resolve a chat identity; the bot writes the map).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any, Literal
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from knowledge.access import InvalidPrincipal, check_principal
+import knowledge.storage.identities as identities
+from knowledge import InvalidPrincipal, check_principal
 
 Rating = Literal["up", "down"]
 
@@ -99,10 +102,11 @@ class FeedbackRecord:
         }
 
 
-class BotStateMethods:
-    """KnowledgeBase methods over the bot tables (mixed into `knowledge.kb.KnowledgeBase`)."""
+class BotState:
+    """The bot tables, over the knowledge base's engine: `BotState(kb.engine)`."""
 
-    engine: AsyncEngine
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
 
     # Exactly once.
 
@@ -290,11 +294,8 @@ class BotStateMethods:
     # Identity map.
 
     async def identity_principals(self, identity: str) -> list[str]:
-        async with self.engine.connect() as conn:
-            rows = await conn.execute(
-                text("SELECT principal FROM bot_identities WHERE identity = :i ORDER BY principal"), {"i": identity}
-            )
-            return list(rows.scalars())
+        """The one read of the map, shared with the knowledge base's access resolver."""
+        return await identities.identity_principals(self.engine, identity)
 
     async def map_identity(self, identity: str, principal: str, mapped_by: str | None = None) -> bool:
         """`identity` ("discord:42", "slack:U1") asks as `principal` too. False if that mapping existed."""

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
+from bot.cli.common import fail, print_json, with_kb
 from bot.cli.terminal import console, err_console, shown
+from knowledge import KnowledgeError
 
 if TYPE_CHECKING:
-    from knowledge.kb import KnowledgeBase
+    from knowledge import KnowledgeBase
 
 access_app = typer.Typer(help="Who sees what: a person's principals, synced group membership.", no_args_is_help=True)
 
@@ -29,7 +31,7 @@ def register_access_commands(app: typer.Typer) -> None:
 async def as_principals(kb: KnowledgeBase, given: Sequence[str] | None, no_expand: bool) -> list[str]:
     """What `--as` searches with: exactly the principals given (`--no-expand`), or each person's principals
     expanded through every synced group directory (the resolver the chat bots use too). Nothing given: everyone."""
-    from bot.chat.state import check_principal
+    from knowledge import check_principal  # here, not at the top: knowledge.access loads SQLAlchemy
 
     if not given:
         return ["everyone"]
@@ -47,8 +49,7 @@ async def as_principals(kb: KnowledgeBase, given: Sequence[str] | None, no_expan
 async def refresh_groups_after_sync(kb: KnowledgeBase, name: str, quiet: bool) -> None:
     """After `ragbot sync`: refresh the source's group membership too, if it has a directory. A failure is shown
     (the last good membership is kept) but does not fail the sync."""
-    from knowledge.errors import KnowledgeError
-    from knowledge.ingest.groups import has_directory
+    from knowledge.ingest.groups import has_directory  # deferred: keeps `ragbot --help` fast
 
     info = next((s for s in await kb.list_sources() if s.name == name), None)
     if info is None or not has_directory(info.kind, info.config):
@@ -73,8 +74,7 @@ def explain(
     as_json: JsonOption = False,
 ) -> None:
     """A person's principals and where each came from; with DOCUMENT, whether they may see it and why."""
-    from bot.chat.state import check_principal
-    from bot.cli.main import fail, print_json, with_kb
+    from knowledge import check_principal  # here, not at the top: knowledge.access loads SQLAlchemy
 
     if person.split(":", 1)[0] not in ("slack", "discord"):
         try:
@@ -112,8 +112,6 @@ def explain(
 @access_app.command("groups")
 def groups(as_json: JsonOption = False) -> None:
     """Each source's synced group directory: last good refresh, last error, groups and memberships."""
-    from bot.cli.main import print_json, with_kb
-
     states = with_kb(lambda kb: kb.group_directories())
     if as_json:
         print_json({"directories": [
@@ -137,8 +135,6 @@ def groups(as_json: JsonOption = False) -> None:
 def refresh(name: Annotated[str, typer.Argument(metavar="SOURCE", help="The source whose groups to refresh.")],
             as_json: JsonOption = False) -> None:
     """Refresh a source's group membership now (a removal from a group takes effect at once)."""
-    from bot.cli.main import print_json, with_kb
-
     report = with_kb(lambda kb: kb.refresh_groups(name))
     if as_json:
         print_json(report.to_dict())

@@ -10,6 +10,10 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
+from rich.table import Table
+
+from bot.cli.common import with_state
+from bot.cli.terminal import console
 
 users_app = typer.Typer(help="Map chat users to principals (whom they ask as in private conversations).",
                         no_args_is_help=True)
@@ -24,8 +28,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _print(text: str) -> None:
-    from bot.cli.terminal import console
-
     console.print(escape(text.replace("`", "")), highlight=False, soft_wrap=True)
 
 
@@ -35,10 +37,9 @@ def users_map(
     principal: Annotated[str, typer.Argument(help="Whom they ask as: user:<email>, group:<name>, ...")],
 ) -> None:
     """Let a chat user ask as PRINCIPAL in DMs and assistant threads."""
-    from bot.chat import admin
-    from bot.cli.main import with_kb
+    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
 
-    _print(with_kb(lambda kb: admin.users_map(kb, identity, principal, "cli")))
+    _print(with_state(lambda kb, state: admin.users_map(state, identity, principal, "cli")))
 
 
 @users_app.command("unmap")
@@ -47,10 +48,9 @@ def users_unmap(
     principal: Annotated[str | None, typer.Argument(help="One principal (default: all of them).")] = None,
 ) -> None:
     """Remove a chat user's mapping(s)."""
-    from bot.chat import admin
-    from bot.cli.main import with_kb
+    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
 
-    _print(with_kb(lambda kb: admin.users_unmap(kb, identity, principal)))
+    _print(with_state(lambda kb, state: admin.users_unmap(state, identity, principal)))
 
 
 @users_app.command("list")
@@ -59,15 +59,14 @@ def users_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show the identity map."""
-    from bot.chat import admin
-    from bot.cli.main import with_kb
+    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
 
     if as_json:
-        mappings = with_kb(lambda kb: kb.identity_mappings(identity))
+        mappings = with_state(lambda kb, state: state.identity_mappings(identity))
         print(json.dumps([{"identity": m.identity, "principal": m.principal, "mapped_by": m.mapped_by,
                            "mapped_at": m.mapped_at.isoformat()} for m in mappings], indent=2))
         return
-    _print(with_kb(lambda kb: admin.users_list(kb, identity)))
+    _print(with_state(lambda kb, state: admin.users_list(state, identity)))
 
 
 @channel_app.command("add")
@@ -76,10 +75,9 @@ def channel_add(
     principal: Annotated[str, typer.Argument(help="user:<email>, group:<name>, ...")],
 ) -> None:
     """Let everyone in CHANNEL get answers from what PRINCIPAL may see."""
-    from bot.chat import admin
-    from bot.cli.main import with_kb
+    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
 
-    _print(with_kb(lambda kb: admin.channel_access_add(kb, channel, principal, "cli")))
+    _print(with_state(lambda kb, state: admin.channel_access_add(state, channel, principal, "cli")))
 
 
 @channel_app.command("remove")
@@ -88,19 +86,17 @@ def channel_remove(
     principal: Annotated[str, typer.Argument(help="The principal to take away.")],
 ) -> None:
     """Take a grant away from a channel."""
-    from bot.chat import admin
-    from bot.cli.main import with_kb
+    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
 
-    _print(with_kb(lambda kb: admin.channel_access_remove(kb, channel, principal)))
+    _print(with_state(lambda kb, state: admin.channel_access_remove(state, channel, principal)))
 
 
 @channel_app.command("list")
 def channel_list(channel: Annotated[str, typer.Argument(help="A channel key.")]) -> None:
     """What a channel's answers may draw on."""
-    from bot.chat import admin
-    from bot.cli.main import with_kb
+    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
 
-    _print(with_kb(lambda kb: admin.channel_access_list(kb, channel)))
+    _print(with_state(lambda kb, state: admin.channel_access_list(state, channel)))
 
 
 def feedback(
@@ -108,12 +104,7 @@ def feedback(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Recent feedback on the bots' answers: who rated what, the question, what was searched, which chunks."""
-    from rich.table import Table
-
-    from bot.cli.main import with_kb
-    from bot.cli.terminal import console
-
-    records = with_kb(lambda kb: kb.recent_feedback(limit))
+    records = with_state(lambda kb, state: state.recent_feedback(limit))
     if as_json:
         print(json.dumps({"feedback": [r.to_dict() for r in records]}, indent=2))
         return

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.table import Table
 
 from bot.cli.terminal import RichSyncProgress, console, err_console
+from knowledge import KnowledgeBase, SearchFilters, StaticSource
 from knowledge.eval.evaluation import (
     EVAL_PRINCIPAL,
     METRICS,
@@ -18,9 +19,6 @@ from knowledge.eval.evaluation import (
     load_corpus,
     load_jsonl_questions,
 )
-from knowledge.kb import KnowledgeBase
-from knowledge.search.retrieval import SearchFilters
-from knowledge.sources.base import StaticSource
 
 
 async def run_eval(
@@ -82,7 +80,7 @@ async def run_answer_eval(
         await require_an_index(kb, file)
     judge = None
     if kb.answerer.generator is not None:  # an LLM answers, so an LLM grades too (faithfulness, relevance)
-        from knowledge.eval.judging import AnswerJudge
+        from knowledge.eval.judging import AnswerJudge  # deferred: only --judge needs the Claude client
 
         judge = AnswerJudge(kb.settings)
     try:

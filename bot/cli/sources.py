@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from bot.cli.terminal import shown
+from bot.cli.access import refresh_groups_after_sync
+from bot.cli.common import fail, prepare_query_encoder, print_json, with_kb
+from bot.cli.terminal import RichSyncProgress, console, describe_run, err_console, render_sync_report, shown
+from bot.settings import BotSettings
+from knowledge import KnowledgeError
 
 if TYPE_CHECKING:
-    from knowledge.ingest.pipeline import SyncReport
-    from knowledge.kb import KnowledgeBase
-    from knowledge.sources.base import SourceInfo, SyncRun
+    from knowledge import KnowledgeBase, SourceInfo, SyncReport, SyncRun
 
 source_app = typer.Typer(help="Stored sources that `ragbot sync` and the scheduler keep fresh.", no_args_is_help=True)
 add_app = typer.Typer(help="Add a source (its connection is checked first; a broken source is not saved).",
@@ -45,8 +47,7 @@ def register_source_commands(app: typer.Typer) -> None:
 
 
 def _intervals(every: str | None, prune_every: str) -> tuple[int | None, int]:
-    from bot.cli.main import fail
-    from knowledge.ingest.schedule import parse_interval
+    from knowledge import parse_interval  # deferred: keeps `ragbot --help` fast
 
     try:
         return (parse_interval(every) if every else None), parse_interval(prune_every)
@@ -56,14 +57,11 @@ def _intervals(every: str | None, prune_every: str) -> tuple[int | None, int]:
 
 
 def _save(name: str, kind: str, config: dict[str, object], every: int | None, prune_every: int) -> None:
-    from bot.cli.main import with_kb
-    from bot.cli.terminal import console
-
     async def go(kb: KnowledgeBase) -> SourceInfo:
         return await kb.add_source(name, kind, config, schedule_seconds=every, prune_seconds=prune_every)
 
     info = with_kb(go)
-    from knowledge.ingest.schedule import format_interval
+    from knowledge import format_interval  # deferred: keeps `ragbot --help` fast
 
     console.print(
         f"Saved source [bold]{shown(info.name)}[/] ({info.kind}, {shown(info.location or '')}); syncs "
@@ -79,8 +77,6 @@ def add_folder(
     prune_every: PruneOption = "1d",
 ) -> None:
     """A local folder (.md, .txt, .html, .pdf, .docx; `.access` files set who may see what)."""
-    from bot.cli.main import fail
-
     if not path.is_dir():
         fail(f"no such folder: {path}")
     seconds, prune = _intervals(every, prune_every)
@@ -138,8 +134,7 @@ def add_gdrive(
     prune_every: PruneOption = "1d",
 ) -> None:
     """Google Drive folders and shared drives (kept fresh through the Changes API), with permissions."""
-    from bot.cli.main import fail
-    from knowledge.sources.gdrive import GoogleDriveConfig, drive_id_from
+    from knowledge.sources.gdrive import GoogleDriveConfig, drive_id_from  # deferred: keeps `ragbot --help` fast
 
     if not folder and not shared_drive:
         fail("give at least one --folder ID or --shared-drive ID (the last part of its drive.google.com link)")
@@ -166,9 +161,7 @@ def add_gdrive(
 @source_app.command("list")
 def list_sources(as_json: JsonOption = False) -> None:
     """Stored sources: kind, schedule, documents, last run."""
-    from bot.cli.main import with_kb
-    from bot.cli.terminal import console, describe_run
-    from knowledge.ingest.schedule import format_interval
+    from knowledge import format_interval  # deferred: keeps `ragbot --help` fast
 
     sources = with_kb(lambda kb: kb.list_sources())
     if as_json:
@@ -206,9 +199,6 @@ def _where(info: SourceInfo) -> str:
 @source_app.command("remove")
 def remove(name: Annotated[str, typer.Argument(help="The source to forget.")]) -> None:
     """Remove a source, everything indexed from it and its run history (the originals are not touched)."""
-    from bot.cli.main import with_kb
-    from bot.cli.terminal import console
-
     removed = with_kb(lambda kb: kb.remove_source(name))
     console.print(f"Removed source {shown(name)} and its {removed} documents.")
 
@@ -220,10 +210,6 @@ def sync(
     as_json: JsonOption = False,
 ) -> None:
     """Bring stored sources up to date (incremental from each one's checkpoint)."""
-    from bot.cli.main import fail, prepare_query_encoder, with_kb
-    from bot.cli.terminal import RichSyncProgress, err_console, render_sync_report
-    from knowledge.errors import KnowledgeError
-
     async def go(kb: KnowledgeBase) -> tuple[list[SyncReport], list[tuple[str, str]]]:
         names = [name] if name else [s.name for s in await kb.list_sources() if _syncable(s.kind)]
         reports, errors = [], []
@@ -239,8 +225,6 @@ def sync(
             if not as_json:
                 render_sync_report(report)
             reports.append(report)
-            from bot.cli.access import refresh_groups_after_sync  # a sync also refreshes group membership
-
             await refresh_groups_after_sync(kb, source, quiet=as_json)
         await prepare_query_encoder(kb, as_json)
         return reports, errors
@@ -258,7 +242,7 @@ def sync(
 
 
 def _syncable(kind: str) -> bool:
-    from knowledge.sources.base import registered_kinds
+    from knowledge.sources.base import registered_kinds  # deferred: keeps `ragbot --help` fast
 
     return kind in registered_kinds()
 
@@ -269,9 +253,6 @@ def sync_runs(
     as_json: JsonOption = False,
 ) -> None:
     """Recorded sync runs: trigger, start and end, counts, error."""
-    from bot.cli.main import with_kb
-    from bot.cli.terminal import console
-
     runs = with_kb(lambda kb: kb.sync_runs(name, limit))
     if as_json:
         _print_json({"runs": [r.to_dict() for r in runs]})
@@ -306,9 +287,7 @@ def scheduler(
     refresh: Annotated[float, typer.Option("--refresh", help="Re-read the stored sources this often (seconds).")] = 60.0,
 ) -> None:
     """Run scheduled syncs only (for deployments that separate the bots from syncing). Stop with Ctrl-C."""
-    from bot.cli.main import with_kb
-    from bot.cli.terminal import console
-    from knowledge.ingest.schedule import format_interval, start_scheduler
+    from knowledge.ingest.schedule import format_interval, start_scheduler  # deferred: keeps `ragbot --help` fast
 
     async def go(kb: KnowledgeBase) -> None:
         handle = await start_scheduler(kb, refresh_seconds=refresh)
@@ -319,9 +298,8 @@ def scheduler(
         else:
             console.print("Scheduler running, but no source has a schedule yet (`ragbot source add ... --every 1h`); "
                           "new sources are picked up automatically.")
-        from bot.app import stop_on_signals
-        from bot.chat.retention import RetentionService  # RETENTION_DAYS, as in `ragbot run`
-        from bot.settings import BotSettings
+        from bot.app import stop_on_signals  # deferred: keeps `ragbot --help` fast
+        from bot.chat.retention import RetentionService  # deferred (start-up); RETENTION_DAYS as in `ragbot run`
 
         retention = RetentionService(lambda: kb, BotSettings().retention_days)
         await retention.start()
@@ -337,6 +315,4 @@ def scheduler(
 
 
 def _print_json(payload: object) -> None:
-    from bot.cli.main import print_json
-
     print_json(payload)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -15,13 +17,11 @@ from rich.text import Text
 
 from bot.chat.render import short_quote
 from bot.chat.sanitize import quote_safe
+from knowledge.answer.generators.passages import breadcrumb
+from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
 
 if TYPE_CHECKING:  # the knowledge core (SQLAlchemy and friends) is imported only by commands that use it
-    from knowledge.answer.answering import Answer
-    from knowledge.ingest.pipeline import SyncReport
-    from knowledge.kb import IndexStatus, KnowledgeBase
-    from knowledge.search.retrieval import SearchHit
-    from knowledge.sources.base import SyncRun
+    from knowledge import Answer, IndexStatus, KnowledgeBase, SearchHit, SyncReport, SyncRun
 
 console = Console()
 err_console = Console(stderr=True)
@@ -88,11 +88,6 @@ def not_documents_summary(names: Sequence[str]) -> str:
     """One line for the files a sync left out because they are not documents (data such as an evaluation set
     next to the handbook, images, archives): how many, of which types, and what ragbot does read. Not a warning:
     nothing went wrong."""
-    from collections import defaultdict
-    from pathlib import PurePosixPath
-
-    from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
-
     by_type: dict[str, list[str]] = defaultdict(list)
     for name in names:
         by_type[PurePosixPath(name).suffix.lower() or "no extension"].append(PurePosixPath(name).name)
@@ -142,8 +137,6 @@ def render_hits(hits: Sequence[SearchHit]) -> None:
 
 
 def section_breadcrumb(title: str, heading: str) -> str:
-    from knowledge.answer.generators.passages import breadcrumb
-
     return breadcrumb(title, heading)
 
 

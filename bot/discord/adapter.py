@@ -41,14 +41,13 @@ from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import SourceEntry, sources_list, split_text
 from bot.chat.sanitize import quote_safe
 from bot.settings import BotSettings
-from knowledge.answer.memory import ChatMessage
+from knowledge import ChatMessage
 
 if TYPE_CHECKING:
-    from bot.chat.state import LeaseClaim, PendingQuestion
+    from bot.chat.state import BotState, LeaseClaim, PendingQuestion
     from bot.context import BotContext
     from bot.server import BotMetrics
-    from knowledge.answer.answering import Answer
-    from knowledge.kb import KnowledgeBase
+    from knowledge import Answer, KnowledgeBase
 
 logger = logging.getLogger(__name__)
 
@@ -343,19 +342,20 @@ class PrivateReply(ProgressiveReply):
 
 
 class RagbotDiscord(discord.Client):
-    def __init__(self, kb: KnowledgeBase, settings: BotSettings, metrics: BotMetrics | None = None) -> None:
+    def __init__(self, kb: KnowledgeBase, settings: BotSettings, metrics: BotMetrics | None = None,
+                 state: BotState | None = None) -> None:
         intents = discord.Intents.default()  # guilds, guild and DM messages; no members or presences
         intents.message_content = settings.discord_message_content
         super().__init__(intents=intents, allowed_mentions=NO_PINGS)
         self.kb = kb
         self.settings = settings
         self.metrics = metrics
-        self.flow = ChatFlow(kb, PLATFORM, metrics, lease_seconds=settings.answer_lease_seconds)
+        self.flow = ChatFlow(kb, PLATFORM, metrics, state=state, lease_seconds=settings.answer_lease_seconds)
         self._sweeper: asyncio.Task[None] | None = None
         self.tree = app_commands.CommandTree(self)
         self.tree.on_error = self._on_command_error  # type: ignore[method-assign]
         self.background: set[asyncio.Task[Any]] = set()  # reindex jobs still running
-        self.audiences = ChannelAudiences(kb, ttl_seconds=settings.channel_audience_ttl,
+        self.audiences = ChannelAudiences(kb, self.flow.state, ttl_seconds=settings.channel_audience_ttl,
                                           max_members=settings.channel_audience_max_members)
         _register_commands(self)
 
@@ -504,7 +504,7 @@ class RagbotDiscord(discord.Client):
         async def audience() -> access.Audience:
             if audience_channel is None or guild is None:
                 return await access.private_audience(self.kb, asker)
-            return await access.shared_audience(self.kb, asker, channel_key(int(guild), int(audience_channel)))
+            return await access.shared_audience(self.flow.state, asker, channel_key(int(guild), int(audience_channel)))
 
         return Ask(pending.question, pending.conversation_id, asker, audience), reply
 
@@ -618,7 +618,7 @@ class RagbotDiscord(discord.Client):
     async def share_answer(self, interaction: discord.Interaction, answer_id: int) -> None:
         """"Share in channel": the question of a private answer answered AGAIN with the channel's audience and
         posted for everyone (the private text is never reposted). Only its asker may share it, once."""
-        delivered = await self.kb.delivered_answer(answer_id)
+        delivered = await self.flow.state.delivered_answer(answer_id)
         asker = self.identity(interaction.user)
         guild_id = interaction.guild_id
         if delivered is None or delivered.asker != asker or guild_id is None:
@@ -705,7 +705,7 @@ def _register_commands(bot: RagbotDiscord) -> None:
     async def ask(interaction: discord.Interaction, question: str, private: bool | None = None) -> None:
         if private is None:
             key = _interaction_channel_key(interaction)
-            private = key is not None and await channel_mode(bot.kb, key) == "private"
+            private = key is not None and await channel_mode(bot.flow.state, key) == "private"
         await interaction.response.defer(thinking=True, ephemeral=private)  # first, within Discord's 3 seconds
         conversation = f"{PLATFORM}:{interaction.guild_id or 'dm'}:{interaction.channel_id}:ask:{interaction.id}"
         async def audience() -> access.Audience:
@@ -876,7 +876,7 @@ class DiscordAdapter:
         assert settings.discord_bot_token is not None
         configure_api_url(settings.discord_api_url)
         configure_gateway_url(settings.discord_gateway_url)
-        self.client = RagbotDiscord(self.context.kb, settings, self.context.metrics)
+        self.client = RagbotDiscord(self.context.kb, settings, self.context.metrics, self.context.state)
         try:
             await self.client.login(settings.discord_bot_token.get_secret_value())
         except discord.LoginFailure as exc:

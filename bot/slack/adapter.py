@@ -64,13 +64,12 @@ from bot.slack.format import (
     stream_tail_blocks,
     to_mrkdwn,
 )
-from knowledge.access import Person, check_principal
-from knowledge.answer.memory import ChatMessage
+from knowledge import ChatMessage, Person, check_principal
 
 if TYPE_CHECKING:
     from bot.chat.state import LeaseClaim, PendingQuestion
     from bot.context import BotContext
-    from knowledge.answer.answering import Answer
+    from knowledge import Answer
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +163,8 @@ class SlackAdapter:
         self.kb = context.kb
         self.settings = context.settings
         self.metrics = context.metrics
-        self.flow = ChatFlow(self.kb, PLATFORM, self.metrics, lease_seconds=self.settings.answer_lease_seconds)
+        self.flow = ChatFlow(self.kb, PLATFORM, self.metrics, state=context.state,
+                             lease_seconds=self.settings.answer_lease_seconds)
         self._sweeper: asyncio.Task[None] | None = None
         token = self.settings.slack_bot_token.get_secret_value() if self.settings.slack_bot_token else None
         self.client = client or AsyncWebClient(
@@ -187,7 +187,7 @@ class SlackAdapter:
             logger=logging.getLogger("slack_bolt"),
         )
         self.users = UserDirectory(self.client, self.settings.user_cache_seconds)
-        self.audiences = ChannelAudiences(self.kb, ttl_seconds=self.settings.channel_audience_ttl,
+        self.audiences = ChannelAudiences(self.kb, self.flow.state, ttl_seconds=self.settings.channel_audience_ttl,
                                           max_members=self.settings.channel_audience_max_members)
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
@@ -209,7 +209,7 @@ class SlackAdapter:
         # Questions a crashed process claimed but never answered: finished in their placeholders (bot.chat.lease).
         self._sweeper = start_sweeper(self.flow, self.resume, self.settings.answer_sweep_seconds)
         if self.socket_mode:
-            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+            from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler  # Socket Mode only
 
             self._socket_handler = AsyncSocketModeHandler(self.app, self.settings.slack_app_token.get_secret_value())  # type: ignore[union-attr]
             await self._socket_handler.connect_async()
@@ -396,7 +396,7 @@ class SlackAdapter:
         conversation = where.conversation_id
         if not where.private:
             privately, question = asks_privately(question)
-            if privately or await channel_mode(self.kb, where.channel_key) == "private":
+            if privately or await channel_mode(self.flow.state, where.channel_key) == "private":
                 where = replace(where, ephemeral=True)
                 reply = SlackEphemeralReply(self, where)  # type: ignore[assignment]
                 conversation = private_conversation(conversation, identity)
@@ -594,7 +594,7 @@ class SlackAdapter:
             return
         if not user_id or not channel:
             return
-        delivered = await self.kb.delivered_answer(answer_id)
+        delivered = await self.flow.state.delivered_answer(answer_id)
         if delivered is None or delivered.asker != f"slack:{user_id}":
             return
         if not await self.flow.claim(f"slack:share:{answer_id}"):

@@ -26,8 +26,8 @@ from aiohttp import web
 from bot.chat.insights import InsightsReport, Viewer, build_report
 
 if TYPE_CHECKING:
-    from bot.chat.state import DailyCounts
-    from knowledge.kb import KnowledgeBase
+    from bot.chat.state import BotState, DailyCounts
+    from knowledge import KnowledgeBase
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def token_matches(request: web.Request, token: str) -> bool:
     return hmac.compare_digest(offered.encode("utf-8"), token.encode("utf-8"))
 
 
-def admin_routes(kb: KnowledgeBase, token: str) -> list[web.RouteDef]:
+def admin_routes(kb: KnowledgeBase, state: BotState, token: str) -> list[web.RouteDef]:
     if not token:
         return []
 
@@ -62,7 +62,7 @@ def admin_routes(kb: KnowledgeBase, token: str) -> list[web.RouteDef]:
         if not token_matches(request, token):
             return web.Response(status=401, text="401: a valid ADMIN_TOKEN is required (Authorization: Bearer …).",
                                 headers={**HEADERS, "WWW-Authenticate": 'Bearer realm="ragbot admin"'})
-        html = await render_page(kb)
+        html = await render_page(kb, state)
         return web.Response(text=html, content_type="text/html", charset="utf-8", headers=HEADERS)
 
     return [web.get(PATH, page, allow_head=False)]
@@ -185,12 +185,12 @@ details.gap{margin:.4rem 0} nav a{margin-right:1rem}
 """
 
 
-async def render_page(kb: KnowledgeBase, now: datetime | None = None) -> str:
+async def render_page(kb: KnowledgeBase, state: BotState, now: datetime | None = None) -> str:
     now = now or datetime.now(UTC)
     sources = await kb.list_sources()
     runs = await kb.sync_runs(None, 50)
-    report = await build_report(kb, timedelta(days=DAYS), Viewer(), now=now)
-    feedback = await kb.recent_feedback(30)
+    report = await build_report(kb, state, timedelta(days=DAYS), Viewer(), now=now)
+    feedback = await state.recent_feedback(30)
     source_rows = []
     for s in sources:
         run = s.last_run

@@ -20,10 +20,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from knowledge.errors import RecentlySynced, SourceBusy, SourceConfigError, SourceError, UnknownSource
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
-from knowledge.sources.base import Source, SourceInfo, SyncRun, as_source, build_source
+from knowledge.sources.base import Source, SourceInfo, as_source, build_source
 from knowledge.sources.folder import FolderSource
 from knowledge.storage import documents as store
 from knowledge.storage import sources as sources_store
+from knowledge.storage.sources import SyncRun
 
 logger = logging.getLogger(__name__)
 

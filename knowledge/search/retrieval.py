@@ -5,13 +5,14 @@ text search configuration as the chunks; its terms' idf (from the `lexemes` tabl
 query vector; each chunk stores its document-side BM25 weights as a sparse vector; their inner product is the
 BM25 score. Candidates come from the GIN index with OR semantics over the question's terms, because long
 questions rarely contain every term; in a large corpus, from the rarest terms' postings plus the chunks holding two
-or three of the other terms together (see CANDIDATE_POSTINGS and TOGETHER_POSTINGS).
+or three of the other terms together (see SearchTuning's candidate_postings and together_postings).
 
 A search is two statements: BM25's candidates (sent before the question is embedded, so Postgres works on them
 while the model does) and the HNSW search (sent the moment the vector is ready). Each returns with its candidates
 what their hits show (text, document), so the fused list needs no further round trip. Both candidate lists are
 filtered by the asker's principals inside their index scans (pgvector's iterative scan keeps a filtered HNSW
-search returning enough rows).
+search returning enough rows). The statements, and the knobs that tune them (`SearchTuning`), are in
+knowledge/storage/search.py; this module decides what to run and fuses what comes back.
 """
 
 from __future__ import annotations
@@ -22,108 +23,30 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from functools import cache
 from typing import Any, Literal
 
 import numpy as np
-from sqlalchemy import TextClause, text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from db.engine import HNSW_EF_SEARCH, read_rows
-from db.models import BM25_SPARSE_DIM
+from db.engine import HNSW_EF_SEARCH
 from knowledge.access import EVERYONE
-from knowledge.embedding.encoder import Embedder
+from knowledge.embedding.encoder import Embedder, resolve_model_path
 from knowledge.search.fusion import Candidate, Fused, Fusion, LexicalCandidates
 from knowledge.settings import KnowledgeSettings
+from knowledge.storage import search as search_store
 from knowledge.storage.documents import as_vector
+from knowledge.storage.search import EVERY_TERM, SearchTuning
+
+__all__ = ["MODES", "Mode", "Retriever", "SearchFilters", "SearchHit", "SearchResults", "SearchTuning",
+           "collapse_near_duplicates", "ef_search_for", "rerank"]
 
 Mode = Literal["hybrid", "dense", "lexical"]
 MODES: tuple[Mode, ...] = ("hybrid", "dense", "lexical")
 
-# Below this many chunks every question term finds BM25 candidates (every term is always scored).
-RARE_TERM_CORPUS_SIZE = 10_000
-# Above it, candidates come from the question's rarest terms: terms in order of document frequency while their
-# posting lists add up to at most this many chunks (the rarest term always). Common terms still count in every
-# candidate's score; they just do not each bring thousands of candidates that would all have to be scored. Measured
-# at 100k chunks by `bench/search.py --levers` (recall@10 against exact BM25 beside the latency).
-CANDIDATE_POSTINGS = 3_000
-# At most this many candidate chunks are scored, whatever the terms: a question made only of words found in most
-# chunks cannot make a search score the whole corpus (the rows scored are then the first ones found). A common term
-# read through the GIN index brings all its chunks, at most COMMON_INDEX_DF (below).
-CANDIDATE_SCAN_CAP = 10_000
-# The posting budget counts postings in every chunk, also ones the asker may not see, so a reader of few documents
-# can find fewer than k candidates among the rarest terms' chunks although more of theirs hold the other terms. A
-# lexical-only search that comes back short then looks once more with every question term, among the chunks the
-# asker may see (LEXICAL_SQL_AMONG_PERMITTED; hybrid searches fill k from the dense side).
-EVERY_TERM = 2**62  # as RARE_TERM_CORPUS_SIZE: every term brings candidates
-# The best BM25 matches often lack the rarest question term but hold two of the others (at a million chunks, about
-# a quarter of the exact top-10 were missed without them). So candidates also come from the chunks holding both terms
-# of a pair of the other question terms, for every pair whose expected chunks in common (n × the two terms' shares,
-# were they independent) are at most TOGETHER_POSTINGS, and whose terms are each in at most TOGETHER_MAX_DF chunks
-# (a longer posting list costs more to read than its pairs bring). At most TOGETHER_CAP such candidates are scored.
-# Each pair is decided by its own two terms alone, and the chunks it brings are checked for access row by row before
-# the cap: a term found only in chunks the asker may not see brings nothing and displaces nothing, without a
-# visibility check per term. Measured by `bench/search.py` (lexical recall@10 against exact BM25).
-# A short question of fairly common words has no such pair (at a million chunks, terms in 25,000, 130,000 and
-# 135,000 chunks: any two share about 3,000 chunks, all three about 450), and its best matches hold all its terms.
-# So triples of terms count too, when none of their pairs qualifies, their expected chunks in common are at most
-# TOGETHER_POSTINGS, and each term is in at most TOGETHER_TRIPLE_MAX_DF chunks (GIN intersects the three lists
-# skipping through the longer ones: about 8–10 ms for those at a million chunks). Groups are read the most selective
-# first, and decided, like pairs, by their own terms alone.
-# The groups are read only from TOGETHER_CORPUS_SIZE chunks, where CANDIDATE_POSTINGS is at most 1% of the corpus; in
-# a smaller one the rarest terms' postings reach far enough down without them. Measured on the bench's 100,000-chunk
-# index (3%), 200 questions, the two versions alternating (and which goes first): the lexical statement's p95 without
-# the groups 9.4 ms instead of 15.5 for a reader of 10% of the documents, 13.8 instead of 17.5 for everyone;
-# recall@10 against exact BM25 0.994 without, 1.0 with them (50 questions). At a million chunks (0.3%) they took
-# recall@10 from 0.73 to 0.87.
-TOGETHER_CORPUS_SIZE = 300_000
-TOGETHER_POSTINGS = 1_000
-TOGETHER_MAX_DF = 50_000
-TOGETHER_TRIPLE_MAX_DF = 200_000
-TOGETHER_CAP = 1_000
-# Common terms are looked for among the first COMMON_PROBE_ROWS chunks (in id order, so every search reads the
-# same ones) before the GIN index. When no question term is rare, candidates are the chunks holding the rarest term:
-# all of them, through the GIN index, while it is in at most COMMON_INDEX_DF chunks (reading a posting list costs
-# about 0.2 µs a posting, 4 ms at that bound; the scan cap does not cut such a list short, since where it cut was
-# arbitrary: at a million chunks two of 40 questions lost their best matches to it, recall@10 against exact BM25
-# 0.957 -> 0.972, the lexical statement's mean within 1.5 ms in two alternating runs of 100 questions); above it,
-# the first CANDIDATE_SCAN_CAP chunks holding it, read in id order, at most COMMON_SCAN_ROWS read: the chunks its
-# posting list would have given first, without reading the whole list. (With the bound at CANDIDATE_SCAN_CAP, a term
-# in 11,700 of a million chunks was met in 580 of them, none among the best ten.)
-COMMON_PROBE_ROWS = 2_000
-COMMON_SCAN_ROWS = 50_000
-COMMON_INDEX_DF = 20_000
-# When every question term is common, its best BM25 matches are the chunks that repeat its rarest term most, which
-# the table order finds only by chance: at a million chunks, a question of two terms in 37% and 86% of chunks found
-# none of its exact top ten (recall@10 over 40 questions 0.9725; 0.9975 with the tiers). Migration 0010 indexes, for
-# each chunk, the lexemes it holds at least twice, by tier of term frequency; when the rarest term is in more than
-# COMMON_INDEX_DF chunks, a search reads its tiers from the highest down until the asker may see n chunks in them,
-# and the table-order scan runs only if they fall short. (Walking every question term's tiers cost a reader of 10%
-# of the documents 30 ms more at p95, for the same recall.) Highest first; they must match `bm25_tf_tiers`.
-TF_TIERS = (32, 23, 16, 11, 8, 6, 5, 4, 3, 2)
-# HNSW's search list (`hnsw.ef_search`) grows with the corpus. As the graph (pgvector's m 16, ef_construction 64)
-# grows, a search more often settles among the wrong neighbours and misses even a question's clear answer, whose
-# cosine to it is far above the rest's. Measured with `bench/search.py`'s clustered vectors (200 questions, each
-# planted near its answer; the dense statement alone, warm; README "Speed"):
-#   100k chunks: answer missed 4 times at ef 100, once at 200 and at 400; for a reader of 10% of the documents, the
-#                exact top hit found 195 / 199 / 199 times, recall@10 0.979 / 0.993 / 0.994.
-#   1M chunks:   missed 33 / 17 / 5 / 2 times at ef 100 / 200 / 400 / 800; the 10% reader's recall@10 0.71 / 0.80 /
-#                0.89 / 0.92, and that reader's statement was faster at 200-400 than at 100 (its iterative scan needs
-#                fewer rounds).
-#   1M chunks, the product's whole hybrid search, once the embedded server's buffer cache held the index (a quarter
-#                of RAM): ef 800 against 400 found 198 against 195 planted answers and declined 2 against 5, for
-#                1.9 ms more p50 (20.1 against 18.2) as everyone and 0.3 ms as a 10% reader.
-# So db.engine.HNSW_EF_SEARCH (200) up to 250,000 chunks, then a chunk count / CHUNKS_PER_EF_SEARCH, at most 800
-# (from a million chunks).
-CHUNKS_PER_EF_SEARCH = 1_250
-MAX_EF_SEARCH = 800
-# How long the corpus size that sets it is trusted before it is read again (one cheap read a minute).
-CORPUS_SIZE_TTL_S = 60.0
 
-
-def ef_search_for(n_chunks: int) -> int:
-    """The HNSW search list for a corpus of `n_chunks` (see CHUNKS_PER_EF_SEARCH)."""
-    return max(HNSW_EF_SEARCH, min(MAX_EF_SEARCH, n_chunks // CHUNKS_PER_EF_SEARCH))
+def ef_search_for(n_chunks: int, tuning: SearchTuning = SearchTuning()) -> int:  # noqa: B008 (a frozen value)
+    """The HNSW search list for a corpus of `n_chunks` (see SearchTuning.chunks_per_ef_search)."""
+    return max(HNSW_EF_SEARCH, min(tuning.max_ef_search, n_chunks // tuning.chunks_per_ef_search))
 
 
 @dataclass(frozen=True)
@@ -173,13 +96,15 @@ class SearchResults:
 
 
 class Retriever:
-    def __init__(self, engine: AsyncEngine, embedder: Embedder, settings: KnowledgeSettings) -> None:
+    def __init__(self, engine: AsyncEngine, embedder: Embedder, settings: KnowledgeSettings,
+                 tuning: SearchTuning | None = None) -> None:
         # The searches' own pool, in autocommit (db.engine.create_engine(url, autocommit=True)): a statement is one
         # round trip, without a BEGIN before it, and no rollback ever drops what psycopg has prepared.
         self.engine = engine
         self._reads = engine.execution_options(isolation_level="AUTOCOMMIT")  # the same, if given a shared engine
         self.embedder = embedder
         self.settings = settings
+        self.tuning = tuning or SearchTuning()  # the search statements' knobs (knowledge.storage.search)
         self._query_vectors: dict[str, np.ndarray] = {}
         self._ef_search = str(HNSW_EF_SEARCH)
         self._ef_search_until = 0.0  # time.monotonic() when the corpus size is read again
@@ -196,12 +121,7 @@ class Retriever:
         self, params: dict[str, object], shown: dict[int, Any], among_permitted: bool = False
     ) -> LexicalCandidates:
         async with self._reads.connect() as conn:
-            if among_permitted:
-                rows = await read_rows(conn, _LEXICAL_AMONG_PERMITTED, params)
-            else:
-                # Its plan cannot use the question (its terms are found while it runs) and barely the asker: the
-                # same rows either way, and 2-2.7 ms less a search than planning it at every run.
-                rows = await read_rows(conn, _LEXICAL, params, generic_plan=True)
+            rows = await search_store.lexical_rows(conn, params, among_permitted=among_permitted)
         shown.update((r.id, r) for r in rows)
         return LexicalCandidates([Candidate(r.id, r.document_id, float(r.score)) for r in rows],
                                  float(rows[0].full_match_score) if rows else 0.0)
@@ -209,31 +129,29 @@ class Retriever:
     async def _dense_candidates(self, params: dict[str, object], shown: dict[int, Any]) -> list[Candidate]:
         async with self._reads.connect() as conn:
             settings = {"hnsw.ef_search": await self._ef_search_for_corpus(conn)}
-            rows = await read_rows(conn, _dense_statement(self.embedder.dimension), params, settings=settings)
+            rows = await search_store.dense_rows(conn, self.embedder.dimension, params, settings=settings)
             if await self._index_scan_fell_short(conn, len(rows), params):
                 # Not reported in the timings: whether the index scan fell short depends on chunks the asker may
                 # not see crowding it, which is not theirs to learn.
-                rows = await read_rows(conn, _dense_statement(self.embedder.dimension, exact=True), params)
+                rows = await search_store.dense_rows(conn, self.embedder.dimension, params, exact=True)
         shown.update((r.id, r) for r in rows)
         return [Candidate(r.id, r.document_id, float(r.score)) for r in rows]
 
-    async def _ef_search_for_corpus(self, conn) -> str:  # type: ignore[no-untyped-def]
-        """ef_search_for the corpus's size, read at most once a CORPUS_SIZE_TTL_S."""
+    async def _ef_search_for_corpus(self, conn: AsyncConnection) -> str:
+        """ef_search_for the corpus's size, read at most once a tuning.corpus_size_ttl_s."""
         if time.monotonic() >= self._ef_search_until:
-            rows = await read_rows(conn, _CORPUS_SIZE, {})
-            n_chunks = rows[0].n_chunks if rows else 0
-            self._ef_search = str(ef_search_for(n_chunks))
-            self._ef_search_until = time.monotonic() + CORPUS_SIZE_TTL_S
+            n_chunks = await search_store.corpus_size(conn)
+            self._ef_search = str(ef_search_for(n_chunks, self.tuning))
+            self._ef_search_until = time.monotonic() + self.tuning.corpus_size_ttl_s
         return self._ef_search
 
-    async def _index_scan_fell_short(self, conn, found: int, params: dict[str, object]) -> bool:  # type: ignore[no-untyped-def]
+    async def _index_scan_fell_short(self, conn: AsyncConnection, found: int, params: dict[str, object]) -> bool:
         """Did the HNSW scan return fewer candidates than the asker may see? It can, when the rows it visits first
         are ones the filter rejects (other people's chunks) or dead rows of a large deletion not yet vacuumed:
         pgvector stops after hnsw.max_scan_tuples. Only then is the permitted set counted (at most n rows)."""
         if found >= params["n"]:  # type: ignore[operator]
             return False
-        (permitted,) = await read_rows(conn, _PERMITTED_COUNT, params)
-        return permitted.n > found
+        return await search_store.permitted_count(conn, params) > found
 
     @staticmethod
     def _hits(chosen: Sequence[Fused], shown: dict[int, Any]) -> list[SearchHit]:
@@ -268,18 +186,7 @@ class Retriever:
             "sources": list(filters.sources) if filters.sources else None,
             "updated_after": filters.updated_after,
             "n": max(candidates or self.settings.candidates_per_retriever, k),
-            "rare_corpus": RARE_TERM_CORPUS_SIZE,
-            "candidate_postings": CANDIDATE_POSTINGS,
-            "together_corpus": TOGETHER_CORPUS_SIZE,
-            "together_postings": TOGETHER_POSTINGS,
-            "together_max_df": TOGETHER_MAX_DF,
-            "together_triple_max_df": TOGETHER_TRIPLE_MAX_DF,
-            "together_cap": TOGETHER_CAP,
-            "scan_cap": CANDIDATE_SCAN_CAP,
-            "common_index_df": COMMON_INDEX_DF,
-            "common_probe_rows": COMMON_PROBE_ROWS,
-            "common_scan_rows": COMMON_SCAN_ROWS,
-            "tf_tiers": list(TF_TIERS),
+            **self.tuning.params(),
         }
         started = time.perf_counter()
         # BM25 runs in Postgres (another process) while the question is embedded here, and the HNSW search starts as
@@ -321,274 +228,6 @@ class Retriever:
         return SearchResults(hits, best, timings)
 
 
-_FILTERS = """
-        c.access && CAST(:principals AS text[])
-    AND (CAST(:sources AS text[]) IS NULL
-         OR c.source_id = ANY(ARRAY(SELECT id FROM sources WHERE name = ANY(CAST(:sources AS text[])))))
-    AND (CAST(:updated_after AS timestamptz) IS NULL OR c.doc_updated_at >= CAST(:updated_after AS timestamptz))
-"""
-
-# The same filters, with the access check kept out of index use: for a posting list bounded by
-# CANDIDATE_POSTINGS, checking each row's access list is cheaper than building the bitmap of every chunk the asker
-# may see from the access index (10,000 rows for a reader of 10% of 100k chunks, 100,000 for everyone), which is
-# what the planner picks otherwise (it cannot estimate a posting list computed during the query).
-_FILTERS_PER_ROW = _FILTERS.replace(
-    "c.access && CAST(:principals AS text[])", "(c.access && CAST(:principals AS text[])) IS TRUE"
-)
-
-_CORPUS_SIZE = text("SELECT n_chunks FROM corpus_stats WHERE id = 1")
-
-_PERMITTED_COUNT = text("SELECT count(*) AS n FROM (SELECT 1 FROM chunks c WHERE " + _FILTERS + " LIMIT :n) permitted")
-
-_LEXICAL_CTES = """
-question_terms AS (
-    -- The question's terms in the vocabulary, with their idf (from every chunk's statistics).
-    SELECT l.id, l.df, l.lexeme, _q.literal, s.n, ln(1 + (s.n - l.df + 0.5) / (l.df + 0.5)) AS idf
-    FROM lexemes l
-    CROSS JOIN (SELECT greatest(n_chunks, 1)::float8 AS n FROM corpus_stats WHERE id = 1) s
-    CROSS JOIN LATERAL (SELECT '''' || replace(replace(l.lexeme, '\\', '\\\\'), '''', '''''') || '''' AS literal) _q
-    WHERE l.lexeme = ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :query))) AND l.df > 0
-),
-rare_terms AS MATERIALIZED (
-    -- The terms that may bring candidates (in a small corpus every term; else those with short posting lists),
-    -- kept only when they occur in at least one chunk the asker may search. A term found only in chunks they may
-    -- not see must change nothing they receive (scores, order, abstention, candidates), or the results would tell
-    -- them the word exists in a document hidden from them. One GIN probe per term, cheap for short lists.
-    -- (A term with a long posting list, which only a search with every term brings, is looked for as a common
-    -- one is: see _COMMON_TERM_VISIBLE.)
-    -- The match is written twice on purpose. The planner cannot see the term (it comes from this query), so it
-    -- guesses that 0.5% of chunks hold it, and for EXISTS, which stops at the first row, a sequential scan then
-    -- looks cheaper than the GIN index; a rare term is in far fewer chunks, and the scan read 8 ms of a million
-    -- chunks per term. Two conditions make the guess 0.0025%, and the index is used (about 0.2 ms).
-    SELECT t.* FROM question_terms t
-    WHERE (t.n < :rare_corpus OR t.df <= :candidate_postings)
-      AND CASE WHEN t.df <= :candidate_postings
-               THEN EXISTS (SELECT 1 FROM chunks c
-                            WHERE c.tsv @@ CAST(t.literal AS tsquery) AND c.tsv @@ CAST(t.literal AS tsquery)
-                              AND {row_filters})
-               ELSE {common_term_visible} END
-),
-candidate_terms AS (
-    -- The rarest of those while their posting lists add up to CANDIDATE_POSTINGS (the rarest one always).
-    SELECT r.literal FROM (
-        SELECT r.*, row_number() OVER (ORDER BY r.df, r.id) AS nth, sum(r.df) OVER (ORDER BY r.df, r.id) AS postings
-        FROM rare_terms r
-    ) r
-    WHERE r.n < :rare_corpus OR r.nth = 1 OR r.postings <= :candidate_postings
-),
-pairable AS (
-    -- Whether two question terms make a pair by their own statistics (posting list lengths, expected chunks in
-    -- common), whatever the other terms are.
-    SELECT a.id AS a, b.id AS b, a.literal AS a_literal, b.literal AS b_literal,
-           a.literal || ' & ' || b.literal AS pair,
-           a.df::float8 * b.df / a.n AS expected,
-           a.df <= :together_max_df AND b.df <= :together_max_df
-           AND a.df::float8 * b.df / a.n <= :together_postings AS qualifies
-    FROM question_terms a JOIN question_terms b ON a.id < b.id
-    WHERE a.n >= :rare_corpus AND a.n >= :together_corpus
-),
-together_groups AS (
-    -- In a large corpus, pairs of the question terms that bring no candidates above, and triples none of whose pairs
-    -- qualifies: each group by its own terms, never by the other terms, so a term the asker cannot find changes no
-    -- other group (its own groups bring only chunks the asker may not see).
-    SELECT CAST(p.pair AS tsquery) AS terms, p.expected, p.a, p.b, 0 AS c
-    FROM pairable p
-    WHERE p.qualifies
-      AND p.a_literal NOT IN (SELECT literal FROM candidate_terms)
-      AND p.b_literal NOT IN (SELECT literal FROM candidate_terms)
-    UNION ALL
-    SELECT CAST(ab.pair || ' & ' || c.literal AS tsquery), ab.expected * c.df / c.n, ab.a, ab.b, c.id
-    FROM pairable ab
-    JOIN question_terms a ON a.id = ab.a JOIN question_terms b ON b.id = ab.b
-    JOIN question_terms c ON c.id > ab.b
-    JOIN pairable ac ON ac.a = ab.a AND ac.b = c.id
-    JOIN pairable bc ON bc.a = ab.b AND bc.b = c.id
-    WHERE NOT (ab.qualifies OR ac.qualifies OR bc.qualifies)
-      AND greatest(a.df, b.df, c.df) <= :together_triple_max_df
-      AND ab.expected * c.df / c.n <= :together_postings
-),
-together AS MATERIALIZED (
-    -- The chunks holding every term of a group, group by group, the most selective first (GIN walks the shortest
-    -- posting list of an AND and skips through the others; one OR of all the groups would read every list whole),
-    -- the asker's access checked row by row before the cap (chunks they may not see take no place). A chunk this
-    -- brings may come twice, or also from `scored`'s scans: `lexical` scores it once.
-    SELECT c.id, c.bm25
-    FROM (SELECT * FROM together_groups ORDER BY expected, a, b, c) g
-    CROSS JOIN LATERAL (
-        SELECT c.id, c.bm25 FROM chunks c WHERE c.tsv @@ g.terms AND {row_filters} LIMIT :together_cap
-    ) c
-    LIMIT :together_cap
-),
-common_term AS MATERIALIZED (
-    -- When every term is common: the rarest one the asker can find, tried in order of document frequency; not
-    -- needed when the groups above bring n candidates (its chunks are only the first ones found that hold one term).
-    SELECT t.id, t.df, t.literal FROM (SELECT * FROM question_terms ORDER BY df, id OFFSET 0) t
-    WHERE NOT EXISTS (SELECT 1 FROM rare_terms) AND (SELECT count(*) FROM together) < :n AND {common_term_visible}
-    LIMIT 1
-),
-tier_walk AS (
-    -- When the common term (above) is in more chunks than are read through the GIN index: the chunks that repeat it,
-    -- from the index of term-frequency tiers (migration 0010), read tier by tier from the highest down until the
-    -- asker may see n of them or the tiers run out. (Recursive: one row per tier read.)
-    SELECT t.id, 0 AS nth, CAST(NULL AS text) AS token, 0::bigint AS found
-    FROM common_term t
-    WHERE t.df > :common_index_df
-    UNION ALL
-    SELECT w.id, w.nth + 1, x.token, w.found + (
-        -- the match twice: see rare_terms (a tier's list is short, the planner cannot know it)
-        SELECT count(*) FROM (SELECT 1 FROM chunks c
-                              WHERE {tiers_of_c} @@ CAST(x.token AS tsquery)
-                                AND {tiers_of_c} @@ CAST(x.token AS tsquery) AND {row_filters}
-                              LIMIT :n) v)
-    FROM tier_walk w
-    JOIN question_terms t ON t.id = w.id
-    CROSS JOIN LATERAL (
-        SELECT '''' || replace(replace(t.lexeme || '#' || (CAST(:tf_tiers AS int[]))[w.nth + 1], '\\', '\\\\'),
-                               '''', '''''') || '''' AS token
-    ) x
-    WHERE w.nth < cardinality(CAST(:tf_tiers AS int[])) AND w.found < :n
-),
-bm25_query AS (
-    SELECT
-        -- idf weights of the question's terms as a sparse vector: <#> with a chunk's weights is its BM25 score
-        -- (a term that no permitted chunk contains adds nothing to any score the asker sees)
-        ('{' || coalesce((SELECT string_agg(t.id || ':' || t.idf, ',' ORDER BY t.id) FROM question_terms t), '')
-             || '}/{sparse_dim}')::sparsevec AS weights,
-        -- what brings candidates through the GIN index: rare terms, or a common term in at most COMMON_INDEX_DF
-        -- chunks (all of them: see the LIMIT in `scored`)
-        coalesce((SELECT string_agg(literal, ' | ') FROM candidate_terms),
-                 (SELECT literal FROM common_term WHERE df <= :common_index_df))::tsquery AS candidates,
-        -- the chunks repeating that term most (tier_walk)
-        (SELECT string_agg(token, ' | ') FROM tier_walk WHERE nth > 0)::tsquery AS repeated,
-        -- when its tiers do not hold n chunks the asker may see: candidates also come from reading chunks in table
-        -- order (below)
-        (SELECT {holds_t} FROM common_term t
-         WHERE t.df > :common_index_df
-           AND NOT EXISTS (SELECT 1 FROM tier_walk w WHERE w.id = t.id AND w.found >= :n)) AS common
-),
-scored AS MATERIALIZED (
-    SELECT c.id, -(c.bm25 <#> q.weights) AS score, c.bm25
-    FROM (
-        (SELECT c.id, c.bm25 FROM chunks c, bm25_query q
-         WHERE c.tsv @@ q.candidates AND {candidate_filters}
-         LIMIT greatest(:scan_cap, :common_index_df))
-        UNION ALL
-        (SELECT id, bm25 FROM together)
-        UNION ALL
-        (SELECT c.id, c.bm25 FROM chunks c, bm25_query q
-         WHERE {tiers_of_c} @@ q.repeated AND {row_filters}
-         LIMIT :scan_cap)
-        UNION ALL
-        -- A term in many chunks: its GIN posting list alone takes longer to read than the chunks of the table in
-        -- id order until CANDIDATE_SCAN_CAP of them hold it (a BM25 weight is > 0 for every term a chunk
-        -- holds, so the one-hot product says whether the chunk contains it; the weights are stored in the row).
-        -- (The first condition does not depend on the row: evaluated once, it skips the scan for other questions.)
-        (SELECT c.id, c.bm25
-         FROM (SELECT id, bm25, access, source_id, doc_updated_at FROM chunks ORDER BY id LIMIT :common_scan_rows) c
-         WHERE (SELECT common FROM bm25_query) IS NOT NULL
-           AND (c.bm25 <#> (SELECT common FROM bm25_query)) < 0 AND {row_filters}
-         LIMIT :scan_cap)
-    ) c, bm25_query q
-),
-full_match AS (
-    -- The score of an average-length chunk containing once every question term the asker can find (the sum of
-    -- their idfs): rare terms were checked above; a common one is proven findable by a scored candidate that
-    -- contains it, and only otherwise looked for (see common_term_visible).
-    SELECT coalesce(sum(t.idf), 0) AS score
-    FROM question_terms t
-    WHERE t.id IN (SELECT id FROM rare_terms)
-       OR CASE WHEN EXISTS (SELECT 1 FROM scored c
-                            WHERE (c.bm25 <#> {holds_t}) < 0)
-               THEN true
-               ELSE {common_term_visible}
-          END
-),
-lexical AS MATERIALIZED (
-    SELECT s.id, max(s.score) AS score, max(f.score) AS full_match_score
-    FROM scored s, full_match f
-    GROUP BY s.id
-    ORDER BY max(s.score) DESC, s.id
-    LIMIT :n
-)"""
-
-# Whether the asker can find common term `t` (more postings than CANDIDATE_POSTINGS): first among the first
-# COMMON_PROBE_ROWS chunks of the table (the weights in the row tell, no index: a term in a fair share of chunks is
-# met within a few dozen rows), else in the GIN index. The index alone builds a bitmap of the whole posting list
-# before it can answer: 80 ms for a term in 40% of a million chunks.
-_COMMON_TERM_VISIBLE = """(
-    EXISTS (SELECT 1 FROM (SELECT bm25, access, source_id, doc_updated_at FROM chunks ORDER BY id
-                           LIMIT :common_probe_rows) c
-            WHERE (c.bm25 <#> {holds_t}) < 0 AND {row_filters})
-    OR EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {filters}))"""
-
-
-# Term `t` alone as a sparse vector (weight 1): its inner product `<#>` with a chunk's BM25 weights is < 0 exactly
-# when the chunk holds t, since a weight is > 0 for every term a chunk holds.
-_HOLDS_T = "('{' || t.id || ':' || '1}/{sparse_dim}')::sparsevec"
-
-
-# Chunk c's term-frequency tiers, written as the index `chunks_tf_tiers` is (migration 0010), so that it is used.
-_TIERS_OF_C = "coalesce(c.tf_tiers, bm25_tf_tiers(c.tsv))"
-
-
-def _lexical_search_ctes(candidate_filters: str = _FILTERS_PER_ROW) -> str:
-    return (_LEXICAL_CTES.replace("{common_term_visible}", _COMMON_TERM_VISIBLE).replace("{tiers_of_c}", _TIERS_OF_C)
-            .replace("{candidate_filters}", candidate_filters)
-            .replace("{filters}", _FILTERS).replace("{row_filters}", _FILTERS_PER_ROW)
-            .replace("{holds_t}", _HOLDS_T).replace("{sparse_dim}", str(BM25_SPARSE_DIM)))
-
-
-# What a hit shows, read with each candidate: its text and its document (`c` is the chunk).
-_SHOWN_COLUMNS = """c.document_id, c.text, c.heading, c.ordinal, d.external_id, d.title, d.url, d.path,
-       s.name AS source"""
-_SHOWN_JOINS = """JOIN documents d ON d.id = c.document_id
-JOIN sources s ON s.id = d.source_id"""
-
-# BM25's candidates, best first, with the full-match score (see full_match).
-_LEXICAL_SELECT = f"""
-SELECT l.id, l.score, l.full_match_score, {_SHOWN_COLUMNS}
-FROM lexical l
-JOIN chunks c ON c.id = l.id
-{_SHOWN_JOINS}"""
-LEXICAL_SQL = "WITH RECURSIVE " + _lexical_search_ctes() + _LEXICAL_SELECT
-# The same with the asker's filters open to the indexes (the access index's bitmap ANDed with the terms'), for a
-# search with every term (rare_corpus = EVERY_TERM): candidates are then only chunks the asker may see, however few
-# of a term's postings those are.
-LEXICAL_SQL_AMONG_PERMITTED = "WITH RECURSIVE " + _lexical_search_ctes(_FILTERS) + _LEXICAL_SELECT
-# Built once: SQLAlchemy finds a statement's parameters with a regular expression over its text, which for
-# BM25's 15,000 characters is a measurable share of a search's Python time.
-_LEXICAL = text(LEXICAL_SQL)
-_LEXICAL_AMONG_PERMITTED = text(LEXICAL_SQL_AMONG_PERMITTED)
-
-
-def dense_sql(dimension: int, *, exact: bool = False) -> str:
-    """The HNSW search for the n chunks nearest the question that the asker may see. `dimension` is an int from the
-    model, never user input. `exact` orders by the full-precision distance, which no index serves: an exact scan
-    of the permitted chunks, for when the index scan falls short (fast for the small permitted sets where it does)."""
-    dim = str(int(dimension))
-    # the order from the half-precision HNSW index (store.vector_index_sql), the score at full precision
-    order = f"c.embedding::halfvec({dim}) <=> CAST(:embedding AS halfvec({dim}))"
-    if exact:
-        order = f"c.embedding::vector({dim}) <=> CAST(:embedding AS vector({dim}))"
-    return f"""
-WITH dense AS MATERIALIZED (
-    SELECT c.id, 1 - (c.embedding::vector({dim}) <=> CAST(:embedding AS vector({dim}))) AS score
-    FROM chunks c
-    WHERE {_FILTERS}
-    ORDER BY {order}
-    LIMIT :n
-)
-SELECT n.id, n.score, {_SHOWN_COLUMNS}
-FROM dense n
-JOIN chunks c ON c.id = n.id
-{_SHOWN_JOINS}"""
-
-
-@cache
-def _dense_statement(dimension: int, *, exact: bool = False) -> TextClause:
-    return text(dense_sql(dimension, exact=exact))
-
-
 _WORD = re.compile(r"\w+")
 
 
@@ -628,9 +267,7 @@ async def rerank(model_name: str, query: str, hits: Sequence[SearchHit]) -> list
         return []
 
     def _score() -> list[float]:
-        from sentence_transformers import CrossEncoder
-
-        from knowledge.embedding.encoder import resolve_model_path
+        from sentence_transformers import CrossEncoder  # here, not at the top: it loads torch (seconds)
 
         if model_name not in _cross_encoders:
             _cross_encoders[model_name] = CrossEncoder(resolve_model_path(model_name), device="cpu")

@@ -43,8 +43,7 @@ How a sync run uses a source (see `Indexer.sync`):
 Optional extras the indexer honours when a source has them: `warnings: list[str]` (listing problems, reported
 in the run), `unlisted_prefixes: list[str]` (parts of the inventory that could not be listed: nothing under them
 is deleted; "" means none of it), and `vanished(external_ids) -> list[str]` (for a partial listing: which stored
-documents outside `listing_prefix` are definitely gone). An object with only the first-version `items()` +
-`complete_listing` still works through `as_source` / `LegacySource`.
+documents outside `listing_prefix` are definitely gone).
 
 Errors while reading one item: raise `knowledge.errors.ItemUnavailable` (gone mid-sync, too large, forbidden) or
 `OSError` from `read`; the item is recorded as failed with the reason, its previous version stays indexed (with
@@ -63,9 +62,13 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from knowledge.access import EVERYONE
+from knowledge.errors import SourceConfigError
+
+if TYPE_CHECKING:
+    from knowledge.storage.sources import SyncRun
 
 ReadResult = Union[bytes, Awaitable[bytes]]  # noqa: UP007 (kept for the runtime check of this alias)
 
@@ -186,42 +189,12 @@ class StaticSource:
         return None
 
 
-class LegacySource:
-    """Adapts a first-version source (a plain `items()` listing plus `complete_listing`) to this interface: one
-    batch with every item, the listing as the inventory when it is complete. Its `warnings`, `unlisted_prefixes`
-    and `vanished` pass through."""
-
-    prune_on_every_sync = True
-
-    def __init__(self, legacy: Any) -> None:
-        self.legacy = legacy
-        self.spec = legacy.spec
-        self.listing_prefix = getattr(legacy, "listing_prefix", "")
-        self._listed: list[SourceItem] | None = None
-
-    def __getattr__(self, name: str) -> Any:  # warnings, unlisted_prefixes, vanished...
-        return getattr(self.legacy, name)
-
-    async def check(self) -> None:
-        return None
-
-    async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[ChangeBatch]:
-        self._listed = await asyncio.to_thread(lambda: list(self.legacy.items()))
-        yield ChangeBatch(items=list(self._listed), total=len(self._listed))
-
-    async def inventory(self) -> list[ItemRef] | None:
-        if not getattr(self.legacy, "complete_listing", True):
-            return None
-        listed = self._listed if self._listed is not None else await asyncio.to_thread(lambda: list(self.legacy.items()))
-        return [ItemRef(i.external_id, i.access) for i in listed]
-
-    async def aclose(self) -> None:
-        self._listed = None
-
-
 def as_source(source: Any) -> Source:
-    """`source` itself if it speaks this interface, else wrapped in `LegacySource`."""
-    return source if hasattr(source, "changes") else LegacySource(source)
+    """`source`, checked to speak this interface (a clear error instead of an AttributeError mid-sync)."""
+    if not hasattr(source, "changes") or not hasattr(source, "inventory"):
+        raise TypeError(f"{type(source).__name__} is not a source: it needs changes() and inventory() (see "
+                        "knowledge/sources/base.py)")
+    return source
 
 
 # --- the registry: rebuild a source from its stored row -------------------------------------------------------
@@ -249,8 +222,6 @@ def register_source(kind: str) -> Callable[[SourceFactory], SourceFactory]:
 def build_source(name: str, kind: str, config: Mapping[str, Any]) -> Source:
     """A source object for a stored row. Raises `knowledge.errors.SourceConfigError` for an unknown kind or a
     config the factory rejects (factories raise SourceConfigError, KeyError or ValueError)."""
-    from knowledge.errors import SourceConfigError
-
     if kind not in _FACTORIES and kind in KIND_MODULES:
         try:
             importlib.import_module(KIND_MODULES[kind])
@@ -270,42 +241,6 @@ def build_source(name: str, kind: str, config: Mapping[str, Any]) -> Source:
 
 def registered_kinds() -> list[str]:
     return sorted(set(_FACTORIES) | set(KIND_MODULES))
-
-
-# --- sync runs: what is recorded and shown -------------------------------------------------------------------
-
-Trigger = Literal["schedule", "cli", "chat"]
-RunStatus = Literal["running", "ok", "failed", "interrupted"]
-
-
-@dataclass(frozen=True)
-class SyncRun:
-    """One recorded sync run (table `sync_runs`). `status` is "running" while a process holds the source's lock,
-    "interrupted" when the process died mid-run (found by the next run), else "ok" or "failed" (with `error`)."""
-
-    id: int
-    source: str
-    trigger: str
-    status: str
-    started_at: datetime
-    finished_at: datetime | None
-    added: int
-    updated: int
-    deleted: int
-    unchanged: int
-    skipped: int
-    failed: int
-    pruned: bool
-    error: str | None
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "id": self.id, "source": self.source, "trigger": self.trigger, "status": self.status,
-            "started_at": self.started_at.isoformat(),
-            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
-            "added": self.added, "updated": self.updated, "deleted": self.deleted, "unchanged": self.unchanged,
-            "skipped": self.skipped, "failed": self.failed, "pruned": self.pruned, "error": self.error,
-        }
 
 
 @dataclass(frozen=True)

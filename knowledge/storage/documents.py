@@ -22,6 +22,7 @@ from db import locks
 from db.engine import BinaryArray
 from db.models import BM25_SPARSE_DIM
 from knowledge.errors import SourceConflict
+from knowledge.storage.sources import SyncRun
 
 __all__ = ["SourceConflict"]  # re-exported: raised by ensure_source
 
@@ -740,13 +741,18 @@ async def source_names(conn: AsyncConnection) -> list[str]:
 
 
 @dataclass(frozen=True)
-class SourceCounts:
+class SourceStatus:
+    """A source's counts as `ragbot status` and `/kb status` show them; `last_run` and `running` are filled in by
+    `KnowledgeBase.status` from the recorded runs (knowledge.storage.sources)."""
+
     name: str
     kind: str
     location: str | None
     documents: int
     chunks: int
     last_synced_at: datetime | None
+    last_run: SyncRun | None = None
+    running: bool = False
 
 
 @dataclass(frozen=True)
@@ -759,7 +765,7 @@ class IndexCounts:
     embedding_dimension: str | None
 
 
-async def source_counts(conn: AsyncConnection) -> list[SourceCounts]:
+async def source_counts(conn: AsyncConnection) -> list[SourceStatus]:
     rows = await conn.execute(
         text(
             """
@@ -770,7 +776,7 @@ async def source_counts(conn: AsyncConnection) -> list[SourceCounts]:
             """
         )
     )
-    return [SourceCounts(r.name, r.kind, r.location, r.documents, r.chunks, r.last_synced_at) for r in rows]
+    return [SourceStatus(r.name, r.kind, r.location, r.documents, r.chunks, r.last_synced_at) for r in rows]
 
 
 async def index_counts(conn: AsyncConnection) -> IndexCounts:

@@ -10,13 +10,48 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from db import locks
-from knowledge.sources.base import SyncRun
+
+# --- sync runs: what is recorded and shown -------------------------------------------------------------------
+
+Trigger = Literal["schedule", "cli", "chat"]
+RunStatus = Literal["running", "ok", "failed", "interrupted"]
+
+
+@dataclass(frozen=True)
+class SyncRun:
+    """One recorded sync run (table `sync_runs`). `status` is "running" while a process holds the source's lock,
+    "interrupted" when the process died mid-run (found by the next run), else "ok" or "failed" (with `error`)."""
+
+    id: int
+    source: str
+    trigger: str
+    status: str
+    started_at: datetime
+    finished_at: datetime | None
+    added: int
+    updated: int
+    deleted: int
+    unchanged: int
+    skipped: int
+    failed: int
+    pruned: bool
+    error: str | None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id, "source": self.source, "trigger": self.trigger, "status": self.status,
+            "started_at": self.started_at.isoformat(),
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            "added": self.added, "updated": self.updated, "deleted": self.deleted, "unchanged": self.unchanged,
+            "skipped": self.skipped, "failed": self.failed, "pruned": self.pruned, "error": self.error,
+        }
+
 
 SYNC_LOCK_CLASS = locks.SOURCE_SYNC_CLASS  # (class, source id); every key lives in db/locks.py
 
