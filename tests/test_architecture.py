@@ -140,14 +140,14 @@ def test_bot_reaches_knowledge_through_its_public_api() -> None:
 
 def test_the_public_api_resolves_and_importing_it_is_cheap() -> None:
     """Every name knowledge/__init__.py exports resolves, and the `ragbot` CLI module (what `ragbot --help` loads)
-    imports neither SQLAlchemy nor NumPy nor torch."""
+    imports neither SQLAlchemy nor NumPy nor torch, nor the HTTP clients."""
     import knowledge
 
     assert knowledge.__all__ == sorted(knowledge._EXPORTS)
     for name in knowledge.__all__:
         assert getattr(knowledge, name) is not None, name
     probe = ("import sys, bot.cli, knowledge\n"
-             "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'numpy', 'torch', 'psycopg'}))")
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'sqlalchemy', 'numpy', 'torch', 'psycopg', 'anthropic', 'httpx'}))")
     loaded = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True,
                             env={**os.environ, "PYTHONPATH": str(REPO)}).stdout.strip()
     assert loaded == "[]"
