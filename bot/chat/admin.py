@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bot.chat.errors import chat_message
 from knowledge.errors import InvalidPrincipal, KnowledgeError
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ async def reindex(kb: KnowledgeBase, source: str | None = None, *, trigger: str 
         try:
             report = await kb.sync_source(name, trigger=trigger)  # type: ignore[attr-defined]
         except KnowledgeError as exc:  # SourceBusy, UnknownSource, a source's configuration: say so
-            lines.append(f"`{name}`: {exc}")
+            lines.append(f"`{name}`: {chat_message(exc)}")
             continue
         except Exception:
             error_id = uuid.uuid4().hex[:8]

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
+from bot.cli.common import fail, print_json, with_kb
 from bot.cli.terminal import console, err_console, shown
+from knowledge.errors import KnowledgeError
 
 if TYPE_CHECKING:
     from knowledge.kb import KnowledgeBase
@@ -47,8 +49,7 @@ async def as_principals(kb: KnowledgeBase, given: Sequence[str] | None, no_expan
 async def refresh_groups_after_sync(kb: KnowledgeBase, name: str, quiet: bool) -> None:
     """After `ragbot sync`: refresh the source's group membership too, if it has a directory. A failure is shown
     (the last good membership is kept) but does not fail the sync."""
-    from knowledge.errors import KnowledgeError
-    from knowledge.ingest.groups import has_directory
+    from knowledge.ingest.groups import has_directory  # lazy for start-up speed: the storage layer (sqlalchemy)
 
     info = next((s for s in await kb.list_sources() if s.name == name), None)
     if info is None or not has_directory(info.kind, info.config):
@@ -74,7 +75,6 @@ def explain(
 ) -> None:
     """A person's principals and where each came from; with DOCUMENT, whether they may see it and why."""
     from bot.chat.state import check_principal
-    from bot.cli.main import fail, print_json, with_kb
 
     if person.split(":", 1)[0] not in ("slack", "discord"):
         try:
@@ -112,8 +112,6 @@ def explain(
 @access_app.command("groups")
 def groups(as_json: JsonOption = False) -> None:
     """Each source's synced group directory: last good refresh, last error, groups and memberships."""
-    from bot.cli.main import print_json, with_kb
-
     states = with_kb(lambda kb: kb.group_directories())
     if as_json:
         print_json({"directories": [
@@ -137,8 +135,6 @@ def groups(as_json: JsonOption = False) -> None:
 def refresh(name: Annotated[str, typer.Argument(metavar="SOURCE", help="The source whose groups to refresh.")],
             as_json: JsonOption = False) -> None:
     """Refresh a source's group membership now (a removal from a group takes effect at once)."""
-    from bot.cli.main import print_json, with_kb
-
     report = with_kb(lambda kb: kb.refresh_groups(name))
     if as_json:
         print_json(report.to_dict())

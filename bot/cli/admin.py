@@ -6,10 +6,19 @@ They call the same functions as the `/kb` chat commands (`bot/chat/admin.py`); r
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
+from rich.table import Table
+
+from bot.chat import admin
+from bot.cli.common import with_kb
+from bot.cli.terminal import console
+
+if TYPE_CHECKING:
+    from knowledge.kb import KnowledgeBase
 
 users_app = typer.Typer(help="Map chat users to principals (whom they ask as in private conversations).",
                         no_args_is_help=True)
@@ -23,10 +32,14 @@ def register(app: typer.Typer) -> None:
     app.command("feedback")(feedback)
 
 
-def _print(text: str) -> None:
-    from bot.cli.terminal import console
-
+def print_plain(text: str) -> None:
+    """A chat admin reply on the terminal: its `code` marks dropped, the rest as it reads."""
     console.print(escape(text.replace("`", "")), highlight=False, soft_wrap=True)
+
+
+def reply(action: Callable[[KnowledgeBase], Awaitable[str]]) -> None:
+    """Run one of the `/kb` admin actions (bot.chat.admin) on the knowledge base and print its reply."""
+    print_plain(with_kb(action))
 
 
 @users_app.command("map")
@@ -35,10 +48,7 @@ def users_map(
     principal: Annotated[str, typer.Argument(help="Whom they ask as: user:<email>, group:<name>, ...")],
 ) -> None:
     """Let a chat user ask as PRINCIPAL in DMs and assistant threads."""
-    from bot.chat import admin
-    from bot.cli.main import with_kb
-
-    _print(with_kb(lambda kb: admin.users_map(kb, identity, principal, "cli")))
+    reply(lambda kb: admin.users_map(kb, identity, principal, "cli"))
 
 
 @users_app.command("unmap")
@@ -47,10 +57,7 @@ def users_unmap(
     principal: Annotated[str | None, typer.Argument(help="One principal (default: all of them).")] = None,
 ) -> None:
     """Remove a chat user's mapping(s)."""
-    from bot.chat import admin
-    from bot.cli.main import with_kb
-
-    _print(with_kb(lambda kb: admin.users_unmap(kb, identity, principal)))
+    reply(lambda kb: admin.users_unmap(kb, identity, principal))
 
 
 @users_app.command("list")
@@ -59,15 +66,12 @@ def users_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show the identity map."""
-    from bot.chat import admin
-    from bot.cli.main import with_kb
-
     if as_json:
         mappings = with_kb(lambda kb: kb.identity_mappings(identity))
         print(json.dumps([{"identity": m.identity, "principal": m.principal, "mapped_by": m.mapped_by,
                            "mapped_at": m.mapped_at.isoformat()} for m in mappings], indent=2))
         return
-    _print(with_kb(lambda kb: admin.users_list(kb, identity)))
+    reply(lambda kb: admin.users_list(kb, identity))
 
 
 @channel_app.command("add")
@@ -76,10 +80,7 @@ def channel_add(
     principal: Annotated[str, typer.Argument(help="user:<email>, group:<name>, ...")],
 ) -> None:
     """Let everyone in CHANNEL get answers from what PRINCIPAL may see."""
-    from bot.chat import admin
-    from bot.cli.main import with_kb
-
-    _print(with_kb(lambda kb: admin.channel_access_add(kb, channel, principal, "cli")))
+    reply(lambda kb: admin.channel_access_add(kb, channel, principal, "cli"))
 
 
 @channel_app.command("remove")
@@ -88,19 +89,13 @@ def channel_remove(
     principal: Annotated[str, typer.Argument(help="The principal to take away.")],
 ) -> None:
     """Take a grant away from a channel."""
-    from bot.chat import admin
-    from bot.cli.main import with_kb
-
-    _print(with_kb(lambda kb: admin.channel_access_remove(kb, channel, principal)))
+    reply(lambda kb: admin.channel_access_remove(kb, channel, principal))
 
 
 @channel_app.command("list")
 def channel_list(channel: Annotated[str, typer.Argument(help="A channel key.")]) -> None:
     """What a channel's answers may draw on."""
-    from bot.chat import admin
-    from bot.cli.main import with_kb
-
-    _print(with_kb(lambda kb: admin.channel_access_list(kb, channel)))
+    reply(lambda kb: admin.channel_access_list(kb, channel))
 
 
 def feedback(
@@ -108,11 +103,6 @@ def feedback(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Recent feedback on the bots' answers: who rated what, the question, what was searched, which chunks."""
-    from rich.table import Table
-
-    from bot.cli.main import with_kb
-    from bot.cli.terminal import console
-
     records = with_kb(lambda kb: kb.recent_feedback(limit))
     if as_json:
         print(json.dumps({"feedback": [r.to_dict() for r in records]}, indent=2))

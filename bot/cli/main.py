@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
+from pydantic import ValidationError
 from typer import _click as click
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
+from bot.cli.access import as_principals, register_access_commands
+from bot.cli.admin import register as register_admin_commands
+from bot.cli.channel import register as register_channel_commands
+from bot.cli.common import (
+    fail,
+    prepare_query_encoder,
+    print_json,
+    run_async,
+    run_sync,
+    with_kb,
+)
+from bot.cli.sources import register_source_commands
+from bot.cli.sources import remove as remove_stored_source
 from bot.cli.terminal import (
     RichSyncProgress,
     chat_session,
@@ -28,7 +38,11 @@ from bot.cli.terminal import (
     render_sync_report,
     shown,
 )
+from bot.logs import configure_logging, secret_values
 from bot.settings import BotSettings
+from db.embedded import stop_embedded
+from db.settings import DatabaseSettings
+from knowledge.settings import KnowledgeSettings
 
 
 class _PlainArgument(TyperArgument):
@@ -98,7 +112,6 @@ if TYPE_CHECKING:
     from knowledge.kb import KnowledgeBase
     from knowledge.search.retrieval import SearchResults
 
-T = TypeVar("T")
 
 AsOption = Annotated[
     list[str] | None,
@@ -114,104 +127,8 @@ NoExpandOption = Annotated[bool, typer.Option("--no-expand", help="Search exactl
                                                                  "adding the groups that contain them.")]
 
 
-def fail(message: str) -> None:
-    """A clear one-line error and exit code 2, for anything the user can fix."""
-    from bot.chat.sanitize import strip_control
-
-    # escape: paths and messages may contain [brackets]; soft_wrap: one line, however long.
-    one_line = " ".join(strip_control(message).split("\n"))
-    err_console.print(f"[red]Error:[/] {escape(one_line)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
-
-
-def print_json(payload: object) -> None:
-    """--json output: every string in it passes through quote_safe, like every other surface (document titles,
-    paths and text are data, never mentions, markup or terminal control)."""
-    print(json.dumps(_quote_safe_strings(payload), indent=2))
-
-
-def _quote_safe_strings(value: object) -> object:
-    from bot.chat.sanitize import quote_safe
-
-    if isinstance(value, str):
-        return quote_safe(value)
-    if isinstance(value, dict):
-        return {_quote_safe_strings(k): _quote_safe_strings(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_quote_safe_strings(v) for v in value]
-    return value
-
-
-def cli_message(exc: Exception) -> str:
-    """The knowledge core's typed errors, worded for the command line (naming the flag that fixes them)."""
-    from knowledge.errors import SourceConflict, UnknownSource
-
-    if isinstance(exc, SourceConflict):
-        where = f"{exc.kind} {exc.location}" if exc.location else exc.kind
-        return f"source {exc.name!r} already indexes {where}; pick another name with --source"
-    if isinstance(exc, UnknownSource) and exc.names:  # raised with a ready message otherwise (sync by name)
-        return (f"unknown source {', '.join(exc.names)}; indexed sources: {', '.join(exc.known) or 'none yet'} "
-                "(check --source)")
-    return str(exc)
-
-
-def run_async(factory: Callable[[], Awaitable[T]]) -> T:
-    return run_sync(lambda: asyncio.run(factory()))  # type: ignore[arg-type]
-
-
-def run_sync(work: Callable[[], T]) -> T:
-    """Run `work`, turning the errors a user can fix into one clear line and exit code 2."""
-    from sqlalchemy.exc import DBAPIError
-
-    from db.errors import DatabaseUnavailable
-    from knowledge.embedding.encoder import EmbeddingModelError
-    from knowledge.errors import KnowledgeError
-    from knowledge.eval.evaluation import EvalFileError
-
-    try:
-        return work()
-    except (KnowledgeError, EvalFileError, EmbeddingModelError, DatabaseUnavailable, FileNotFoundError, ValueError) as exc:
-        fail(cli_message(exc))
-    except DBAPIError as exc:
-        fail(f"database error: {exc.orig or exc}".splitlines()[0])
-    raise AssertionError("unreachable: fail() exits")
-
-
-def with_kb(action: Callable[[KnowledgeBase], Awaitable[T]]) -> T:
-    """Open the knowledge base (starting the embedded database if needed), run `action`, always close."""
-    from knowledge.kb import KnowledgeBase
-
-    async def go() -> T:
-        kb = await KnowledgeBase.open()
-        try:
-            return await action(kb)
-        finally:
-            await kb.close()
-
-    return run_async(go)
-
-
-async def prepare_query_encoder(kb: KnowledgeBase, quiet: bool) -> None:
-    """After an ingest or sync (torch is loaded then): build the fast question encoder's file if it is missing."""
-    if not kb.query_encoder_missing():
-        return
-    if quiet:
-        await kb.prepare_query_encoder()
-        return
-    with err_console.status("Preparing the fast question encoder (ONNX, once; a few seconds)…"):
-        built = await kb.prepare_query_encoder()
-    if built:
-        err_console.print(f"Questions now use the {escape(built)}.", highlight=False, soft_wrap=True)
-
-
 @app.callback()
 def main() -> None:
-    from pydantic import ValidationError
-
-    from bot.logs import configure_logging, secret_values
-    from db.settings import DatabaseSettings
-    from knowledge.settings import KnowledgeSettings
-
     try:
         settings = BotSettings()
     except ValidationError as exc:
@@ -266,6 +183,8 @@ def search(
     as_json: JsonOption = False,
 ) -> None:
     """Search the index and show the best chunks."""
+    # Lazy for start-up speed (as are the knowledge base, bot.app, the eval and db.engine below): they bring
+    # sqlalchemy, numpy, the chat platforms' clients or the model's libraries, which `ragbot --help` does not need.
     from knowledge.search.retrieval import MODES, SearchFilters
 
     if not query.strip():
@@ -276,8 +195,6 @@ def search(
     async def run_search(kb: KnowledgeBase) -> SearchResults:
         await kb.check_sources(sources)
         since = updated_after.replace(tzinfo=updated_after.tzinfo or UTC) if updated_after else None
-        from bot.cli.access import as_principals
-
         filters = SearchFilters(tuple(await as_principals(kb, principals, no_expand)),
                                 tuple(sources) if sources else None, since)
         return await kb.search(query, filters, k=k, mode=mode)  # type: ignore[arg-type]
@@ -309,8 +226,6 @@ def ask(
 
     async def run_ask(kb: KnowledgeBase) -> Answer:
         await kb.check_sources(sources)
-        from bot.cli.access import as_principals
-
         return await kb.answer(question, await as_principals(kb, principals, no_expand), conversation_id,
                                sources=sources, asker="cli")
 
@@ -327,8 +242,7 @@ def ask(
 @app.command()
 def chat(principals: AsOption = None, sources: SourceOption = None) -> None:
     """Chat with the knowledge base in the terminal."""
-
-    from knowledge.kb import KnowledgeBase
+    from knowledge.kb import KnowledgeBase  # lazy for start-up speed
 
     def session() -> None:
         chat_session(KnowledgeBase.open, principals or ["everyone"], sources, lambda kb: kb.check_sources(sources))
@@ -350,16 +264,14 @@ def status(as_json: JsonOption = False) -> None:
 @app.command("remove-source", hidden=True)
 def remove_source(name: Annotated[str, typer.Argument(help="The source to forget.")]) -> None:
     """The old spelling of `ragbot source remove NAME`, kept hidden so existing scripts keep working."""
-    from bot.cli.sources import remove
-
-    remove(name)
+    remove_stored_source(name)
 
 
 @app.command()
 def run() -> None:
     """Start the bots (Slack and/or Discord, per the tokens set) with /healthz and /metrics; with no chat tokens,
     the terminal chat."""
-    from bot.app import run as run_bots
+    from bot.app import run as run_bots  # lazy for start-up speed: the Slack and Discord clients
 
     run_bots(runner=run_async)
 
@@ -391,7 +303,8 @@ def evaluate(
 ) -> None:
     """Measure retrieval (precision@5, recall@10, recall@100, MRR@10, MAP@100, nDCG@10 per mode), or with
     --answers the answers themselves."""
-    from bot.cli.evaluate import run_eval
+    # Lazy for start-up speed: the eval brings the knowledge base.
+    from bot.cli.evaluate import render_answer_eval, render_eval, run_answer_eval, run_eval
 
     if (file is None) == (beir is None):
         fail("give either an eval FILE.jsonl or --beir DIR")
@@ -403,8 +316,6 @@ def evaluate(
     if answers:
         if file is None:
             fail("--answers needs an eval FILE.jsonl with expected facts")
-        from bot.cli.evaluate import render_answer_eval, run_answer_eval
-
         summary = with_kb(lambda kb: run_answer_eval(kb, file, principals or ["everyone"], sources or [], corpus=corpus))
         if as_json:
             print_json(summary)
@@ -423,14 +334,13 @@ def evaluate(
     if as_json:
         print_json(results)
     else:
-        from bot.cli.evaluate import render_eval
-
         render_eval(results)
 
 
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Create or upgrade the schema to the newest migration."""
+    # Lazy for start-up speed: sqlalchemy's engine and alembic.
     from db.engine import create_engine, database_url
     from db.migrate import current_revision, upgrade_to_head
 
@@ -448,30 +358,16 @@ def db_upgrade() -> None:
 @db_app.command("stop")
 def db_stop() -> None:
     """Stop the embedded Postgres (it is started again by the next command that needs it)."""
-    from db.embedded import stop_embedded
-    from db.settings import DatabaseSettings
-
     settings = DatabaseSettings()
     if settings.database_url:
         fail("DATABASE_URL is set: ragbot is not running an embedded database")
     console.print("Stopped the embedded database." if stop_embedded(settings.home) else "The embedded database was not running.")
 
 
-from bot.cli.admin import register as _register_admin_commands  # noqa: E402
-
-_register_admin_commands(app)
-
-from bot.cli.channel import register as _register_channel_commands  # noqa: E402  (channel, insights, forget-user)
-
-_register_channel_commands(app)
-
-from bot.cli.sources import register_source_commands  # noqa: E402  (source, sync, sync-runs, scheduler)
-
-register_source_commands(app)
-
-from bot.cli.access import register_access_commands  # noqa: E402  (access explain|groups|refresh)
-
-register_access_commands(app)
+register_admin_commands(app)
+register_channel_commands(app)  # channel, insights, forget-user
+register_source_commands(app)  # source, sync, sync-runs, scheduler
+register_access_commands(app)  # access explain|groups|refresh
 
 if __name__ == "__main__":
     sys.exit(app())

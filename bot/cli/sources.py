@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from bot.cli.terminal import shown
+from bot.chat.retention import RetentionService
+from bot.cli.access import refresh_groups_after_sync
+from bot.cli.common import cli_message, fail, prepare_query_encoder, print_json, with_kb
+from bot.cli.terminal import RichSyncProgress, console, describe_run, err_console, render_sync_report, shown
+from bot.settings import BotSettings
+from knowledge.errors import KnowledgeError
 
 if TYPE_CHECKING:
     from knowledge.ingest.pipeline import SyncReport
@@ -45,7 +50,7 @@ def register_source_commands(app: typer.Typer) -> None:
 
 
 def _intervals(every: str | None, prune_every: str) -> tuple[int | None, int]:
-    from bot.cli.main import fail
+    # Lazy for start-up speed (here and below): the scheduler module brings APScheduler.
     from knowledge.ingest.schedule import parse_interval
 
     try:
@@ -56,15 +61,12 @@ def _intervals(every: str | None, prune_every: str) -> tuple[int | None, int]:
 
 
 def _save(name: str, kind: str, config: dict[str, object], every: int | None, prune_every: int) -> None:
-    from bot.cli.main import with_kb
-    from bot.cli.terminal import console
+    from knowledge.ingest.schedule import format_interval
 
     async def go(kb: KnowledgeBase) -> SourceInfo:
         return await kb.add_source(name, kind, config, schedule_seconds=every, prune_seconds=prune_every)
 
     info = with_kb(go)
-    from knowledge.ingest.schedule import format_interval
-
     console.print(
         f"Saved source [bold]{shown(info.name)}[/] ({info.kind}, {shown(info.location or '')}); syncs "
         f"{'every ' + format_interval(every) if every else 'on demand'}. Run `ragbot sync {shown(info.name)}` to index it now."
@@ -79,8 +81,6 @@ def add_folder(
     prune_every: PruneOption = "1d",
 ) -> None:
     """A local folder (.md, .txt, .html, .pdf, .docx; `.access` files set who may see what)."""
-    from bot.cli.main import fail
-
     if not path.is_dir():
         fail(f"no such folder: {path}")
     seconds, prune = _intervals(every, prune_every)
@@ -138,8 +138,7 @@ def add_gdrive(
     prune_every: PruneOption = "1d",
 ) -> None:
     """Google Drive folders and shared drives (kept fresh through the Changes API), with permissions."""
-    from bot.cli.main import fail
-    from knowledge.sources.gdrive import GoogleDriveConfig, drive_id_from
+    from knowledge.sources.gdrive import GoogleDriveConfig, drive_id_from  # lazy for start-up speed
 
     if not folder and not shared_drive:
         fail("give at least one --folder ID or --shared-drive ID (the last part of its drive.google.com link)")
@@ -166,13 +165,11 @@ def add_gdrive(
 @source_app.command("list")
 def list_sources(as_json: JsonOption = False) -> None:
     """Stored sources: kind, schedule, documents, last run."""
-    from bot.cli.main import with_kb
-    from bot.cli.terminal import console, describe_run
     from knowledge.ingest.schedule import format_interval
 
     sources = with_kb(lambda kb: kb.list_sources())
     if as_json:
-        _print_json({"sources": [s.to_dict() for s in sources]})
+        print_json({"sources": [s.to_dict() for s in sources]})
         return
     if not sources:
         console.print("No sources yet: `ragbot source add folder NAME PATH`, `ragbot source add confluence ...` or "
@@ -206,9 +203,6 @@ def _where(info: SourceInfo) -> str:
 @source_app.command("remove")
 def remove(name: Annotated[str, typer.Argument(help="The source to forget.")]) -> None:
     """Remove a source, everything indexed from it and its run history (the originals are not touched)."""
-    from bot.cli.main import with_kb
-    from bot.cli.terminal import console
-
     removed = with_kb(lambda kb: kb.remove_source(name))
     console.print(f"Removed source {shown(name)} and its {removed} documents.")
 
@@ -220,10 +214,6 @@ def sync(
     as_json: JsonOption = False,
 ) -> None:
     """Bring stored sources up to date (incremental from each one's checkpoint)."""
-    from bot.cli.main import fail, prepare_query_encoder, with_kb
-    from bot.cli.terminal import RichSyncProgress, err_console, render_sync_report
-    from knowledge.errors import KnowledgeError
-
     async def go(kb: KnowledgeBase) -> tuple[list[SyncReport], list[tuple[str, str]]]:
         names = [name] if name else [s.name for s in await kb.list_sources() if _syncable(s.kind)]
         reports, errors = [], []
@@ -234,21 +224,19 @@ def sync(
             except KnowledgeError as exc:
                 if name:
                     raise
-                errors.append((source, str(exc)))
+                errors.append((source, cli_message(exc)))
                 continue
             if not as_json:
                 render_sync_report(report)
             reports.append(report)
-            from bot.cli.access import refresh_groups_after_sync  # a sync also refreshes group membership
-
             await refresh_groups_after_sync(kb, source, quiet=as_json)
         await prepare_query_encoder(kb, as_json)
         return reports, errors
 
     reports, errors = with_kb(go)
     if as_json:
-        _print_json({"reports": [r.to_dict() for r in reports],
-                          "errors": [{"source": s, "error": e} for s, e in errors]})
+        print_json({"reports": [r.to_dict() for r in reports],
+                    "errors": [{"source": s, "error": e} for s, e in errors]})
     for _source, error in errors:
         err_console.print(f"[red]Error:[/] {shown(error)}", highlight=False, soft_wrap=True)
     if not name and not reports and not errors and not as_json:
@@ -258,7 +246,7 @@ def sync(
 
 
 def _syncable(kind: str) -> bool:
-    from knowledge.sources.base import registered_kinds
+    from knowledge.sources.base import registered_kinds  # lazy for start-up speed
 
     return kind in registered_kinds()
 
@@ -269,12 +257,9 @@ def sync_runs(
     as_json: JsonOption = False,
 ) -> None:
     """Recorded sync runs: trigger, start and end, counts, error."""
-    from bot.cli.main import with_kb
-    from bot.cli.terminal import console
-
     runs = with_kb(lambda kb: kb.sync_runs(name, limit))
     if as_json:
-        _print_json({"runs": [r.to_dict() for r in runs]})
+        print_json({"runs": [r.to_dict() for r in runs]})
         return
     if not runs:
         console.print("No sync runs yet.")
@@ -306,8 +291,7 @@ def scheduler(
     refresh: Annotated[float, typer.Option("--refresh", help="Re-read the stored sources this often (seconds).")] = 60.0,
 ) -> None:
     """Run scheduled syncs only (for deployments that separate the bots from syncing). Stop with Ctrl-C."""
-    from bot.cli.main import with_kb
-    from bot.cli.terminal import console
+    from bot.app import stop_on_signals  # lazy for start-up speed: bot.app brings the chat platforms' clients
     from knowledge.ingest.schedule import format_interval, start_scheduler
 
     async def go(kb: KnowledgeBase) -> None:
@@ -319,10 +303,6 @@ def scheduler(
         else:
             console.print("Scheduler running, but no source has a schedule yet (`ragbot source add ... --every 1h`); "
                           "new sources are picked up automatically.")
-        from bot.app import stop_on_signals
-        from bot.chat.retention import RetentionService  # RETENTION_DAYS, as in `ragbot run`
-        from bot.settings import BotSettings
-
         retention = RetentionService(lambda: kb, BotSettings().retention_days)
         await retention.start()
         stop = stop_on_signals()
@@ -334,9 +314,3 @@ def scheduler(
             console.print("Scheduler stopped.")
 
     with_kb(go)
-
-
-def _print_json(payload: object) -> None:
-    from bot.cli.main import print_json
-
-    print_json(payload)

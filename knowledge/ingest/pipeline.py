@@ -36,7 +36,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from knowledge.embedding.encoder import Embedder, content_hash
-from knowledge.errors import CorruptDocument, ItemUnavailable, LimitExceeded, UnsupportedFormat
+from knowledge.errors import CorruptDocument, ItemUnavailable, LimitExceeded, Remedy, SyncWarning, UnsupportedFormat
 from knowledge.ingest.chunking import ChunkDraft, chunk_document, compose_search_text
 from knowledge.ingest.isolation import ParsePool
 from knowledge.ingest.parsing import ParseLimits
@@ -492,10 +492,11 @@ class Indexer:
         in_scope = [i for i in stored if i.startswith(source.listing_prefix)]
         if not inventory and in_scope:
             # An empty listing is far more often an unmounted drive or a wrong path than a deliberate purge.
-            report.warnings.append(
+            report.warnings.append(SyncWarning(
                 f"the listing is empty, so none of the {len(in_scope)} indexed documents were deleted; "
-                f"check the path, or run `ragbot source remove {source.spec.name}` to drop it on purpose"
-            )
+                "check the path, or remove the source to drop them on purpose",
+                remedy=Remedy.REMOVE_SOURCE, source=source.spec.name,
+            ))
             return
         if "" not in unlisted:
             async with self.engine.begin() as conn:
