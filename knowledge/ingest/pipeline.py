@@ -5,13 +5,13 @@
   if only its metadata or access list changed, those are updated in place without re-chunking.
 - A changed item is re-parsed and re-chunked; only chunks whose text is new are embedded, the rest come from the
   embedding cache keyed by (model, hash of the embedded text).
-- Three stages run at once, a batch of BATCH_DOCUMENTS documents apart (see `Indexer.sync`): reading, parsing and
-  chunking batch N+1, embedding batch N (the model runs in a worker thread, and torch releases the GIL), and
-  writing batch N-1 to Postgres (another process). On a CPU-bound machine the model is the bottleneck; the other
-  stages hide behind it instead of adding to it.
+- Three stages run at once, a batch of SYNC_BATCH_DOCUMENTS (a setting) documents apart (see `Indexer.sync`):
+  reading, parsing and chunking batch N+1, embedding batch N (the model runs in a worker thread, and torch releases
+  the GIL), and writing batch N-1 to Postgres (another process). On a CPU-bound machine the model is the
+  bottleneck; the other stages hide behind it instead of adding to it.
 - When the model is ahead of Postgres (a GPU), the batches waiting for the writer are joined, up to
-  WRITE_BATCH_CHUNKS chunks, into one transaction (`join_waiting_batches`): fewer, larger writes cost less a chunk.
-  Up to STORE_WRITERS (a setting) transactions write at once (`WriterPool`), each its share of what waits.
+  WRITE_BATCH_CHUNKS (a setting) chunks, into one transaction (`join_waiting_batches`): fewer, larger writes cost
+  less a chunk. Up to STORE_WRITERS (a setting) transactions write at once (`WriterPool`), each its share of what waits.
 - A batch of documents is written in one transaction (`store.write_documents`), so an interrupted sync leaves
   every document either fully old or fully new. If Postgres refuses the batch, its documents are written one at a
   time, so only the document it refuses fails. A batch's checkpoint is stored only after all its documents are
@@ -47,17 +47,10 @@ from knowledge.storage import documents as store
 logger = logging.getLogger(__name__)
 D = TypeVar("D")
 
-BATCH_DOCUMENTS = 16
 # Batches waiting to be embedded: one is enough to keep the model busy, and it bounds memory.
 PIPELINE_DEPTH = 1
-# When the model is faster than Postgres (a GPU), embedded batches wait for the writer up to this many chunks in
-# all, and the writer commits all that wait in one transaction (join_waiting_batches).
-WRITE_BATCH_CHUNKS = 2000
 # Items fetched at once within a batch (HTTP sources bound their own connections too).
 FETCH_CONCURRENCY = 4
-# VACUUM the chunks table after a sync or a source removal deleted at least this many chunks (see
-# Indexer.after_large_delete).
-VACUUM_AFTER_DELETED_CHUNKS = 1000
 # A chunk token is rarely more than this many characters: bounds the text chunked for MAX_DOCUMENT_CHUNKS.
 CHARS_PER_TOKEN_BOUND = 8
 MIN_DOCUMENT_CHARS = 1_000_000
@@ -225,14 +218,15 @@ class _WriteQueue:
 
 
 def share_out(
-    batches: Sequence[Sequence[D]], writers: int, *, external_id: Callable[[D], str], chunks: Callable[[D], int]
+    batches: Sequence[Sequence[D]], writers: int, *, external_id: Callable[[D], str], chunks: Callable[[D], int],
+    max_chunks: int,
 ) -> list[list[D]]:
     """Batches waiting for `writers` free writers, as the writes to start: joined (`join_waiting_batches`) until
-    each holds an equal share, and never more than WRITE_BATCH_CHUNKS. 2,000 waiting chunks and two free writers
-    make two writes of about 1,000 (not a third with what is left over); one free writer, one of 2,000."""
+    each holds an equal share, and never more than `max_chunks` (WRITE_BATCH_CHUNKS). 2,000 waiting chunks and two
+    free writers make two writes of about 1,000 (not a third with what is left over); one free writer, one of 2,000."""
     total = sum(chunks(d) for batch in batches for d in batch)
     share = -(-total // max(1, writers))
-    return join_waiting_batches(batches, external_id=external_id, chunks=chunks, max_chunks=WRITE_BATCH_CHUNKS,
+    return join_waiting_batches(batches, external_id=external_id, chunks=chunks, max_chunks=max_chunks,
                                 enough=share)
 
 
@@ -353,10 +347,11 @@ class Indexer:
             stored = await store.stored_documents(conn, source_id)
         handled: dict[str, str | None] = {}  # items seen this run, by stored version: overlapping pages repeat them
         # The pipeline: read and prepare -> embed -> write, each stage a task, joined by queues: PIPELINE_DEPTH
-        # batches before the model, WRITE_BATCH_CHUNKS chunks before the writer. Deletions and checkpoints travel
+        # batches before the model, settings.write_batch_chunks chunks before the writer. Deletions and checkpoints travel
         # down the same queues, so they are applied after the writes of every batch before them. None marks the end.
         to_embed: asyncio.Queue[list[_Prepared] | _AfterWrites | None] = asyncio.Queue(PIPELINE_DEPTH)
-        to_write: _WriteQueue = _WriteQueue(WRITE_BATCH_CHUNKS)
+        batch_documents, write_batch_chunks = self.settings.sync_batch_documents, self.settings.write_batch_chunks
+        to_write: _WriteQueue = _WriteQueue(write_batch_chunks)
         source_failed: list[Exception] = []
 
         async def read_and_prepare() -> None:
@@ -375,9 +370,9 @@ class Indexer:
                     grow = getattr(progress, "grow", None)
                     if batch.total is None and grow is not None:
                         grow(len(fresh))
-                    for start in range(0, len(fresh), BATCH_DOCUMENTS):
+                    for start in range(0, len(fresh), batch_documents):
                         prepared = await self._prepare_items(
-                            fresh[start : start + BATCH_DOCUMENTS], stored, report, progress
+                            fresh[start : start + batch_documents], stored, report, progress
                         )
                         if prepared:
                             await to_embed.put(prepared)
@@ -400,10 +395,11 @@ class Indexer:
 
         async def write_joined(batches: list[_Embedded]) -> None:
             """Share what waits out among the free writers: as many writes as writers are free (each joined up to
-            WRITE_BATCH_CHUNKS), started as soon as a writer is."""
+            write_batch_chunks), started as soon as a writer is."""
             embeddings = {h: e for b in batches for h, e in b.embeddings.items()}
             joined = share_out([b.prepared for b in batches], writers.free(),
-                               external_id=lambda p: p.item.external_id, chunks=lambda p: len(p.drafts))
+                               external_id=lambda p: p.item.external_id, chunks=lambda p: len(p.drafts),
+                               max_chunks=write_batch_chunks)
             for prepared in joined:
                 await writers.start(
                     self._write_then(_Embedded(prepared, embeddings), stored, source_id, report, progress,
@@ -475,7 +471,7 @@ class Indexer:
     async def after_large_delete(self, chunks_deleted: int) -> None:
         """After deleting many chunks, VACUUM the chunks table: until dead rows are cleaned out of the HNSW index,
         a filtered vector search can spend its whole scan budget on them and return nothing."""
-        if chunks_deleted < VACUUM_AFTER_DELETED_CHUNKS:
+        if chunks_deleted < self.settings.vacuum_after_deleted_chunks:
             return
         await store.vacuum_chunks(self.engine)
 
