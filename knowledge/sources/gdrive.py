@@ -18,10 +18,11 @@ How a sync goes:
   in GDRIVE_EVERYONE_DOMAINS), anyone-with-the-link → `everyone`. Shared-drive members come back from
   `permissions.list` as inherited permissions, so they count.
 
-google-api-python-client is synchronous: every request runs in a worker thread (with its own httplib2 connection,
-which is not thread-safe) under a semaphore, so the source is async to the rest of ragbot. Rate limits (429, and 403
-`rateLimitExceeded` / `userRateLimitExceeded`) and 5xx back off exponentially (honouring Retry-After), a bounded
-number of times; past that the sync fails cleanly and the checkpoint stays where it was.
+Requests go through knowledge.sources.google_api (as the group directory's do): google-api-python-client is
+synchronous, so every request runs in a worker thread (with its own httplib2 connection, which is not thread-safe)
+under a semaphore, and the source is async to the rest of ragbot. Rate limits (429, and 403 `rateLimitExceeded` /
+`userRateLimitExceeded`) and 5xx back off exponentially (honouring Retry-After), a bounded number of times; past that
+the sync fails cleanly and the checkpoint stays where it was.
 """
 
 from __future__ import annotations
@@ -30,9 +31,7 @@ import asyncio
 import json
 import logging
 import os
-import random
 import re
-import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -43,6 +42,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from knowledge.access import EVERYONE
+from knowledge.sources.google_api import GoogleApiClient, error_reason, http_reason, short_message
 
 logger = logging.getLogger(__name__)
 # googleapiclient logs every 403 it inspects (even the per-file ones ragbot reports itself) as a warning.
@@ -83,7 +83,6 @@ FILE_FIELDS = (
     "id,name,mimeType,parents,driveId,trashed,modifiedTime,version,md5Checksum,size,webViewLink,"
     "owners(displayName,emailAddress),shortcutDetails(targetId,targetMimeType)"
 )
-RATE_LIMIT_REASONS = {"rateLimitExceeded", "userRateLimitExceeded"}
 
 
 class GoogleDriveSettings(BaseSettings):
@@ -207,88 +206,39 @@ def load_credentials(credentials_env: str = DEFAULT_CREDENTIALS_ENV, subject: st
     return credentials.with_subject(subject) if subject else credentials
 
 
-class DriveClient:
-    """Drive v3 through google-api-python-client, async, with bounded concurrency and rate-limit backoff.
+class DriveClient(GoogleApiClient):
+    """Drive v3 through google-api-python-client, async, with bounded concurrency and rate-limit backoff
+    (knowledge.sources.google_api). `credentials=None` talks without authentication (only useful against a local
+    fake). Errors of one file (403, 404...) reach the caller as HttpError; those of the whole sync are
+    DriveSourceError."""
 
-    `credentials=None` talks without authentication (only useful against a local fake)."""
+    api_name = "Drive"
 
     def __init__(self, credentials: Any, settings: GoogleDriveSettings | None = None) -> None:
-        import httplib2
-        from googleapiclient.discovery import build
+        self.settings: GoogleDriveSettings = settings or GoogleDriveSettings()
+        super().__init__("drive", "v3", credentials, self.settings)
 
-        self.settings = settings or GoogleDriveSettings()
-        self.credentials = credentials
-        options = {"api_endpoint": self.settings.api_endpoint} if self.settings.api_endpoint else None
-        # The discovery document ships with the library (static_discovery): no network here. Requests are executed
-        # with a per-thread http below, so the one given here is never used for requests.
-        self.service = build("drive", "v3", http=httplib2.Http(), static_discovery=True, client_options=options,
-                             cache_discovery=False)
-        self._local = threading.local()
-        self._semaphore = asyncio.Semaphore(self.settings.concurrency)
-        self.retries = 0  # rate-limit / server-error retries so far (reported by the sync)
+    def exhausted(self, error: Any, retries: int) -> Exception:
+        return DriveSourceError(
+            f"Google Drive still answers {http_reason(error)} after {retries} retries "
+            f"({'rate limited' if error.status_code < 500 else 'a Google-side outage'}); "
+            f"the next sync carries on from the same checkpoint", "unavailable"
+        )
 
-    def _http(self):  # type: ignore[no-untyped-def]
-        http = getattr(self._local, "http", None)
-        if http is None:
-            import httplib2
+    def refused(self, error: Any) -> Exception | None:
+        if error.status_code == 401:
+            return DriveSourceError("Google Drive rejected the credentials (401): check the service account key", "auth")
+        return None  # one file's error (403, 404...): the caller decides
 
-            http = httplib2.Http(timeout=120)
-            if self.credentials is not None:
-                import google_auth_httplib2
+    def token_refused(self, error: BaseException) -> Exception:
+        return DriveSourceError(
+            f"Google refused the service account's token ({short_message(error)}): check the JSON key, and with "
+            f"--subject that domain-wide delegation grants the scope {DRIVE_SCOPE}", "auth"
+        )
 
-                http = google_auth_httplib2.AuthorizedHttp(self.credentials, http=http)
-            self._local.http = http
-        return http
-
-    def _execute(self, make_request: Callable[[Any], Any]) -> Any:
-        return make_request(self.service).execute(http=self._http(), num_retries=0)
-
-    async def call(self, make_request: Callable[[Any], Any]) -> Any:
-        """Run one API request in a worker thread; back off on rate limits and server errors."""
-        from google.auth.exceptions import RefreshError, TransportError
-        from googleapiclient.errors import HttpError
-
-        attempt = 0
-        while True:
-            try:
-                async with self._semaphore:
-                    return await asyncio.to_thread(self._execute, make_request)
-            except HttpError as error:
-                if not _retryable(error) or attempt >= self.settings.max_retries:
-                    if _retryable(error):
-                        raise DriveSourceError(
-                            f"Google Drive still answers {_reason(error)} after {attempt} retries "
-                            f"({'rate limited' if error.status_code < 500 else 'a Google-side outage'}); "
-                            f"the next sync carries on from the same checkpoint", "unavailable"
-                        ) from None
-                    if error.status_code == 401:
-                        raise DriveSourceError(
-                            "Google Drive rejected the credentials (401): check the service account key", "auth"
-                        ) from None
-                    raise
-                delay = _retry_after(error)
-                if delay is None:
-                    delay = min(self.settings.max_backoff_seconds, self.settings.backoff_seconds * 2**attempt)
-                    delay *= 0.5 + random.random() / 2
-                attempt += 1
-                self.retries += 1
-                logger.info("Drive %s; retry %d in %.2f s", _reason(error), attempt, delay)
-                await asyncio.sleep(delay)
-            except RefreshError as error:
-                raise DriveSourceError(
-                    f"Google refused the service account's token ({_short(error)}): check the JSON key, and with "
-                    f"--subject that domain-wide delegation grants the scope {DRIVE_SCOPE}", "auth"
-                ) from None
-            except (TransportError, OSError) as error:
-                raise DriveSourceError(f"cannot reach the Google Drive API ({_short(error)}): check the network "
-                                       f"(and GDRIVE_API_ENDPOINT if set)", "unavailable") from None
-            except Exception as error:
-                import httplib2
-
-                if isinstance(error, httplib2.HttpLib2Error):
-                    raise DriveSourceError(f"cannot reach the Google Drive API ({_short(error)}): check the "
-                                           f"network (and GDRIVE_API_ENDPOINT if set)", "unavailable") from None
-                raise
+    def unreachable(self, error: BaseException) -> Exception:
+        return DriveSourceError(f"cannot reach the Google Drive API ({short_message(error)}): check the network "
+                                f"(and GDRIVE_API_ENDPOINT if set)", "unavailable")
 
     # -- the calls ragbot makes -------------------------------------------------------------------------------
     async def get_file(self, file_id: str) -> dict[str, Any]:
@@ -349,35 +299,6 @@ class DriveClient:
 
     async def download(self, file_id: str) -> bytes:
         return await self.call(lambda s: s.files().get_media(fileId=file_id, supportsAllDrives=True))
-
-
-def _error_reason(error: Any) -> str | None:
-    try:
-        data = json.loads(error.content.decode("utf-8"))
-        return data["error"]["errors"][0]["reason"]
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return None
-
-
-def _retryable(error: Any) -> bool:
-    status = error.status_code
-    return status == 429 or status >= 500 or (status == 403 and _error_reason(error) in RATE_LIMIT_REASONS)
-
-
-def _retry_after(error: Any) -> float | None:
-    value = error.resp.get("retry-after") if error.resp is not None else None
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _reason(error: Any) -> str:
-    return f"{error.status_code} {_error_reason(error) or error.reason or ''}".strip()
-
-
-def _short(error: BaseException) -> str:
-    return (str(error).splitlines() or [type(error).__name__])[0][:200]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -587,7 +508,7 @@ class DriveScope:
                 target = await self.client.get_file(target_id)
             except HttpError as error:
                 skipped.append((child["id"], f"shortcut {child.get('name')!r}: its target is not reachable "
-                                             f"({_reason(error)})"))
+                                             f"({http_reason(error)})"))
                 return []
             if target.get("trashed"):
                 return []
@@ -706,8 +627,8 @@ def _unreachable(what: str, ident: str, error: Any) -> str:
         return (f"{what} {ident} was not found or is not shared with the service account: share it with the "
                 f"service account's email (or use --subject to read as a user who can see it)")
     if error.status_code in (401, 403):
-        return f"no access to {what} {ident} ({_reason(error)}): share it with the service account"
-    return f"could not open {what} {ident} ({_reason(error)})"
+        return f"no access to {what} {ident} ({http_reason(error)}): share it with the service account"
+    return f"could not open {what} {ident} ({http_reason(error)})"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -742,7 +663,7 @@ async def file_access(client: DriveClient, entry: DriveEntry, config: GoogleDriv
     try:
         permissions = await client.permissions(entry.id)
     except HttpError as error:
-        raise DriveFileError(f"could not read its permissions ({_reason(error)}); it is hidden from everyone until "
+        raise DriveFileError(f"could not read its permissions ({http_reason(error)}); it is hidden from everyone until "
                              f"the service account can list them") from None
     return principals_from_permissions(permissions, settings.everyone_domain_set())
 
@@ -782,7 +703,7 @@ async def fetch_content(client: DriveClient, entry: DriveEntry, settings: Google
         else:
             data = await client.download(entry.id)
     except HttpError as error:
-        reason = _error_reason(error)
+        reason = error_reason(error)
         if reason == "exportSizeLimitExceeded":
             raise DriveFileError(f"Drive cannot export files over {EXPORT_LIMIT_MB} MB (exportSizeLimitExceeded); "
                                  f"split the document or save a PDF copy in the folder") from None
@@ -790,7 +711,7 @@ async def fetch_content(client: DriveClient, entry: DriveEntry, settings: Google
             raise DriveFileError("Drive does not allow downloading this file (fileNotDownloadable)") from None
         if error.status_code == 404:
             raise DriveFileError("gone while syncing (404)") from None
-        raise DriveFileError(f"could not fetch it ({_reason(error)})") from None
+        raise DriveFileError(f"could not fetch it ({http_reason(error)})") from None
     if len(data) > settings.max_file_mb * 1024 * 1024:
         raise DriveFileError(f"{len(data) / 1024 / 1024:.1f} MB is over GDRIVE_MAX_FILE_MB "
                              f"({settings.max_file_mb} MB)", "size")
@@ -870,11 +791,11 @@ class GoogleDriveSource:
             except HttpError as error:
                 if error.status_code not in (400, 404, 410):
                     raise _typed(self.name, DriveSourceError(
-                        f"Drive refused a request while reading changes ({_reason(error)}); check that the service "
+                        f"Drive refused a request while reading changes ({http_reason(error)}); check that the service "
                         f"account can still open the source's folders", "unavailable")) from None
                 # The stored token is no longer accepted: list the scope again (only fetching what changed).
                 logger.warning("source %s: Drive refused the stored changes token (%s); listing the scope again",
-                               self.name, _reason(error))
+                               self.name, http_reason(error))
         # First sync, `--full`, an edited list of folders, or a token Drive forgot: list the whole scope. The ids
         # the previous state had and this listing lacks are deleted (without a previous state, pruning does it).
         result = await self._guard(scope.scan())
