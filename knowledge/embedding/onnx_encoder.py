@@ -104,7 +104,7 @@ class OnnxBertEncoder(BertTextEncoder):
     and the mean pooling + normalisation in NumPy."""
 
     def __init__(self, model_path: str | Path, onnx_file: Path, precision: Precision) -> None:
-        import onnxruntime
+        import onnxruntime  # lazy for start-up speed: only when questions use ONNX
 
         super().__init__(model_path)
         self.precision = precision
@@ -192,8 +192,8 @@ def _export(model_path: str | Path, target: Path) -> None:
     """torch.onnx.export of the Hugging Face model: token ids and attention mask in, last hidden state out, batch
     and sequence length dynamic. The TorchScript exporter builds it in ~3 s on this machine against ~25 s for the
     torch.export-based one (same outputs); the latter is used when the former is unavailable."""
-    import torch
-    from transformers import AutoModel
+    import torch  # lazy: only to build the file, once
+    from transformers import AutoModel  # lazy, as torch
 
     model = AutoModel.from_pretrained(str(model_path)).eval()
 
@@ -235,8 +235,8 @@ def _quantize(fp32: Path, target: Path) -> None:
     activations quantised per product at run time). The feed-forward output products (the ones reading GELU
     outputs, whose outliers per-tensor activation scales handle worst) stay in fp32: on the handbook questions that
     lifts the cosine to fp32 vectors from a mean of 0.994 (min 0.987) to 0.997 (min 0.991) for ~1.3× the time."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    import onnx  # lazy: only to build the file, once
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # lazy, as onnx
 
     model = onnx.load(str(fp32))
     shapes = {init.name: list(init.dims) for init in model.graph.initializer}

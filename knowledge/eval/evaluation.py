@@ -26,7 +26,10 @@ from pathlib import Path
 from knowledge.answer.memory import ChatMessage
 from knowledge.errors import EvalFileError
 from knowledge.eval.judging import AnswerJudge, JudgeError, Judgement
+from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
+from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
+from knowledge.sources.folder import FolderSource
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@100", "precision@5", "recall@10")
 # BEIR corpora are indexed for this principal only, so benchmark documents never turn up in anyone's answers.
@@ -117,9 +120,6 @@ def load_folder_corpus(folder: Path) -> StaticSource:
     and parsers), but shared with the eval principal only, whatever its `.access` files say, and kept apart from
     a folder source of the same files (its own source name), so it is searched within itself and never answers
     anyone. Files that are not documents (the folder's own eval.jsonl, conversations.jsonl) are left out."""
-    from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
-    from knowledge.sources.folder import FolderSource
-
     folder_source = FolderSource(folder)
     items = [
         replace(item, access=(EVAL_PRINCIPAL,), path=f"corpus/{folder_source.root.name}/{item.external_id}")
@@ -433,8 +433,6 @@ async def evaluate_answers(
     judge, every answered answerable question is also graded for faithfulness and relevance. For each answerable
     question the hybrid search of what the answer searched is also ranked (same principals and sources), so the
     answer can be held to what retrieval gave it (`right_document_when_retrieved_first`)."""
-    from knowledge.search.retrieval import SearchFilters
-
     filters = SearchFilters(tuple(principals), tuple(sources) if sources else None)
     scores = []
     run = uuid.uuid4().hex[:12]

@@ -17,40 +17,13 @@ import asyncio
 import os
 import pickle
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from knowledge.ingest.parsing import (
-    CorruptDocument,
-    LimitExceeded,
-    ParsedDocument,
-    ParseLimits,
-    parse_document,
-    truncate_blocks,
-)
+from knowledge.ingest.parse_worker import HEADER, READY, memory_message, parse_bounded
+from knowledge.ingest.parsing import CorruptDocument, LimitExceeded, ParseLimits, ParseResult
 
 # How long a new worker may take to start (an interpreter and the parsers' imports), outside any file's deadline.
 WORKER_START_SECONDS = 120.0
-
-
-@dataclass(frozen=True)
-class ParseResult:
-    document: ParsedDocument
-    truncated: bool  # cut to `max_chars` (reported as MAX_DOCUMENT_CHUNKS)
-
-
-def parse_bounded(data: bytes, filename: str, limits: ParseLimits, max_chars: int, memory_mb: int) -> ParseResult:
-    """Parse and cut to `max_chars` (so no more than that travels back from the worker)."""
-    try:
-        document = parse_document(data, filename, limits)
-        return ParseResult(document, truncate_blocks(document, max_chars))
-    except MemoryError:
-        raise LimitExceeded(_memory_message(memory_mb)) from None
-
-
-def _memory_message(memory_mb: int) -> str:
-    """A MemoryError in the parse, or the worker dying on it: both are the memory limit."""
-    return f"needs more than {memory_mb:,} MB of memory to parse (setting PARSE_MEMORY_MB)"
 
 
 class _Worker:
@@ -59,8 +32,6 @@ class _Worker:
 
     @classmethod
     async def start(cls, memory_mb: int) -> _Worker:
-        from knowledge.ingest import parse_worker
-
         root = str(Path(__file__).resolve().parents[2])  # the folder holding the `knowledge` package
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -76,12 +47,10 @@ class _Worker:
             worker.kill()
             raise LimitExceeded(
                 f"a parsing worker cannot start within {memory_mb:,} MB (setting PARSE_MEMORY_MB)") from None
-        assert ready == parse_worker.READY
+        assert ready == READY
         return worker
 
     async def ask(self, request: tuple[object, ...]) -> tuple[str, object]:
-        from knowledge.ingest.parse_worker import HEADER
-
         body = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(HEADER.pack(len(body)) + body)
@@ -141,7 +110,7 @@ class ParsePool:
                 ) from None
             except (asyncio.IncompleteReadError, ConnectionError):  # the worker died on this file
                 worker.kill()
-                raise LimitExceeded(_memory_message(self.memory_mb)) from None
+                raise LimitExceeded(memory_message(self.memory_mb)) from None
             except BaseException:  # cancelled mid-file: the worker's state is unknown
                 worker.kill()
                 raise

@@ -66,6 +66,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol, Union
 
 from knowledge.access import EVERYONE
+from knowledge.errors import SourceConfigError
 
 ReadResult = Union[bytes, Awaitable[bytes]]  # noqa: UP007 (kept for the runtime check of this alias)
 
@@ -249,8 +250,6 @@ def register_source(kind: str) -> Callable[[SourceFactory], SourceFactory]:
 def build_source(name: str, kind: str, config: Mapping[str, Any]) -> Source:
     """A source object for a stored row. Raises `knowledge.errors.SourceConfigError` for an unknown kind or a
     config the factory rejects (factories raise SourceConfigError, KeyError or ValueError)."""
-    from knowledge.errors import SourceConfigError
-
     if kind not in _FACTORIES and kind in KIND_MODULES:
         try:
             importlib.import_module(KIND_MODULES[kind])

@@ -38,11 +38,18 @@ from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
+from google.oauth2 import service_account
+from googleapiclient.errors import HttpError
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from knowledge.access import EVERYONE
+from knowledge.errors import ItemUnavailable, SourceAuthError, SourceConfigError, SourceUnavailable
+from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 from knowledge.sources.google_api import GoogleApiClient, error_reason, http_reason, short_message
+
+# The Google client libraries are imported at the top: this module is loaded only when a Drive source is used (the
+# registry in knowledge.sources.base imports a kind's module on first use), never by `ragbot --help` or a folder sync.
 
 logger = logging.getLogger(__name__)
 # googleapiclient logs every 403 it inspects (even the per-file ones ragbot reports itself) as a warning.
@@ -177,8 +184,6 @@ class DriveFileError(Exception):
 def load_credentials(credentials_env: str = DEFAULT_CREDENTIALS_ENV, subject: str | None = None):  # type: ignore[no-untyped-def]
     """Service-account credentials from the JSON in `credentials_env`, else from the file named by
     GOOGLE_APPLICATION_CREDENTIALS; with `subject`, impersonating that user (domain-wide delegation)."""
-    from google.oauth2 import service_account
-
     raw = os.environ.get(credentials_env, "").strip()
     try:
         if raw:
@@ -432,8 +437,6 @@ class DriveScope:
 
     async def roots(self) -> list[tuple[str, str, str | None]]:
         """(folder id, breadcrumb, shared drive id) for each root; raises DriveSourceError naming a missing one."""
-        from googleapiclient.errors import HttpError
-
         found = []
         for drive_id in self.config.shared_drives:
             try:
@@ -485,8 +488,6 @@ class DriveScope:
     async def _place(self, child: dict[str, Any], folder_id: str, state: ScopeState, entries: dict[str, DriveEntry],
                      skipped: list[tuple[str, str]]) -> list[str]:
         """Put one listed child into the scope; returns folders still to list."""
-        from googleapiclient.errors import HttpError
-
         _parent, path, drive_id = state.folders[folder_id]
         mime = child.get("mimeType")
         if child.get("trashed"):
@@ -656,8 +657,6 @@ def principals_from_permissions(permissions: list[dict[str, Any]], everyone_doma
 async def file_access(client: DriveClient, entry: DriveEntry, config: GoogleDriveConfig,
                       settings: GoogleDriveSettings) -> tuple[str, ...]:
     """Who may see the file. Raises DriveFileError when its permissions cannot be read (the caller fails closed)."""
-    from googleapiclient.errors import HttpError
-
     if config.visibility == "everyone":
         return (EVERYONE,)
     try:
@@ -694,8 +693,6 @@ def content_plan(entry: DriveEntry, settings: GoogleDriveSettings) -> tuple[str,
 
 async def fetch_content(client: DriveClient, entry: DriveEntry, settings: GoogleDriveSettings) -> tuple[str, bytes]:
     """(file name for the parser, bytes): exported for Google files, downloaded for the rest."""
-    from googleapiclient.errors import HttpError
-
     filename, export_mime = content_plan(entry, settings)
     try:
         if export_mime:
@@ -739,8 +736,6 @@ class GoogleDriveSource:
 
     def __init__(self, name: str, config: GoogleDriveConfig, settings: GoogleDriveSettings | None = None,
                  credentials: Any = "load") -> None:
-        from knowledge.sources.base import SourceSpec
-
         self.name = name
         self.config = config
         self.settings = settings or GoogleDriveSettings()
@@ -777,10 +772,6 @@ class GoogleDriveSource:
         await self._guard(DriveScope(self.client, self.config).roots())
 
     async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[Any]:
-        from googleapiclient.errors import HttpError
-
-        from knowledge.sources.base import ChangeBatch
-
         scope = DriveScope(self.client, self.config)
         previous = None if full else ScopeState.from_json(checkpoint)
         if previous is not None and not self._roots_changed(previous):
@@ -811,8 +802,6 @@ class GoogleDriveSource:
                               checkpoint=result.state.to_json() if last else None, total=total)
 
     async def _changes_from(self, scope: DriveScope, previous: ScopeState) -> AsyncIterator[Any]:
-        from knowledge.sources.base import ChangeBatch
-
         pages = scope.changes(previous)
         while True:
             try:
@@ -830,8 +819,6 @@ class GoogleDriveSource:
 
     async def inventory(self) -> Any:
         """Every file in scope (a walk of folders, no content, no permission calls)."""
-        from knowledge.sources.base import ItemRef
-
         result, self._last_scan = self._last_scan, None
         if result is None:  # the sync just listed the scope (first or full sync): no need to walk it twice
             result = await self._guard(DriveScope(self.client, self.config).scan())
@@ -846,9 +833,6 @@ class GoogleDriveSource:
 
     async def _item(self, entry: DriveEntry) -> Any:
         """One file as a SourceItem: its access is read now (cheap), its content only when the indexer asks."""
-        from knowledge.errors import ItemUnavailable
-        from knowledge.sources.base import SourceItem
-
         try:
             filename, _export = content_plan(entry, self.settings)
             problem: DriveFileError | None = None
@@ -881,9 +865,6 @@ class GoogleDriveSource:
 def _problem_items(problems: list[tuple[str, str]]) -> list[Any]:
     """Problems of the scope itself (a shortcut to nowhere, a scope folder trashed) reach the sync report the way
     failed files do: as items, visible to nobody, whose read raises the reason. Nothing is stored for them."""
-    from knowledge.errors import ItemUnavailable
-    from knowledge.sources.base import SourceItem
-
     def item(ident: str, reason: str) -> Any:
         async def read() -> bytes:
             raise ItemUnavailable(reason)
@@ -902,26 +883,17 @@ def _unsupported_name(entry: DriveEntry) -> str:
 
 def _typed(name: str, error: DriveSourceError) -> Exception:
     """DriveSourceError → the typed source errors the sync runner and the CLI show."""
-    from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable
-
     kinds = {"auth": SourceAuthError, "unavailable": SourceUnavailable, "config": SourceConfigError}
     return kinds[error.kind](f"source {name!r}: {error}")
 
 
-def _register() -> None:
-    from knowledge.errors import SourceConfigError
-    from knowledge.sources.base import register_source
-
-    @register_source("gdrive")
-    def build_gdrive_source(name: str, config: Any) -> GoogleDriveSource:
-        """A stored Google Drive source: config as `GoogleDriveConfig.to_dict()`."""
-        parsed = GoogleDriveConfig.from_dict(dict(config))
-        if not parsed.folders and not parsed.shared_drives:
-            raise SourceConfigError(f"source {name!r}: a Google Drive source needs at least one folder or shared "
-                                    f"drive; remove it and add it again with --folder ID or --shared-drive ID")
-        if parsed.visibility not in ("permissions", "everyone"):
-            raise SourceConfigError(f"source {name!r}: visibility must be permissions or everyone")
-        return GoogleDriveSource(name, parsed)
-
-
-_register()
+@register_source("gdrive")
+def build_gdrive_source(name: str, config: Any) -> GoogleDriveSource:
+    """A stored Google Drive source: config as `GoogleDriveConfig.to_dict()`."""
+    parsed = GoogleDriveConfig.from_dict(dict(config))
+    if not parsed.folders and not parsed.shared_drives:
+        raise SourceConfigError(f"source {name!r}: a Google Drive source needs at least one folder or shared "
+                                f"drive; remove it and add it again with --folder ID or --shared-drive ID")
+    if parsed.visibility not in ("permissions", "everyone"):
+        raise SourceConfigError(f"source {name!r}: visibility must be permissions or everyone")
+    return GoogleDriveSource(name, parsed)

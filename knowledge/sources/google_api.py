@@ -5,6 +5,9 @@ google-api-python-client is synchronous: every request runs in a worker thread w
 `userRateLimitExceeded`) and 5xx back off exponentially, honouring Retry-After, a bounded number of times. What a
 failure means is each API's to say (Drive: a failed sync or one skipped file; the Admin SDK Directory: group
 membership kept until it expires), so a client subclass words the four ways a request can fail.
+
+Imported only by the Google sources, which load only when a Google source is used: the client libraries are
+imported at the top.
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ import random
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
+
+import google_auth_httplib2
+import httplib2
+from google.auth.exceptions import RefreshError, TransportError
+from googleapiclient.discovery import build
+from googleapiclient.errors import HttpError
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +52,6 @@ class GoogleApiClient:
     api_name = "Google API"  # in the retry log lines
 
     def __init__(self, service: str, version: str, credentials: Any, settings: ApiSettings) -> None:
-        # Lazy for start-up speed: the Google client libraries load only when a Google source is used.
-        import httplib2
-        from googleapiclient.discovery import build
-
         self.settings = settings
         self.credentials = credentials
         options = {"api_endpoint": settings.api_endpoint} if settings.api_endpoint else None
@@ -62,9 +67,6 @@ class GoogleApiClient:
     def _http(self) -> Any:
         http = getattr(self._local, "http", None)
         if http is None:
-            import google_auth_httplib2  # lazy: see __init__
-            import httplib2
-
             http = httplib2.Http(timeout=120)
             if self.credentials is not None:
                 http = google_auth_httplib2.AuthorizedHttp(self.credentials, http=http)
@@ -76,10 +78,6 @@ class GoogleApiClient:
 
     async def call(self, make_request: Callable[[Any], Any]) -> Any:
         """Run one API request in a worker thread; back off on rate limits and server errors."""
-        import httplib2  # lazy: see __init__
-        from google.auth.exceptions import RefreshError, TransportError
-        from googleapiclient.errors import HttpError
-
         attempt = 0
         while True:
             try:

@@ -117,7 +117,7 @@ class AnthropicGenerator:
     mode = "llm"
 
     def __init__(self, settings: KnowledgeSettings) -> None:
-        from anthropic import AsyncAnthropic
+        from anthropic import AsyncAnthropic  # lazy for start-up speed: the SDK, only with an API key
 
         if settings.anthropic_api_key is None:
             raise GenerationError("ANTHROPIC_API_KEY is not set")
@@ -137,7 +137,7 @@ class AnthropicGenerator:
     ) -> str:
         """One user message in, the reply's text out. `model`/`max_tokens` override the answer settings (the
         follow-up rewrite and the summary use a smaller model and budget); `on_text` streams the reply."""
-        import anthropic
+        import anthropic  # lazy, as in __init__
 
         model = model or self.model
         request = dict(
@@ -212,7 +212,7 @@ class AnthropicGenerator:
         return blocks.reply()
 
     async def _call(self, run: Callable[[], Awaitable[None]], model: str) -> None:
-        import anthropic
+        import anthropic  # lazy, as in __init__
 
         try:
             await run()
