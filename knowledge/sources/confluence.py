@@ -482,7 +482,7 @@ class ConfluenceSource:
             except ConfluenceNotFound:
                 raise SourceConfigError(
                     f"source {self.spec.name!r}: space {key!r} was not found at {self.config.url} or this account "
-                    "cannot see it; check --space (the space KEY, not its name) and the account's permissions"
+                    "cannot see it; check the source's spaces (each a space KEY, not its name) and the account's permissions"
                 ) from None
 
     # -- changes --

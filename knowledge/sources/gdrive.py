@@ -237,8 +237,8 @@ class DriveClient(GoogleApiClient):
 
     def token_refused(self, error: BaseException) -> Exception:
         return DriveSourceError(
-            f"Google refused the service account's token ({short_message(error)}): check the JSON key, and with "
-            f"--subject that domain-wide delegation grants the scope {DRIVE_SCOPE}", "auth"
+            f"Google refused the service account's token ({short_message(error)}): check the JSON key, and for a "
+            f"source that reads as a user, that domain-wide delegation grants the scope {DRIVE_SCOPE}", "auth"
         )
 
     def unreachable(self, error: BaseException) -> Exception:
@@ -626,7 +626,7 @@ def _is_shortcut_target(file_id: str, state: ScopeState) -> bool:
 def _unreachable(what: str, ident: str, error: Any) -> str:
     if error.status_code == 404:
         return (f"{what} {ident} was not found or is not shared with the service account: share it with the "
-                f"service account's email (or use --subject to read as a user who can see it)")
+                f"service account's email (or have the source read as a user who can see it)")
     if error.status_code in (401, 403):
         return f"no access to {what} {ident} ({http_reason(error)}): share it with the service account"
     return f"could not open {what} {ident} ({http_reason(error)})"
@@ -893,7 +893,7 @@ def build_gdrive_source(name: str, config: Any) -> GoogleDriveSource:
     parsed = GoogleDriveConfig.from_dict(dict(config))
     if not parsed.folders and not parsed.shared_drives:
         raise SourceConfigError(f"source {name!r}: a Google Drive source needs at least one folder or shared "
-                                f"drive; remove it and add it again with --folder ID or --shared-drive ID")
+                                f"drive; remove it and add it again with its folders or shared drives")
     if parsed.visibility not in ("permissions", "everyone"):
         raise SourceConfigError(f"source {name!r}: visibility must be permissions or everyone")
     return GoogleDriveSource(name, parsed)
