@@ -86,13 +86,15 @@ async def _fetch(source_id: int, name: str, kind: str, config: Mapping[str, Any]
     if kind == "confluence":
         # Each source kind's module loads only when a source of that kind is used (as knowledge.sources.base
         # loads them): a Google Drive deployment never imports the Confluence client, nor the reverse.
+        from knowledge.sources.confluence import ConfluenceSource
         from knowledge.sources.confluence_groups import group_members
 
         async with engine.connect() as conn:
             on_documents = await directory_store.document_group_principals(conn, source_id)
         source = build_source(name, kind, dict(config))
         try:
-            found = await group_members(source, on_documents)  # type: ignore[arg-type]
+            assert isinstance(source, ConfluenceSource)  # the factory of kind "confluence"
+            found = await group_members(source, on_documents)
         finally:
             await source.aclose()
         report.api_calls, report.missing = found.api_calls, found.missing

@@ -41,8 +41,9 @@ class _Worker:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
         )
         worker = cls(process)
+        assert process.stdout is not None  # a pipe, as asked
         try:
-            ready = await asyncio.wait_for(process.stdout.readexactly(1), WORKER_START_SECONDS)  # type: ignore[union-attr]
+            ready = await asyncio.wait_for(process.stdout.readexactly(1), WORKER_START_SECONDS)
         except (asyncio.IncompleteReadError, TimeoutError):
             worker.kill()
             raise LimitExceeded(
@@ -56,7 +57,8 @@ class _Worker:
         self.process.stdin.write(HEADER.pack(len(body)) + body)
         await self.process.stdin.drain()
         (size,) = HEADER.unpack(await self.process.stdout.readexactly(HEADER.size))
-        return pickle.loads(await self.process.stdout.readexactly(size))  # type: ignore[no-any-return]
+        reply: tuple[str, object] = pickle.loads(await self.process.stdout.readexactly(size))
+        return reply
 
     def kill(self) -> None:
         if self.process.returncode is None:
@@ -115,8 +117,8 @@ class ParsePool:
                 worker.kill()
                 raise
             self._idle.append(worker)
-        if status == "ok":
-            return value  # type: ignore[return-value]
+        if status == "ok" and isinstance(value, ParseResult):
+            return value
         if isinstance(value, Exception) and isinstance(value, (LimitExceeded, CorruptDocument, ValueError)):
             raise value
         raise CorruptDocument(f"could not read the file: {value}")

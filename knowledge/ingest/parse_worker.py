@@ -16,7 +16,7 @@ import pickle
 import resource
 import struct
 import sys
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from knowledge.ingest.parsing import (
     CorruptDocument,
@@ -79,7 +79,7 @@ def main() -> None:
         request = read_message(stdin)
         if request is None:
             return
-        data, filename, limits, max_chars = request  # type: ignore[misc]
+        data, filename, limits, max_chars = cast(tuple[bytes, str, ParseLimits, int], request)
         try:
             reply: object = ("ok", parse_bounded(data, filename, limits, max_chars, memory_mb))
         except (ValueError, MemoryError) as exc:  # the parse's own errors (LimitExceeded, CorruptDocument, …)

@@ -438,10 +438,11 @@ def _rows_to_blocks(rows: Iterable[list[str]], headings: tuple[str, ...], limits
 
 def parse_csv(text: str, fallback_title: str, limits: ParseLimits) -> ParsedDocument:
     """A CSV file: rows read with the csv module (quoted commas and newlines kept), the first row as the header."""
+    dialect: type[csv.Dialect]
     try:
         dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t")
     except csv.Error:
-        dialect = csv.excel  # type: ignore[assignment]
+        dialect = csv.excel
     rows = _bounded_rows(csv.reader(io.StringIO(text), dialect), limits)
     return ParsedDocument(fallback_title, _rows_to_blocks(rows, (), limits))
 

@@ -33,7 +33,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from knowledge.embedding.encoder import Embedder, content_hash
 from knowledge.errors import CorruptDocument, ItemUnavailable, LimitExceeded, Remedy, SyncWarning, UnsupportedFormat
@@ -756,7 +756,9 @@ class Indexer:
             report.chunks_from_cache += len(texts) - embedded
         return found
 
-    async def _embed_with_cache(self, conn, texts: dict[str, str]) -> tuple[dict[str, np.ndarray], int]:  # type: ignore[no-untyped-def]
+    async def _embed_with_cache(
+        self, conn: AsyncConnection, texts: dict[str, str]
+    ) -> tuple[dict[str, np.ndarray], int]:
         """Look {hash: text} up in the cache, embed what is missing and cache it. Returns (embeddings, embedded)."""
         found = await store.cached_embeddings(conn, self.embedder.name, list(texts))
         missing = [h for h in texts if h not in found]
@@ -794,7 +796,7 @@ class Indexer:
             await store.ensure_vector_index(conn, dimension)
             return reembedded
 
-    async def _reembed_all(self, conn) -> None:  # type: ignore[no-untyped-def]
+    async def _reembed_all(self, conn: AsyncConnection) -> None:
         last_id = 0
         while True:
             rows = await store.chunks_for_reembedding(conn, last_id, 256)
@@ -815,8 +817,9 @@ async def run_stages(*stages: Coroutine[object, object, None]) -> None:
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+            error = task.exception() if task.done() and not task.cancelled() else None
+            if error is not None:
+                raise error
     finally:
         for task in tasks:
             task.cancel()

@@ -181,7 +181,9 @@ class DriveFileError(Exception):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def load_credentials(credentials_env: str = DEFAULT_CREDENTIALS_ENV, subject: str | None = None):  # type: ignore[no-untyped-def]
+def load_credentials(
+    credentials_env: str = DEFAULT_CREDENTIALS_ENV, subject: str | None = None
+) -> service_account.Credentials:
     """Service-account credentials from the JSON in `credentials_env`, else from the file named by
     GOOGLE_APPLICATION_CREDENTIALS; with `subject`, impersonating that user (domain-wide delegation)."""
     raw = os.environ.get(credentials_env, "").strip()
