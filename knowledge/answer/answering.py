@@ -22,7 +22,6 @@ from knowledge.answer.generators import extractive
 from knowledge.answer.generators.anthropic_client import (
     AnthropicGenerator,
     CitedReply,
-    GenerationError,
     SearchSource,
     Span,
 )
@@ -39,7 +38,7 @@ from knowledge.answer.prompts import (
     renumber_citations,
 )
 from knowledge.embedding.encoder import Embedder
-from knowledge.errors import EmptyQuestion
+from knowledge.errors import EmptyQuestion, GenerationError
 from knowledge.search.retrieval import Retriever, SearchFilters, SearchHit
 from knowledge.settings import KnowledgeSettings
 from knowledge.storage import conversations as memory_store

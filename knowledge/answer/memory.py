@@ -384,7 +384,8 @@ class ConversationMemory:
             return History()
         budget = self.settings.token_budget
         sizes = self.count_tokens([m.text for m in messages])
-        kept, used = [], 0
+        kept: list[ChatMessage] = []
+        used = 0
         for message, size in zip(reversed(messages), reversed(sizes), strict=False):
             if used + size > budget // 2 and kept:
                 break

@@ -177,7 +177,7 @@ class Embedder:
         from sentence_transformers import SentenceTransformer  # lazy for start-up speed: torch
         from transformers.utils import logging as transformers_logging  # lazy, as above
 
-        transformers_logging.disable_progress_bar()
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
 
         path = self.path
         try:
@@ -191,13 +191,19 @@ class Embedder:
         if self.light is not None:
             return int(self.light.dimension)
         getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
-        return int(getter())
+        dimension = getter()
+        if dimension is None:
+            raise EmbeddingModelError(f"the embedding model {self.name!r} does not state its dimension")
+        return int(dimension)
 
     @property
     def max_tokens(self) -> int:
         if self.light is not None:
             return int(self.light.max_seq_length)
-        return int(self.model.max_seq_length)
+        length = self.model.max_seq_length
+        if length is None:
+            raise EmbeddingModelError(f"the embedding model {self.name!r} does not state its maximum length")
+        return int(length)
 
     def count_tokens(self, text: str) -> int:
         return self.count_tokens_many([text])[0]
@@ -254,7 +260,8 @@ def _single_blas_thread() -> AbstractContextManager[Any]:
 
     if _blas_controller is None:
         _blas_controller = ThreadpoolController()
-    return _blas_controller.limit(limits=1, user_api="blas")
+    limit: AbstractContextManager[Any] = _blas_controller.limit(limits=1, user_api="blas")
+    return limit
 
 
 def _onnxruntime_installed() -> bool:

@@ -73,8 +73,9 @@ def weights_hash(weights: Path, cache_root: Path) -> str:
     memo_path = cache_root / "weights-sha256.json"
     try:
         memo = json.loads(memo_path.read_text(encoding="utf-8"))
-        if isinstance(memo, dict) and isinstance(memo.get(key), str):
-            return memo[key]
+        known = memo.get(key) if isinstance(memo, dict) else None
+        if isinstance(known, str):
+            return known
     except (OSError, ValueError):
         memo = {}
     digest = hashlib.sha256()
@@ -203,17 +204,19 @@ def _export(model_path: str | Path, target: Path) -> None:
             self.inner = inner
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            hidden: torch.Tensor = self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return hidden
 
     wrapper = LastHiddenState(model).eval()
     example = (torch.ones(1, 8, dtype=torch.int64), torch.ones(1, 8, dtype=torch.int64))
     outputs = ["last_hidden_state"]
-    names = {"input_names": ["input_ids", "attention_mask"], "output_names": outputs}
+    inputs = ["input_ids", "attention_mask"]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notices
         try:
             torch.onnx.export(
-                wrapper, example, str(target), opset_version=OPSET, dynamo=False, **names,
+                wrapper, example, str(target), opset_version=OPSET, dynamo=False, input_names=inputs,
+                output_names=outputs,
                 dynamic_axes={name: {0: "batch", 1: "tokens"} for name in ("input_ids", "attention_mask", *outputs)},
             )
         except Exception as legacy_error:
@@ -221,7 +224,8 @@ def _export(model_path: str | Path, target: Path) -> None:
             batch, tokens = torch.export.Dim("batch"), torch.export.Dim("tokens", max=512)
             try:
                 torch.onnx.export(
-                    wrapper, example, str(target), dynamo=True, external_data=False, **names,
+                    wrapper, example, str(target), dynamo=True, external_data=False, input_names=inputs,
+                    output_names=outputs,
                     dynamic_shapes={"input_ids": {0: batch, 1: tokens}, "attention_mask": {0: batch, 1: tokens}},
                 )
             except Exception as exc:

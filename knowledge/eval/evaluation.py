@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from knowledge.answer.memory import ChatMessage
-from knowledge.errors import EvalFileError
-from knowledge.eval.judging import AnswerJudge, JudgeError, Judgement
+from knowledge.errors import EvalFileError, JudgeError
+from knowledge.eval.judging import AnswerJudge, Judgement
 from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
 from knowledge.search.retrieval import Mode, SearchFilters
-from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
+from knowledge.sources.base import SourceItem, SourceSpec, StaticSource, bytes_read
 from knowledge.sources.folder import FolderSource
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def _corpus_source(corpus: Path, name: str, display_path: str, location: Path) -
                 SourceItem(
                     external_id=str(record["_id"]),
                     filename=f"{record['_id']}.txt",
-                    read=(lambda body=body: body.encode("utf-8")),
+                    read=bytes_read(body.encode("utf-8")),
                     title=str(record.get("title") or "").strip() or None,
                     path=display_path,
                     access=(EVAL_PRINCIPAL,),

@@ -19,8 +19,9 @@ import pickle
 import sys
 from pathlib import Path
 
+from knowledge.errors import CorruptDocument, LimitExceeded
 from knowledge.ingest.parse_worker import HEADER, READY, memory_message, parse_bounded
-from knowledge.ingest.parsing import CorruptDocument, LimitExceeded, ParseLimits, ParseResult
+from knowledge.ingest.parsing import ParseLimits, ParseResult
 
 # How long a new worker may take to start (an interpreter and the parsers' imports), outside any file's deadline.
 WORKER_START_SECONDS = 120.0

@@ -18,14 +18,8 @@ import struct
 import sys
 from typing import BinaryIO, cast
 
-from knowledge.ingest.parsing import (
-    CorruptDocument,
-    LimitExceeded,
-    ParseLimits,
-    ParseResult,
-    parse_document,
-    truncate_blocks,
-)
+from knowledge.errors import CorruptDocument, LimitExceeded
+from knowledge.ingest.parsing import ParseLimits, ParseResult, parse_document, truncate_blocks
 
 HEADER = struct.Struct("!Q")
 READY = b"R"
@@ -53,7 +47,8 @@ def read_message(stream: BinaryIO) -> object | None:
     body = stream.read(size)
     if len(body) < size:
         return None
-    return pickle.loads(body)
+    message: object = pickle.loads(body)
+    return message
 
 
 def write_message(stream: BinaryIO, message: object) -> None:

@@ -218,7 +218,9 @@ _HTML_DROP = ("script", "style", "noscript", "nav", "footer", "template", "svg")
 def parse_html(html: str, fallback_title: str) -> ParsedDocument:
     """Walk every text node in document order, grouped by its nearest block element: headings open sections,
     everything else becomes blocks, so no text is lost whatever tags a page uses."""
-    from bs4 import BeautifulSoup, Comment, NavigableString, Tag  # lazy (each format's library): start-up speed
+    # Lazy (each format's library): start-up speed.
+    from bs4 import BeautifulSoup, Comment, Tag
+    from bs4.element import NavigableString
 
     soup = BeautifulSoup(html, "html.parser")
     for tag in soup(list(_HTML_DROP)):
@@ -266,7 +268,7 @@ def parse_html(html: str, fallback_title: str) -> ParsedDocument:
     return ParsedDocument(title or fallback_title, blocks)
 
 
-def _join_html_parts(parts: list[tuple[object, str]]) -> str:
+def _join_html_parts(parts: Sequence[tuple[object, str]]) -> str:
     """Join a block's text nodes: inline pieces run together, different table cells are separated by ' | '."""
     cells: list[str] = []
     current_cell: object = object()

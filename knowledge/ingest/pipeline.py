@@ -27,7 +27,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -387,8 +387,9 @@ class Indexer:
             while (work := await to_embed.get()) is not None:
                 if isinstance(work, list):
                     texts = {h: d.search_text for p in work for h, d in zip(p.chunk_hashes, p.drafts, strict=True)}
-                    work = _Embedded(work, await self.embeddings_for(texts, report))
-                await to_write.put(work)
+                    await to_write.put(_Embedded(work, await self.embeddings_for(texts, report)))
+                else:
+                    await to_write.put(work)
             await to_write.put(None)
 
         writers = WriterPool(self.settings.store_writers)
@@ -454,7 +455,7 @@ class Indexer:
         return report
 
     async def _drop_vanished(
-        self, source: Source, source_id: int, stored: dict[str, store.StoredDocument], listed: dict[str, object],
+        self, source: Source, source_id: int, stored: dict[str, store.StoredDocument], listed: Mapping[str, object],
         report: SyncReport,
     ) -> None:
         """A partial sync (a subfolder or one file) still drops documents outside it whose file is gone: a file

@@ -104,10 +104,16 @@ class SourceItem:
     size: int | None = None
 
 
+def bytes_read(data: bytes) -> Callable[[], bytes]:
+    """A `SourceItem.read` for bytes already in memory (a page's body fetched with its listing, a corpus record)."""
+    return lambda: data
+
+
 async def read_item(item: SourceItem) -> bytes:
     """The item's bytes: async readers are awaited, plain ones run in a worker thread."""
     if inspect.iscoroutinefunction(item.read):
-        return await item.read()
+        data: bytes = await item.read()
+        return data
     result = await asyncio.to_thread(item.read)
     if inspect.isawaitable(result):
         return await result
@@ -207,8 +213,9 @@ class LegacySource:
         return None
 
     async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[ChangeBatch]:
-        self._listed = await asyncio.to_thread(lambda: list(self.legacy.items()))
-        yield ChangeBatch(items=list(self._listed), total=len(self._listed))
+        listed: list[SourceItem] = await asyncio.to_thread(lambda: list(self.legacy.items()))
+        self._listed = listed
+        yield ChangeBatch(items=list(listed), total=len(listed))
 
     async def inventory(self) -> list[ItemRef] | None:
         if not getattr(self.legacy, "complete_listing", True):

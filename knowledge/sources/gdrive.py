@@ -32,11 +32,11 @@ import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from google.oauth2 import service_account
 from googleapiclient.errors import HttpError
@@ -52,6 +52,7 @@ from knowledge.sources.google_api import GoogleApiClient, error_reason, http_rea
 # registry in knowledge.sources.base imports a kind's module on first use), never by `ragbot --help` or a folder sync.
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 # googleapiclient logs every 403 it inspects (even the per-file ones ragbot reports itself) as a warning.
 logging.getLogger("googleapiclient.http").setLevel(logging.ERROR)
 
@@ -187,6 +188,7 @@ def load_credentials(
     """Service-account credentials from the JSON in `credentials_env`, else from the file named by
     GOOGLE_APPLICATION_CREDENTIALS; with `subject`, impersonating that user (domain-wide delegation)."""
     raw = os.environ.get(credentials_env, "").strip()
+    credentials: service_account.Credentials
     try:
         if raw:
             try:
@@ -195,13 +197,15 @@ def load_credentials(
                 raise DriveSourceError(
                     f"{credentials_env} does not hold JSON: put the service account's JSON key in it (the whole file)",
                     "auth") from None
-            credentials = service_account.Credentials.from_service_account_info(info, scopes=[DRIVE_SCOPE])
+            credentials = service_account.Credentials.from_service_account_info(  # type: ignore[no-untyped-call]  # google-auth leaves it unannotated
+                info, scopes=[DRIVE_SCOPE])
         elif os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
             path = os.environ["GOOGLE_APPLICATION_CREDENTIALS"]
             if not os.path.isfile(path):
                 raise DriveSourceError(f"GOOGLE_APPLICATION_CREDENTIALS names {path}, which is not a file: "
                                        f"point it at the service account's JSON key", "auth")
-            credentials = service_account.Credentials.from_service_account_file(path, scopes=[DRIVE_SCOPE])
+            credentials = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]  # google-auth leaves it unannotated
+                path, scopes=[DRIVE_SCOPE])
         else:
             raise DriveSourceError(
                 f"no Google credentials: put the service account's JSON key in {credentials_env} "
@@ -210,7 +214,9 @@ def load_credentials(
     except ValueError as exc:  # missing fields, a key that does not parse
         raise DriveSourceError(f"the service account key in {credentials_env or 'GOOGLE_APPLICATION_CREDENTIALS'} "
                                f"is not valid ({exc}): download a new JSON key for the service account", "auth") from None
-    return credentials.with_subject(subject) if subject else credentials
+    if subject:
+        credentials = credentials.with_subject(subject)  # type: ignore[no-untyped-call]  # google-auth leaves it unannotated
+    return credentials
 
 
 class DriveClient(GoogleApiClient):
@@ -249,10 +255,13 @@ class DriveClient(GoogleApiClient):
 
     # -- the calls ragbot makes -------------------------------------------------------------------------------
     async def get_file(self, file_id: str) -> dict[str, Any]:
-        return await self.call(lambda s: s.files().get(fileId=file_id, fields=FILE_FIELDS, supportsAllDrives=True))
+        file: dict[str, Any] = await self.call(
+            lambda s: s.files().get(fileId=file_id, fields=FILE_FIELDS, supportsAllDrives=True))
+        return file
 
     async def get_drive(self, drive_id: str) -> dict[str, Any]:
-        return await self.call(lambda s: s.drives().get(driveId=drive_id, fields="id,name"))
+        drive: dict[str, Any] = await self.call(lambda s: s.drives().get(driveId=drive_id, fields="id,name"))
+        return drive
 
     async def list_children(self, folder_id: str, drive_id: str | None) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
@@ -275,18 +284,20 @@ class DriveClient(GoogleApiClient):
         user's ("Retrieve changes", developers.google.com/workspace/drive/api/guides/manage-changes)."""
         extra = {"driveId": drive_id} if drive_id else {}
         reply = await self.call(lambda s: s.changes().getStartPageToken(supportsAllDrives=True, **extra))
-        return reply["startPageToken"]
+        token: str = reply["startPageToken"]
+        return token
 
     async def changes_page(self, token: str, drive_id: str | None = None) -> dict[str, Any]:
         """One page of a change log: `nextPageToken` while more pages follow, `newStartPageToken` on the last
         (changes.list reference). `drive_id` reads that shared drive's log."""
         extra: dict[str, Any] = {"driveId": drive_id} if drive_id else {"spaces": "drive"}
-        return await self.call(lambda s: s.changes().list(
+        page: dict[str, Any] = await self.call(lambda s: s.changes().list(
             pageToken=token, pageSize=1000, includeRemoved=True, supportsAllDrives=True,
             includeItemsFromAllDrives=True, **extra,
             fields=f"nextPageToken,newStartPageToken,changes(changeType,removed,fileId,driveId,time,"
                    f"file({FILE_FIELDS}))",
         ))
+        return page
 
     async def permissions(self, file_id: str) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
@@ -302,10 +313,12 @@ class DriveClient(GoogleApiClient):
                 return found
 
     async def export(self, file_id: str, mime_type: str) -> bytes:
-        return await self.call(lambda s: s.files().export_media(fileId=file_id, mimeType=mime_type))
+        data: bytes = await self.call(lambda s: s.files().export_media(fileId=file_id, mimeType=mime_type))
+        return data
 
     async def download(self, file_id: str) -> bytes:
-        return await self.call(lambda s: s.files().get_media(fileId=file_id, supportsAllDrives=True))
+        data: bytes = await self.call(lambda s: s.files().get_media(fileId=file_id, supportsAllDrives=True))
+        return data
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -322,15 +335,15 @@ class DriveEntry:
 
     @property
     def id(self) -> str:
-        return self.file["id"]
+        return str(self.file["id"])
 
     @property
     def name(self) -> str:
-        return self.file.get("name") or self.file["id"]
+        return str(self.file.get("name") or self.file["id"])
 
     @property
     def mime_type(self) -> str:
-        return self.file.get("mimeType", "")
+        return str(self.file.get("mimeType", ""))
 
     @property
     def version(self) -> str:
@@ -351,7 +364,8 @@ class DriveEntry:
         owners = self.file.get("owners") or []
         if not owners:
             return None
-        return owners[0].get("emailAddress") or owners[0].get("displayName")
+        owner: str | None = owners[0].get("emailAddress") or owners[0].get("displayName")
+        return owner
 
     @property
     def modified(self) -> datetime | None:
@@ -439,7 +453,7 @@ class DriveScope:
 
     async def roots(self) -> list[tuple[str, str, str | None]]:
         """(folder id, breadcrumb, shared drive id) for each root; raises DriveSourceError naming a missing one."""
-        found = []
+        found: list[tuple[str, str, str | None]] = []
         for drive_id in self.config.shared_drives:
             try:
                 drive = await self.client.get_drive(drive_id)
@@ -459,7 +473,7 @@ class DriveScope:
                                        f"remove it from the source")
             found.append((folder_id, folder.get("name") or folder_id, folder.get("driveId")))
         if not found:
-            raise DriveSourceError("a Google Drive source needs at least one --folder or --shared-drive")
+            raise DriveSourceError("a Google Drive source needs at least one folder or shared drive")
         return found
 
     async def scan(self) -> ScanResult:
@@ -763,7 +777,7 @@ class GoogleDriveSource:
         except DriveSourceError as error:
             raise _typed(self.name, error) from None
 
-    async def _guard(self, awaitable: Any) -> Any:
+    async def _guard(self, awaitable: Awaitable[T]) -> T:
         try:
             return await awaitable
         except DriveSourceError as error:
@@ -773,13 +787,13 @@ class GoogleDriveSource:
         """Credentials work and every folder and shared drive is reachable (raises a typed error naming the fix)."""
         await self._guard(DriveScope(self.client, self.config).roots())
 
-    async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[Any]:
+    async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[ChangeBatch]:
         scope = DriveScope(self.client, self.config)
         previous = None if full else ScopeState.from_json(checkpoint)
         if previous is not None and not self._roots_changed(previous):
             try:
-                async for result in self._changes_from(scope, previous):
-                    yield result
+                async for batch in self._changes_from(scope, previous):
+                    yield batch
                 return
             except HttpError as error:
                 if error.status_code not in (400, 404, 410):
@@ -803,7 +817,7 @@ class GoogleDriveSource:
             yield ChangeBatch(items=items, deleted=gone if last else [],
                               checkpoint=result.state.to_json() if last else None, total=total)
 
-    async def _changes_from(self, scope: DriveScope, previous: ScopeState) -> AsyncIterator[Any]:
+    async def _changes_from(self, scope: DriveScope, previous: ScopeState) -> AsyncIterator[ChangeBatch]:
         pages = scope.changes(previous)
         while True:
             try:
@@ -819,7 +833,7 @@ class GoogleDriveSource:
         roots = {fid for fid, (parent, _p, _d) in state.folders.items() if parent is None}
         return roots != set(self.config.folders) | set(self.config.shared_drives) or state.logs() != set(state.tokens)
 
-    async def inventory(self) -> Any:
+    async def inventory(self) -> list[ItemRef]:
         """Every file in scope (a walk of folders, no content, no permission calls)."""
         result, self._last_scan = self._last_scan, None
         if result is None:  # the sync just listed the scope (first or full sync): no need to walk it twice
@@ -830,10 +844,10 @@ class GoogleDriveSource:
         self._client = None
         self._last_scan = None
 
-    async def _items(self, entries: list[DriveEntry]) -> list[Any]:
+    async def _items(self, entries: list[DriveEntry]) -> list[SourceItem]:
         return list(await asyncio.gather(*(self._item(entry) for entry in entries)))
 
-    async def _item(self, entry: DriveEntry) -> Any:
+    async def _item(self, entry: DriveEntry) -> SourceItem:
         """One file as a SourceItem: its access is read now (cheap), its content only when the indexer asks."""
         try:
             filename, _export = content_plan(entry, self.settings)
@@ -864,10 +878,10 @@ class GoogleDriveSource:
         )
 
 
-def _problem_items(problems: list[tuple[str, str]]) -> list[Any]:
+def _problem_items(problems: list[tuple[str, str]]) -> list[SourceItem]:
     """Problems of the scope itself (a shortcut to nowhere, a scope folder trashed) reach the sync report the way
     failed files do: as items, visible to nobody, whose read raises the reason. Nothing is stored for them."""
-    def item(ident: str, reason: str) -> Any:
+    def item(ident: str, reason: str) -> SourceItem:
         async def read() -> bytes:
             raise ItemUnavailable(reason)
 

@@ -76,7 +76,7 @@ class GoogleApiClient:
     def _execute(self, make_request: Callable[[Any], Any]) -> Any:
         return make_request(self.service).execute(http=self._http(), num_retries=0)
 
-    async def call(self, make_request: Callable[[Any], Any]) -> Any:
+    async def call(self, make_request: Callable[..., Any]) -> Any:
         """Run one API request in a worker thread; back off on rate limits and server errors."""
         attempt = 0
         while True:
