@@ -15,6 +15,7 @@ from rich.table import Table
 from bot.cli.common import fail, print_json, with_kb
 from bot.cli.terminal import console, err_console, shown
 from knowledge.errors import KnowledgeError
+from knowledge.ingest.groups import has_directory
 
 if TYPE_CHECKING:
     from knowledge.kb import KnowledgeBase
@@ -49,7 +50,6 @@ async def as_principals(kb: KnowledgeBase, given: Sequence[str] | None, no_expan
 async def refresh_groups_after_sync(kb: KnowledgeBase, name: str, quiet: bool) -> None:
     """After `ragbot sync`: refresh the source's group membership too, if it has a directory. A failure is shown
     (the last good membership is kept) but does not fail the sync."""
-    from knowledge.ingest.groups import has_directory  # lazy for start-up speed: the storage layer (sqlalchemy)
 
     info = next((s for s in await kb.list_sources() if s.name == name), None)
     if info is None or not has_directory(info.kind, info.config):

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from bot.chat import admin
+from bot.chat.channels import channel_settings
 from bot.chat.retention import forget_user as forget
 from bot.cli.admin import print_plain, reply
 from bot.cli.common import fail, print_json, run_sync, with_kb
@@ -38,7 +39,6 @@ def _check_channel(channel: str) -> None:
 @channel_app.command("show")
 def show(channel: ChannelArg, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """A channel's settings."""
-    from bot.chat.channels import channel_settings  # lazy for start-up speed: sqlalchemy
 
     _check_channel(channel)
     if as_json:
@@ -85,7 +85,7 @@ def insights(
 ) -> None:
     """What the bot misses: questions declined, answered as uncertain or rated 👎, grouped by topic; the most-cited
     documents, documents never cited, and cited documents not updated in a year."""
-    from bot.chat.insights import build_report, gaps_text, parse_since  # lazy for start-up speed: numpy
+    from bot.chat.insights import build_report, gaps_text, parse_since  # lazy for start-up speed: the clustering
 
     if as_json and as_csv:
         fail("choose one of --json and --csv")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import typer
 from rich.markup import escape
+from sqlalchemy.exc import DBAPIError
 
 from bot.chat.sanitize import quote_safe, strip_control
 from bot.cli.terminal import err_console, with_remedy
@@ -72,9 +73,6 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
 
 def run_sync(work: Callable[[], T]) -> T:
     """Run `work`, turning the errors a user can fix into one clear line and exit code 2."""
-    # Lazy for start-up speed: sqlalchemy takes a noticeable part of `ragbot --help`'s time.
-    from sqlalchemy.exc import DBAPIError
-
     try:
         return work()
     except (KnowledgeError, DatabaseUnavailable, FileNotFoundError, ValueError) as exc:
@@ -85,8 +83,7 @@ def run_sync(work: Callable[[], T]) -> T:
 
 def with_kb(action: Callable[[KnowledgeBase], Awaitable[T]]) -> T:
     """Open the knowledge base (starting the embedded database if needed), run `action`, always close."""
-    # Lazy for start-up speed: the knowledge base brings sqlalchemy's engine, numpy and the model's libraries.
-    from knowledge.kb import KnowledgeBase
+    from knowledge.kb import KnowledgeBase  # lazy for start-up speed: the knowledge base's wiring
 
     async def go() -> T:
         kb = await KnowledgeBase.open()

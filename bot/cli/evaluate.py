@@ -18,6 +18,7 @@ from knowledge.eval.evaluation import (
     load_corpus,
     load_jsonl_questions,
 )
+from knowledge.eval.judging import AnswerJudge
 from knowledge.kb import KnowledgeBase
 from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.base import StaticSource
@@ -82,8 +83,6 @@ async def run_answer_eval(
         await require_an_index(kb, file)
     judge = None
     if kb.answerer.generator is not None:  # an LLM answers, so an LLM grades too (faithfulness, relevance)
-        from knowledge.eval.judging import AnswerJudge
-
         judge = AnswerJudge(kb.settings)
     try:
         summary, scores = await evaluate_answers(kb, questions, principals, sources or None, judge)

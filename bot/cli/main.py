@@ -41,7 +41,9 @@ from bot.cli.terminal import (
 from bot.logs import configure_logging, secret_values
 from bot.settings import BotSettings
 from db.embedded import stop_embedded
+from db.engine import create_engine, database_url
 from db.settings import DatabaseSettings
+from knowledge.search.retrieval import MODES, SearchFilters
 from knowledge.settings import KnowledgeSettings
 
 
@@ -183,10 +185,6 @@ def search(
     as_json: JsonOption = False,
 ) -> None:
     """Search the index and show the best chunks."""
-    # Lazy for start-up speed (as are the knowledge base, bot.app, the eval and db.engine below): they bring
-    # sqlalchemy, numpy, the chat platforms' clients or the model's libraries, which `ragbot --help` does not need.
-    from knowledge.search.retrieval import MODES, SearchFilters
-
     if not query.strip():
         fail("the search query is empty")
     if mode not in MODES:
@@ -340,9 +338,7 @@ def evaluate(
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Create or upgrade the schema to the newest migration."""
-    # Lazy for start-up speed: sqlalchemy's engine and alembic.
-    from db.engine import create_engine, database_url
-    from db.migrate import current_revision, upgrade_to_head
+    from db.migrate import current_revision, upgrade_to_head  # lazy for start-up speed: alembic
 
     async def go() -> str | None:
         engine = create_engine(database_url())

@@ -18,6 +18,7 @@ from bot.cli.common import cli_message, fail, prepare_query_encoder, print_json,
 from bot.cli.terminal import RichSyncProgress, console, describe_run, err_console, render_sync_report, shown
 from bot.settings import BotSettings
 from knowledge.errors import KnowledgeError
+from knowledge.sources.base import registered_kinds
 
 if TYPE_CHECKING:
     from knowledge.ingest.pipeline import SyncReport
@@ -138,7 +139,7 @@ def add_gdrive(
     prune_every: PruneOption = "1d",
 ) -> None:
     """Google Drive folders and shared drives (kept fresh through the Changes API), with permissions."""
-    from knowledge.sources.gdrive import GoogleDriveConfig, drive_id_from  # lazy for start-up speed
+    from knowledge.sources.gdrive import GoogleDriveConfig, drive_id_from  # lazy for start-up speed: Google's client
 
     if not folder and not shared_drive:
         fail("give at least one --folder ID or --shared-drive ID (the last part of its drive.google.com link)")
@@ -246,8 +247,6 @@ def sync(
 
 
 def _syncable(kind: str) -> bool:
-    from knowledge.sources.base import registered_kinds  # lazy for start-up speed
-
     return kind in registered_kinds()
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import shlex
 import uuid
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -16,7 +18,9 @@ from rich.text import Text
 
 from bot.chat.render import short_quote
 from bot.chat.sanitize import quote_safe
+from knowledge.answer.generators.passages import breadcrumb
 from knowledge.errors import Remedy
+from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
 
 if TYPE_CHECKING:  # the knowledge core (SQLAlchemy and friends) is imported only by commands that use it
     from knowledge.answer.answering import Answer
@@ -106,11 +110,6 @@ def not_documents_summary(names: Sequence[str]) -> str:
     """One line for the files a sync left out because they are not documents (data such as an evaluation set
     next to the handbook, images, archives): how many, of which types, and what ragbot does read. Not a warning:
     nothing went wrong."""
-    from collections import defaultdict
-    from pathlib import PurePosixPath
-
-    from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
-
     by_type: dict[str, list[str]] = defaultdict(list)
     for name in names:
         by_type[PurePosixPath(name).suffix.lower() or "no extension"].append(PurePosixPath(name).name)
@@ -160,8 +159,6 @@ def render_hits(hits: Sequence[SearchHit]) -> None:
 
 
 def section_breadcrumb(title: str, heading: str) -> str:
-    from knowledge.answer.generators.passages import breadcrumb
-
     return breadcrumb(title, heading)
 
 

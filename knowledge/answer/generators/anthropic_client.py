@@ -140,14 +140,14 @@ class AnthropicGenerator:
     ) -> str:
         """One user message in, the reply's text out. `model`/`max_tokens` override the answer settings (the
         follow-up rewrite and the summary use a smaller model and budget); `on_text` streams the reply."""
-        import anthropic  # lazy, as in __init__
-
         model = model or self.model
         limit = max_tokens or self.max_tokens
         # The system prompt never changes, so it is marked for prompt caching.
         system_blocks: list[TextBlockParam] = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
         messages: list[MessageParam] = [{"role": "user", "content": user}]
-        try:
+        replies: list[str] = []
+
+        async def run() -> None:
             if on_text is None:
                 message = await self.client.messages.create(
                     model=model, max_tokens=limit, system=system_blocks, messages=messages)
@@ -157,18 +157,10 @@ class AnthropicGenerator:
                     async for delta in stream.text_stream:
                         await on_text(delta)
                     message = await stream.get_final_message()
-        except anthropic.AuthenticationError as exc:
-            raise GenerationError("Anthropic rejected the API key: check ANTHROPIC_API_KEY") from exc
-        except anthropic.NotFoundError as exc:
-            setting = "ANTHROPIC_MODEL" if model == self.model else "ANTHROPIC_REWRITE_MODEL"
-            raise GenerationError(f"Anthropic does not know model {model!r}: check {setting}") from exc
-        except anthropic.APIStatusError as exc:
-            raise GenerationError(f"Anthropic API error {exc.status_code} after retries: {_error_type(exc)}") from exc
-        except anthropic.APIConnectionError as exc:
-            raise GenerationError(
-                "could not reach the Anthropic API (network or ANTHROPIC_BASE_URL); answering with excerpts"
-            ) from exc
-        return "".join(block.text for block in message.content if block.type == "text").strip()
+            replies.append("".join(block.text for block in message.content if block.type == "text").strip())
+
+        await self._call(run, model)
+        return replies[0]
 
     async def generate_cited(
         self, system: str, sources: Sequence[SearchSource], user: str, *, on_text: TextCallback | None = None,
@@ -214,6 +206,7 @@ class AnthropicGenerator:
         return blocks.reply()
 
     async def _call(self, run: Callable[[], Awaitable[None]], model: str) -> None:
+        """Run one request (`run`), turning the SDK's errors into GenerationError naming the setting to fix."""
         import anthropic  # lazy, as in __init__
 
         try:
@@ -221,7 +214,8 @@ class AnthropicGenerator:
         except anthropic.AuthenticationError as exc:
             raise GenerationError("Anthropic rejected the API key: check ANTHROPIC_API_KEY") from exc
         except anthropic.NotFoundError as exc:
-            raise GenerationError(f"Anthropic does not know model {model!r}: check ANTHROPIC_MODEL") from exc
+            setting = "ANTHROPIC_MODEL" if model == self.model else "ANTHROPIC_REWRITE_MODEL"
+            raise GenerationError(f"Anthropic does not know model {model!r}: check {setting}") from exc
         except anthropic.APIStatusError as exc:
             raise GenerationError(f"Anthropic API error {exc.status_code} after retries: {_error_type(exc)}") from exc
         except anthropic.APIConnectionError as exc:
