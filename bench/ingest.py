@@ -62,12 +62,15 @@ import numpy as np  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from knowledge.ingest.chunking import compose_search_text  # noqa: E402
-from knowledge.ingest.pipeline import BATCH_DOCUMENTS, WRITE_BATCH_CHUNKS, WriterPool, share_out  # noqa: E402
+from knowledge.ingest.pipeline import WriterPool, share_out  # noqa: E402
 from knowledge.settings import KnowledgeSettings  # noqa: E402
 from knowledge.sources.folder import FolderSource  # noqa: E402
 from knowledge.storage import documents as store  # noqa: E402
 
-STORE_WRITERS = KnowledgeSettings(_env_file=None).store_writers  # the setting's default
+DEFAULTS = KnowledgeSettings(_env_file=None)
+STORE_WRITERS = DEFAULTS.store_writers  # the settings' defaults
+BATCH_DOCUMENTS = DEFAULTS.sync_batch_documents
+WRITE_BATCH_CHUNKS = DEFAULTS.write_batch_chunks
 
 
 def write_markdown_corpus(root: Path, documents: int, seed: int = 5) -> None:
@@ -193,7 +196,8 @@ def synthetic_writes(
     batches = [writes[i : i + BATCH_DOCUMENTS] for i in range(0, len(writes), BATCH_DOCUMENTS)]
     if not merged:
         return batches
-    return share_out(batches, writers, external_id=lambda w: w.external_id, chunks=lambda w: len(w.chunks))
+    return share_out(batches, writers, external_id=lambda w: w.external_id, chunks=lambda w: len(w.chunks),
+                     max_chunks=WRITE_BATCH_CHUNKS)
 
 
 async def store_path(

@@ -36,11 +36,34 @@ import datetime as _dt
 import io
 import re
 import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HANDBOOK = Path(__file__).resolve().parent / "handbook"
 FIXED_DATE = _dt.datetime(2025, 1, 6, 9, 0, 0)
 ZIP_DATE = (2025, 1, 6, 9, 0, 0)
+
+
+
+@dataclass(frozen=True)
+class Brand:
+    """Whose documents these are: what the writers put on every page and in the files' properties (the one thing
+    that differs between the handbook and the held-out Tidewater set, examples/make_tidewater_binaries.py)."""
+
+    footer: str  # on every PDF page, before " - <title>"
+    author: str  # the PDF's author
+    docx_author: str  # the DOCX's author and last editor
+    subject: str
+    creator: str  # the script that made the PDF
+    header_colour: str  # of a table's first row in PDFs
+    bullet_spacing: Mapping[str, float] = field(default_factory=dict)  # ParagraphStyle spacing of PDF list items
+
+
+NORTHWIND = Brand(footer="Northwind Labs Employee Handbook", author="Northwind Labs",
+                  docx_author="Northwind Labs People Team", subject="Employee Handbook",
+                  creator="make_handbook_binaries.py", header_colour="#e8eef4",
+                  bullet_spacing={"spaceBefore": 1, "spaceAfter": 1})
 
 DOCS: dict[str, str] = {}
 
@@ -621,7 +644,7 @@ def parse(text: str) -> tuple[str, list[tuple[str, object]]]:
 # ---------------------------------------------------------------------------
 
 
-def write_pdf(path: Path, text: str) -> None:
+def write_pdf(path: Path, text: str, brand: Brand = NORTHWIND) -> None:
     from reportlab import rl_config
     from reportlab.lib import colors
     from reportlab.lib.enums import TA_LEFT
@@ -634,7 +657,7 @@ def write_pdf(path: Path, text: str) -> None:
     title, blocks = parse(text)
     styles = getSampleStyleSheet()
     body = ParagraphStyle("Body", parent=styles["BodyText"], fontSize=10.5, leading=14, alignment=TA_LEFT)
-    bullet = ParagraphStyle("Bullet", parent=body, leftIndent=18, bulletIndent=6, spaceBefore=1, spaceAfter=1)
+    bullet = ParagraphStyle("Bullet", parent=body, leftIndent=18, bulletIndent=6, **brand.bullet_spacing)
     cell = ParagraphStyle("Cell", parent=body, fontSize=9.5, leading=12)
     cell_head = ParagraphStyle("CellHead", parent=cell, fontName="Helvetica-Bold")
 
@@ -661,7 +684,7 @@ def write_pdf(path: Path, text: str) -> None:
                 TableStyle(
                     [
                         ("GRID", (0, 0), (-1, -1), 0.5, colors.grey),
-                        ("BACKGROUND", (0, 0), (-1, 0), colors.HexColor("#e8eef4")),
+                        ("BACKGROUND", (0, 0), (-1, 0), colors.HexColor(brand.header_colour)),
                         ("VALIGN", (0, 0), (-1, -1), "TOP"),
                     ]
                 )
@@ -673,7 +696,7 @@ def write_pdf(path: Path, text: str) -> None:
     def footer(canvas, doc):
         canvas.saveState()
         canvas.setFont("Helvetica", 8)
-        canvas.drawString(inch, 0.6 * inch, f"Northwind Labs Employee Handbook - {title}")
+        canvas.drawString(inch, 0.6 * inch, f"{brand.footer} - {title}")
         canvas.drawRightString(7.5 * inch, 0.6 * inch, f"Page {doc.page}")
         canvas.restoreState()
 
@@ -682,9 +705,9 @@ def write_pdf(path: Path, text: str) -> None:
         buf,
         pagesize=LETTER,
         title=title,
-        author="Northwind Labs",
-        subject="Employee Handbook",
-        creator="make_handbook_binaries.py",
+        author=brand.author,
+        subject=brand.subject,
+        creator=brand.creator,
         producer="ReportLab",
         invariant=1,
         leftMargin=inch,
@@ -714,7 +737,7 @@ def _normalize_zip(data: bytes) -> bytes:
     return out.getvalue()
 
 
-def write_docx(path: Path, text: str) -> None:
+def write_docx(path: Path, text: str, brand: Brand = NORTHWIND) -> None:
     import docx
     from docx.shared import Pt
 
@@ -723,9 +746,9 @@ def write_docx(path: Path, text: str) -> None:
     d.styles["Normal"].font.size = Pt(11)
     cp = d.core_properties
     cp.title = title
-    cp.author = "Northwind Labs People Team"
-    cp.last_modified_by = "Northwind Labs People Team"
-    cp.subject = "Employee Handbook"
+    cp.author = brand.docx_author
+    cp.last_modified_by = brand.docx_author
+    cp.subject = brand.subject
     cp.created = FIXED_DATE
     cp.modified = FIXED_DATE
     cp.last_printed = FIXED_DATE

@@ -9,20 +9,22 @@ Usage (from the repository root)::
     .venv/bin/python examples/make_tidewater_binaries.py
 
 The mini-markup (``# Title``, ``## Section``, ``- item``, ``1. item``, ``| a | b |``) and the deterministic writers
-are those of ``make_handbook_binaries.py``; only the company name on footers and properties differs.
+are those of ``make_handbook_binaries.py``; only the brand (company name on footers and properties, table header
+colour, list spacing) differs.
 """
 
 from __future__ import annotations
 
-import io
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_handbook_binaries import FIXED_DATE, _normalize_zip, parse  # noqa: E402
+from make_handbook_binaries import Brand, write_docx, write_pdf  # noqa: E402
 
 TIDEWATER = Path(__file__).resolve().parent / "tidewater"
 COMPANY = "Tidewater Public Utilities"
+TIDEWATER_BRAND = Brand(footer=COMPANY, author=COMPANY, docx_author=COMPANY, subject="Staff reference",
+                        creator="make_tidewater_binaries.py", header_colour="#e6f0ea")
 
 DOCS: dict[str, str] = {}
 
@@ -326,101 +328,11 @@ Eligible employees can take up to 12 weeks of job-protected leave in a 12-month 
 """
 
 
-def write_pdf(path: Path, text: str) -> None:
-    from reportlab import rl_config
-    from reportlab.lib import colors
-    from reportlab.lib.pagesizes import LETTER
-    from reportlab.lib.styles import ParagraphStyle, getSampleStyleSheet
-    from reportlab.lib.units import inch
-    from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
-
-    rl_config.invariant = 1
-    title, blocks = parse(text)
-    styles = getSampleStyleSheet()
-    body = ParagraphStyle("Body", parent=styles["BodyText"], fontSize=10.5, leading=14)
-    bullet = ParagraphStyle("Bullet", parent=body, leftIndent=18, bulletIndent=6)
-    cell = ParagraphStyle("Cell", parent=body, fontSize=9.5, leading=12)
-    head = ParagraphStyle("Head", parent=cell, fontName="Helvetica-Bold")
-
-    def esc(s: str) -> str:
-        return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-    story = [Paragraph(esc(title), styles["Title"]), Spacer(1, 6)]
-    for kind, val in blocks:
-        if kind == "h2":
-            story.append(Paragraph(esc(val), styles["Heading2"]))
-        elif kind == "p":
-            story.append(Paragraph(esc(val), body))
-        elif kind == "li":
-            story.append(Paragraph(esc(val), bullet, bulletText="-"))
-        elif kind == "ol":
-            n, item = val
-            story.append(Paragraph(esc(item), bullet, bulletText=f"{n}."))
-        elif kind == "table":
-            rows = [[Paragraph(esc(c), head if i == 0 else cell) for c in row] for i, row in enumerate(val)]
-            table = Table(rows, colWidths=[6.5 * inch / len(val[0])] * len(val[0]), repeatRows=1)
-            table.setStyle(TableStyle([("GRID", (0, 0), (-1, -1), 0.5, colors.grey),
-                                       ("BACKGROUND", (0, 0), (-1, 0), colors.HexColor("#e6f0ea")),
-                                       ("VALIGN", (0, 0), (-1, -1), "TOP")]))
-            story.extend([Spacer(1, 4), table, Spacer(1, 6)])
-
-    def footer(canvas, doc):  # type: ignore[no-untyped-def]
-        canvas.saveState()
-        canvas.setFont("Helvetica", 8)
-        canvas.drawString(inch, 0.6 * inch, f"{COMPANY} - {title}")
-        canvas.drawRightString(7.5 * inch, 0.6 * inch, f"Page {doc.page}")
-        canvas.restoreState()
-
-    buf = io.BytesIO()
-    SimpleDocTemplate(buf, pagesize=LETTER, title=title, author=COMPANY, subject="Staff reference",
-                      creator="make_tidewater_binaries.py", producer="ReportLab", invariant=1,
-                      leftMargin=inch, rightMargin=inch, topMargin=0.9 * inch, bottomMargin=0.9 * inch,
-                      ).build(story, onFirstPage=footer, onLaterPages=footer)
-    path.write_bytes(buf.getvalue())
-
-
-def write_docx(path: Path, text: str) -> None:
-    import docx
-    from docx.shared import Pt
-
-    title, blocks = parse(text)
-    d = docx.Document()
-    d.styles["Normal"].font.size = Pt(11)
-    cp = d.core_properties
-    cp.title, cp.author, cp.last_modified_by, cp.subject = title, COMPANY, COMPANY, "Staff reference"
-    cp.created = cp.modified = cp.last_printed = FIXED_DATE
-    cp.revision = 1
-    d.add_heading(title, level=1)
-    for kind, val in blocks:
-        if kind == "h2":
-            d.add_heading(val, level=2)
-        elif kind == "p":
-            d.add_paragraph(val)
-        elif kind == "li":
-            d.add_paragraph(val, style="List Bullet")
-        elif kind == "ol":
-            n, item = val
-            d.add_paragraph(f"{n}. {item}")
-        elif kind == "table":
-            table = d.add_table(rows=len(val), cols=len(val[0]))
-            table.style = "Table Grid"
-            for i, row in enumerate(val):
-                for j, c in enumerate(row):
-                    table.cell(i, j).text = c
-                    if i == 0:
-                        for run in table.cell(i, j).paragraphs[0].runs:
-                            run.bold = True
-            d.add_paragraph("")
-    buf = io.BytesIO()
-    d.save(buf)
-    path.write_bytes(_normalize_zip(buf.getvalue()))
-
-
 def main() -> None:
     for rel, text in DOCS.items():
         out = TIDEWATER / rel
         out.parent.mkdir(parents=True, exist_ok=True)
-        (write_pdf if rel.endswith(".pdf") else write_docx)(out, text)
+        (write_pdf if rel.endswith(".pdf") else write_docx)(out, text, TIDEWATER_BRAND)
         print(f"wrote {out.relative_to(TIDEWATER.parent)}")
 
 

@@ -61,15 +61,17 @@ _EXPORTS: dict[str, str] = {
     "GenerationError": "knowledge.errors",
     "JudgeError": "knowledge.errors",
     "EvalFileError": "knowledge.errors",
+    "Remedy": "knowledge.errors",
+    "SyncWarning": "knowledge.errors",
 }
 
 # the same names, spelled out for tools that read __all__ (test_architecture checks they match)
 __all__ = ["Answer", "ChatMessage", "Citation", "DocumentRef", "DocumentVerdict", "EVERYONE", "EmbeddingModelError",
     "EmptyQuestion", "EvalFileError", "FolderSource", "GenerationError", "IndexStatus", "InvalidPrincipal",
     "JudgeError", "KnowledgeBase", "KnowledgeError", "KnowledgeSettings", "MODES", "Mode", "Person",
-    "RecentlySynced", "ResolvedPrincipals", "SearchFilters", "SearchHit", "SearchResults", "SearchTuning",
+    "RecentlySynced", "Remedy", "ResolvedPrincipals", "SearchFilters", "SearchHit", "SearchResults", "SearchTuning",
     "SourceAuthError", "SourceBusy", "SourceConfigError", "SourceConflict", "SourceError", "SourceInfo",
-    "SourceItem", "SourceSpec", "SourceStatus", "SourceUnavailable", "StaticSource", "SyncReport", "SyncRun",
+    "SourceItem", "SourceSpec", "SourceStatus", "SourceUnavailable", "StaticSource", "SyncReport", "SyncRun", "SyncWarning",
     "UnknownSource", "check_principal", "format_interval", "parse_interval"]
 
 
@@ -99,12 +101,14 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on 
         JudgeError,
         KnowledgeError,
         RecentlySynced,
+        Remedy,
         SourceAuthError,
         SourceBusy,
         SourceConfigError,
         SourceConflict,
         SourceError,
         SourceUnavailable,
+        SyncWarning,
         UnknownSource,
     )
     from knowledge.ingest.pipeline import SyncReport

@@ -3,16 +3,53 @@
 One tree: every error the knowledge core raises on purpose is a `KnowledgeError` (those that were a ValueError or
 RuntimeError before still are, so existing handlers keep working). Their messages describe the problem in plain
 words and never name a CLI command or flag: the same errors are shown in the terminal, in Slack and in Discord.
-Each surface adds its own wording (the CLI's lives in bot/cli/, the chat's in bot/chat/).
+Each surface adds its own wording (the CLI's lives in bot/cli/, the chat's in bot/chat/): where the fix is an
+action on a source, the error carries it as a fact (`remedy`, and the source's name in `source`), and the surface
+names its own command for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
+
+
+class Remedy(StrEnum):
+    """What the person can do about an error or a sync warning, as a fact each surface words with its commands."""
+
+    ADD_SOURCE = "add-source"  # no source by that name: add one
+    REMOVE_SOURCE = "remove-source"  # drop the source (and what was indexed from it) on purpose
+    SHOW_STATUS = "show-status"  # see which sync is running
 
 
 class KnowledgeError(Exception):
-    """Base class: something the person asking can fix or should know about (its message says how)."""
+    """Base class: something the person asking can fix or should know about (its message says how).
+
+    `remedy` (with `source`, the source it is about): a fix a surface can name its own command for."""
+
+    remedy: Remedy | None = None
+    source: str | None = None
+
+    def __init__(self, *args: object, remedy: Remedy | None = None, source: str | None = None) -> None:
+        super().__init__(*args)
+        if remedy is not None:
+            self.remedy = remedy
+        if source is not None:
+            self.source = source
+
+
+class SyncWarning(str):
+    """A sync report's warning line: a plain string everywhere (JSON output, the run's record), with the same
+    `remedy` and `source` facts as an error, so the surface showing it can add its command."""
+
+    remedy: Remedy | None
+    source: str | None
+
+    def __new__(cls, text: str, *, remedy: Remedy | None = None, source: str | None = None) -> SyncWarning:
+        warning = super().__new__(cls, text)
+        warning.remedy = remedy
+        warning.source = source
+        return warning
 
 
 class EmptyQuestion(KnowledgeError, ValueError):
@@ -43,16 +80,20 @@ class UnknownSource(SourceError, ValueError):
     Raised either as `UnknownSource(names, known)` or with a ready message, `UnknownSource("unknown source 'x'")`.
     """
 
-    def __init__(self, names: Sequence[str] | str, known: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, names: Sequence[str] | str, known: Sequence[str] | None = None, *, remedy: Remedy | None = None,
+        source: str | None = None,
+    ) -> None:
         if isinstance(names, str) and known is None:
             self.names: tuple[str, ...] = ()
             self.known: tuple[str, ...] = ()
-            super().__init__(names)
+            super().__init__(names, remedy=remedy, source=source)
             return
         self.names = (names,) if isinstance(names, str) else tuple(names)
         self.known = tuple(known or ())
         super().__init__(
-            f"unknown source {', '.join(self.names)}; indexed sources: {', '.join(self.known) or 'none yet'}"
+            f"unknown source {', '.join(self.names)}; indexed sources: {', '.join(self.known) or 'none yet'}",
+            remedy=remedy, source=source,
         )
 
 

@@ -49,6 +49,13 @@ class KnowledgeSettings(BaseSettings):
     # Transactions writing chunks at once when the model is ahead of Postgres (a GPU): two keep both cores of a
     # small machine busy inside Postgres, where inserting into the HNSW graph takes most of a write's time.
     store_writers: int = Field(default=2, ge=1, le=16)
+    # Documents a sync reads, parses and embeds together; each batch commits on its own (and its checkpoint after).
+    sync_batch_documents: int = Field(default=16, ge=1)
+    # Chunks at most waiting for the writers, and joined into one write, when the model is ahead of Postgres.
+    write_batch_chunks: int = Field(default=2000, ge=1)
+    # VACUUM the chunks table after a sync or a source removal deleted at least this many chunks (dead rows blind
+    # a filtered HNSW scan until they are cleaned out).
+    vacuum_after_deleted_chunks: int = Field(default=1000, ge=1)
 
     # Retrieval.
     fusion: Literal["adaptive", "convex", "rrf"] = "adaptive"

@@ -95,3 +95,15 @@ def test_folder_sources_sync_all_and_ingest_stays_a_one_off_sync(cli_db, tmp_pat
     assert_usage_error(cli("source", "add", "folder", "alpha", str(tmp_path / "b")), "already indexes folder")
     assert_usage_error(cli("source", "add", "folder", "x", str(tmp_path / "a"), "--every", "soon"), "interval")
     assert_usage_error(cli("sync-runs", "nope"), "unknown source 'nope'")
+
+
+def test_sync_errors_name_the_command_that_fixes_them(cli_db, tmp_path):
+    write(tmp_path / "a", "one.md", "# One\n\nThe first folder.")
+    ok("source", "add", "folder", "alpha", str(tmp_path / "a"))
+    ok("sync", "alpha")
+    assert_usage_error(cli("sync", "nope"), "unknown source 'nope'; sources: alpha (add one with `ragbot source add`)")
+    assert_usage_error(cli("source", "add", "folder", "alpha", str(tmp_path)),
+                       "already indexes folder", "(`ragbot source remove alpha`)")
+    (tmp_path / "a").rename(tmp_path / "moved")
+    assert_usage_error(cli("sync", "alpha"), "does not exist", "fix the path or remove the source "
+                                                               "(`ragbot source remove alpha`)")

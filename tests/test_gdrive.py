@@ -346,14 +346,13 @@ async def test_a_rate_limit_storm_is_survived_and_one_past_the_bound_fails_clean
     assert report.updated == [company["leave"]]
 
 
-async def test_a_sync_killed_midway_and_rerun_ends_with_exactly_the_scope(kb_factory, drive, monkeypatch):
-    # Documents commit a batch at a time: batches of 4, so that dying at the fifth document leaves some committed.
-    monkeypatch.setattr("knowledge.ingest.pipeline.BATCH_DOCUMENTS", 4)
-    monkeypatch.setattr("knowledge.ingest.pipeline.WRITE_BATCH_CHUNKS", 4)  # batches waiting for the writer stay apart
+async def test_a_sync_killed_midway_and_rerun_ends_with_exactly_the_scope(kb_factory, drive):
     root = drive.add_folder("Wiki")
     pages = [drive.add_doc(f"Page {i}", root, html=f"<h1>Page {i}</h1><p>Fact number {i} is about topic {i}.</p>",
                            permissions=[drive.anyone()]) for i in range(12)]
-    kb = await kb_factory()
+    # Documents commit a batch at a time: batches of 4, so that dying at the fifth document leaves some committed;
+    # at most 4 chunks joined into a write, so batches waiting for the writer stay apart.
+    kb = await kb_factory(sync_batch_documents=4, write_batch_chunks=4)
     sync = await DriveSync.add(kb, "wiki", folders=(root,))
 
     class Killed(Exception):

@@ -9,9 +9,9 @@ import random
 import pytest
 from conftest import write
 from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 from typer.testing import CliRunner
 
-import db.engine
 from bot.cli import app
 from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
@@ -95,12 +95,25 @@ async def _write_many_chunks(kb, source: str, access: list[str], near: list[floa
     )
 
 
-async def test_dense_search_is_not_blinded_by_a_large_deletion(kb_factory, monkeypatch):
+def small_scan_budget(engine: AsyncEngine, tuples: int) -> None:
+    """Every connection of `engine` gives an iterative HNSW scan `tuples` index tuples to visit (pgvector's
+    hnsw.max_scan_tuples; db.engine sets 20,000 when a connection opens, this runs after, at each checkout)."""
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _budget(dbapi_connection, _record, _proxy):  # type: ignore[no-untyped-def]
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"SET hnsw.max_scan_tuples = {int(tuples)}")
+        cursor.close()
+        dbapi_connection.commit()
+
+
+async def test_dense_search_is_not_blinded_by_a_large_deletion(kb_factory, fresh_database):
     # A small scan budget reproduces, with hundreds of rows, what happens at pgvector's default (20,000) with tens
     # of thousands: after a large delete, the iterative index scan meets only dead rows and gives up.
-    monkeypatch.setattr(db.engine, "HNSW_MAX_SCAN_TUPLES", 50)
-    monkeypatch.setattr("knowledge.ingest.pipeline.VACUUM_AFTER_DELETED_CHUNKS", 10**9)  # first, no vacuum at all
-    kb = await kb_factory()
+    url = fresh_database()
+    kb = await kb_factory(url, vacuum_after_deleted_chunks=10**9)  # first, no vacuum at all
+    for engine in (kb.engine, kb.search_engine):
+        small_scan_budget(engine, 50)
 
     @event.listens_for(kb.engine.sync_engine, "checkout")
     def _plan_like_a_big_table(dbapi_connection, _record, _proxy):  # type: ignore[no-untyped-def]
@@ -128,7 +141,7 @@ async def test_dense_search_is_not_blinded_by_a_large_deletion(kb_factory, monke
         assert results.best_similarity is not None and results.best_similarity > 0.5
 
     # A large delete now vacuums the table (dead rows leave the index).
-    monkeypatch.setattr("knowledge.ingest.pipeline.VACUUM_AFTER_DELETED_CHUNKS", 100)
+    kb = await kb_factory(url, vacuum_after_deleted_chunks=100)
     await _write_many_chunks(kb, "bulk2", ["everyone"], list(near), 200)
     assert await kb.remove_source("bulk2") == 1
     async with kb.engine.connect() as conn:

@@ -196,12 +196,11 @@ def test_batches_waiting_for_the_writer_are_joined_up_to_the_limit_in_order():
     assert join_waiting_batches([], external_id=lambda d: d, chunks=lambda d: 1, max_chunks=10) == []
 
 
-def test_waiting_batches_are_shared_out_equally_among_the_free_writers(monkeypatch):
-    monkeypatch.setattr("knowledge.ingest.pipeline.WRITE_BATCH_CHUNKS", 10)
+def test_waiting_batches_are_shared_out_equally_among_the_free_writers():
     batches = [[("a", 2), ("b", 2)], [("c", 2)], [("d", 2)], [("e", 2), ("f", 2)]]
 
     def shared(writers: int) -> list[list[str]]:
-        writes = share_out(batches, writers, external_id=lambda d: d[0], chunks=lambda d: d[1])
+        writes = share_out(batches, writers, external_id=lambda d: d[0], chunks=lambda d: d[1], max_chunks=10)
         return [[name for name, _ in write] for write in writes]
 
     assert shared(2) == [["a", "b", "c"], ["d", "e", "f"]]  # 12 chunks: 6 each
@@ -209,7 +208,7 @@ def test_waiting_batches_are_shared_out_equally_among_the_free_writers(monkeypat
     assert shared(3) == [["a", "b"], ["c", "d"], ["e", "f"]]
     # Uneven batches: each write takes batches until it holds its share, so nothing is left for a third.
     uneven = [[("a", 3)], [("b", 3)], [("c", 1)], [("d", 3)]]
-    writes = share_out(uneven, 2, external_id=lambda d: d[0], chunks=lambda d: d[1])
+    writes = share_out(uneven, 2, external_id=lambda d: d[0], chunks=lambda d: d[1], max_chunks=10)
     assert [[name for name, _ in write] for write in writes] == [["a", "b"], ["c", "d"]]
 
 
@@ -235,18 +234,17 @@ class HeldWriter:
 
 
 async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused_document_still_fails_alone(
-    fresh_kb, monkeypatch
+    kb_factory,
 ):
     """When the model is ahead of Postgres (a GPU), the writer commits every batch waiting for it in one
     transaction. Here Postgres is held busy by another session while the model embeds everything. (One writer:
     with two, which of them commits first after the release is a race.)"""
-    monkeypatch.setattr("knowledge.ingest.pipeline.BATCH_DOCUMENTS", 2)
-    monkeypatch.setattr(fresh_kb.settings, "store_writers", 1)
+    kb = await kb_factory(sync_batch_documents=2, store_writers=1)
     items = [SourceItem(external_id=f"room{i}.md", filename=f"room{i}.md",
                         title=f"Meeting room {i}" if i != 1 else "Meeting room \x00one",  # Postgres refuses it
                         read=(lambda i=i: f"# Room {i}\n\nMeeting room {i} seats {i + 4} people.".encode()))
              for i in range(8)]
-    held = HeldWriter(fresh_kb)
+    held = HeldWriter(kb)
     committed: list[int] = []
 
     class CommittedCounter:
@@ -257,7 +255,7 @@ async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused
             committed.append(held.count("documents"))
 
     try:
-        sync = asyncio.create_task(fresh_kb.sync(StaticSource(SourceSpec("rooms", "test"), items), CommittedCounter()))
+        sync = asyncio.create_task(kb.sync(StaticSource(SourceSpec("rooms", "test"), items), CommittedCounter()))
         for _ in range(600):
             if held.count("embedding_cache") == 8:
                 break
@@ -274,21 +272,20 @@ async def test_batches_that_wait_for_a_busy_writer_commit_together_and_a_refused
     # The first batch was being written when the others arrived: it is written on its own (a document at a time,
     # since Postgres refused one of its two); the three batches that waited for it are committed together.
     assert committed == [1, 1, 7, 7, 7, 7, 7, 7]
-    hits = (await fresh_kb.search("how many people does meeting room 6 seat", SearchFilters(), k=1)).hits
+    hits = (await kb.search("how many people does meeting room 6 seat", SearchFilters(), k=1)).hits
     assert hits[0].external_id == "room6.md"
 
 
-async def test_the_model_stops_when_a_writers_worth_of_chunks_waits_for_a_busy_writer(fresh_kb, monkeypatch):
+async def test_the_model_stops_when_a_writers_worth_of_chunks_waits_for_a_busy_writer(kb_factory):
     """However far ahead the model could run, at most WRITE_BATCH_CHUNKS chunks wait in memory for the writer."""
-    monkeypatch.setattr("knowledge.ingest.pipeline.BATCH_DOCUMENTS", 2)
-    monkeypatch.setattr("knowledge.ingest.pipeline.WRITE_BATCH_CHUNKS", 4)
-    monkeypatch.setattr(fresh_kb.settings, "store_writers", 1)  # with two, how much each takes is a race
+    # One writer: with two, how much each takes is a race.
+    kb = await kb_factory(sync_batch_documents=2, write_batch_chunks=4, store_writers=1)
     items = [SourceItem(external_id=f"desk{i}.md", filename=f"desk{i}.md", title=f"Desk {i}",
                         read=(lambda i=i: f"# Desk {i}\n\nDesk {i} is by window {i + 2}.".encode()))
              for i in range(12)]
-    held = HeldWriter(fresh_kb)
+    held = HeldWriter(kb)
     try:
-        sync = asyncio.create_task(fresh_kb.sync(StaticSource(SourceSpec("desks", "test"), items)))
+        sync = asyncio.create_task(kb.sync(StaticSource(SourceSpec("desks", "test"), items)))
         embedded = []
         for _ in range(600):  # files are parsed in worker processes, whose start takes a moment: wait for the
             await asyncio.sleep(0.1)  # model to begin, then for it to stop
@@ -331,24 +328,24 @@ async def wait_until(check, timeout: float = 30.0) -> bool:  # type: ignore[no-u
 
 
 @pytest.mark.parametrize("index", ["empty", "holding a document"])
-async def test_two_writers_insert_side_by_side_and_queue_only_for_the_statistics(fresh_kb, monkeypatch, index):
+async def test_two_writers_insert_side_by_side_and_queue_only_for_the_statistics(kb_factory, index):
     """With the model ahead of Postgres, two transactions write at once: both insert their chunks (tokens, weights,
     GIN and HNSW) and only then wait for the statistics row, which another session holds here. Once it is
     released, everything is committed with exact statistics and scores. Into an empty index each writer weighted
     its chunks with the average length of its own batch (one of them holds a longer chunk, but not long enough for
     a re-weighting after the sync); the one that commits second is re-weighted to the index's as it commits."""
-    monkeypatch.setattr("knowledge.ingest.pipeline.BATCH_DOCUMENTS", 2)
+    kb = await kb_factory(sync_batch_documents=2)
     items = [SourceItem(external_id=f"plant{i}.md", filename=f"plant{i}.md", title=f"Plant {i}",
                         read=(lambda i=i: (f"# Plant {i}\n\nThe fern{i} by window {i} needs water every {i + 2} days."
                                            + " It likes shade." * (i == 2)).encode()))
              for i in range(10)]
     if index != "empty":
-        await fresh_kb.sync(StaticSource(SourceSpec("seed", "test"), [SourceItem(
+        await kb.sync(StaticSource(SourceSpec("seed", "test"), [SourceItem(
             external_id="seed.md", filename="seed.md", title="Seed", read=lambda: b"# Seed\n\nA first note.")]))
     before = 0 if index == "empty" else 1
-    held = HeldWriter(fresh_kb)
+    held = HeldWriter(kb)
     try:
-        sync = asyncio.create_task(fresh_kb.sync(StaticSource(SourceSpec("plants", "test"), items)))
+        sync = asyncio.create_task(kb.sync(StaticSource(SourceSpec("plants", "test"), items)))
         both = await wait_until(lambda: waiting_statements(held.reader, ROW_LOCK, CHUNK_INSERT) == 2)
         assert both and held.count("chunks") == before and not sync.done()  # two inserts done, neither committed
         held.release()
@@ -356,10 +353,10 @@ async def test_two_writers_insert_side_by_side_and_queue_only_for_the_statistics
     finally:
         held.close()
     assert sorted(report.added) == sorted(i.external_id for i in items) and not report.failed
-    await assert_statistics_match_chunks(fresh_kb)
-    assert len(set(await chunk_weight_avgdls(fresh_kb))) == 1  # every chunk weighted with the index's avgdl
-    expected = await reference_scores(fresh_kb, "fern window water")
-    got = await lexical(fresh_kb, "fern window water")
+    await assert_statistics_match_chunks(kb)
+    assert len(set(await chunk_weight_avgdls(kb))) == 1  # every chunk weighted with the index's avgdl
+    expected = await reference_scores(kb, "fern window water")
+    got = await lexical(kb, "fern window water")
     assert len(got) == 10 and got.keys() <= expected.keys()
     for external_id, score in got.items():
         assert math.isclose(score, expected[external_id], rel_tol=1e-4)
@@ -394,11 +391,11 @@ async def test_two_writes_of_one_document_at_once_leave_one_version(fresh_kb):
     await assert_statistics_match_chunks(fresh_kb)
 
 
-async def test_two_writers_replacing_documents_leave_each_with_its_new_chunks_only(fresh_kb, monkeypatch):
+async def test_two_writers_replacing_documents_leave_each_with_its_new_chunks_only(kb_factory):
     """Edited documents written by two writers at once: each write inserts the new chunks, then (holding the
     statistics row by then) deletes the old ones, so no document ends with both versions or none, and the
     statistics count exactly what is left."""
-    monkeypatch.setattr("knowledge.ingest.pipeline.BATCH_DOCUMENTS", 2)
+    kb = await kb_factory(sync_batch_documents=2)
 
     def items(version: str) -> list[SourceItem]:
         return [SourceItem(external_id=f"shelf{i}.md", filename=f"shelf{i}.md", title=f"Shelf {i}",
@@ -407,21 +404,21 @@ async def test_two_writers_replacing_documents_leave_each_with_its_new_chunks_on
                 for i in range(8)]
 
     source = SourceSpec("shelves", "test")
-    await fresh_kb.sync(StaticSource(source, items("blue")))
-    held = HeldWriter(fresh_kb)
+    await kb.sync(StaticSource(source, items("blue")))
+    held = HeldWriter(kb)
     try:
-        sync = asyncio.create_task(fresh_kb.sync(StaticSource(source, items("green"))))
+        sync = asyncio.create_task(kb.sync(StaticSource(source, items("green"))))
         assert await wait_until(lambda: waiting_statements(held.reader, ROW_LOCK, CHUNK_INSERT) == 2)
         held.release()
         report = await sync
     finally:
         held.close()
     assert sorted(report.updated) == sorted(f"shelf{i}.md" for i in range(8)) and not report.failed
-    async with fresh_kb.engine.connect() as conn:
+    async with kb.engine.connect() as conn:
         texts = list((await conn.execute(text("SELECT text FROM chunks"))).scalars())
     assert texts and all("green" in t and "blue" not in t for t in texts)
-    await assert_statistics_match_chunks(fresh_kb)
-    expected = await reference_scores(fresh_kb, "green spare key3")
-    got = await lexical(fresh_kb, "green spare key3")
+    await assert_statistics_match_chunks(kb)
+    expected = await reference_scores(kb, "green spare key3")
+    got = await lexical(kb, "green spare key3")
     for external_id, score in got.items():
         assert math.isclose(score, expected[external_id], rel_tol=1e-4)

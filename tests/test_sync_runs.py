@@ -9,7 +9,8 @@ import pytest
 from conftest import write
 from sqlalchemy import text
 
-from knowledge.errors import SourceBusy, SourceUnavailable, UnknownSource
+from bot.chat import admin
+from knowledge.errors import Remedy, SourceBusy, SourceUnavailable, UnknownSource
 from knowledge.search.retrieval import SearchFilters
 from knowledge.sources.folder import FolderSource
 
@@ -66,11 +67,26 @@ async def test_a_missing_folder_fails_the_run_with_the_fix_and_keeps_the_index(f
     await fresh_kb.sync_source("handbook")
     moved = tmp_path / "moved"
     docs.rename(moved)
-    with pytest.raises(SourceUnavailable, match="does not exist.*ragbot source remove handbook"):
+    with pytest.raises(SourceUnavailable, match="does not exist.*fix the path or remove the source") as raised:
         await fresh_kb.sync_source("handbook")
+    # The same error reaches `/kb reindex` in Slack: no CLI command in it, the fix carried as a fact for the CLI.
+    assert "ragbot" not in str(raised.value)
+    assert (raised.value.remedy, raised.value.source) == (Remedy.REMOVE_SOURCE, "handbook")
     (latest, _) = await fresh_kb.sync_runs("handbook")
     assert latest.status == "failed" and "does not exist" in latest.error
     assert (await fresh_kb.status()).documents == 2
+
+
+async def test_reindex_in_the_chat_names_chat_commands_never_cli_ones(kb_factory, fresh_database, docs, tmp_path):
+    url = fresh_database()
+    first, second = await kb_factory(url), await kb_factory(url)
+    await first.add_source("handbook", "folder", {"path": str(docs)})
+    async with first.syncs.source_lock(await _source_id(first, "handbook"), "handbook"):
+        busy = await admin.reindex(second, "handbook")
+    assert "being synced right now" in busy and "(`/kb status` shows it)" in busy and "ragbot " not in busy
+    docs.rename(tmp_path / "moved")
+    gone = await admin.reindex(second, "handbook")
+    assert "does not exist" in gone and "fix the path or remove the source" in gone and "ragbot " not in gone
 
 
 async def test_a_run_whose_process_died_shows_as_interrupted(kb_factory, fresh_database, docs):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from bot.chat.access import private_audience
 from bot.chat.channels import ChannelSettings, channel_settings, set_auto, set_mode, set_sources
+from bot.chat.errors import chat_message
 from bot.chat.insights import Viewer, build_report, gaps_text
 from knowledge import InvalidPrincipal, KnowledgeError, check_principal, format_interval
 
@@ -138,7 +139,7 @@ async def reindex(kb: KnowledgeBase, source: str | None = None, *, trigger: str 
         try:
             report = await kb.sync_source(name, trigger=trigger)  # type: ignore[attr-defined]
         except KnowledgeError as exc:  # SourceBusy, UnknownSource, a source's configuration: say so
-            lines.append(f"`{name}`: {exc}")
+            lines.append(f"`{name}`: {chat_message(exc)}")
             continue
         except Exception:
             error_id = uuid.uuid4().hex[:8]

@@ -6,7 +6,9 @@ They call the same functions as the `/kb` chat commands (`bot/chat/admin.py`); r
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -14,6 +16,10 @@ from rich.table import Table
 
 from bot.cli.common import with_state
 from bot.cli.terminal import console
+
+if TYPE_CHECKING:
+    from bot.chat.state import BotState
+    from knowledge import KnowledgeBase
 
 users_app = typer.Typer(help="Map chat users to principals (whom they ask as in private conversations).",
                         no_args_is_help=True)
@@ -27,8 +33,21 @@ def register(app: typer.Typer) -> None:
     app.command("feedback")(feedback)
 
 
-def _print(text: str) -> None:
+def print_plain(text: str) -> None:
+    """A chat admin reply on the terminal: its `code` marks dropped, the rest as it reads."""
     console.print(escape(text.replace("`", "")), highlight=False, soft_wrap=True)
+
+
+def chat_admin() -> ModuleType:
+    """bot.chat.admin, imported when a command runs: it loads the knowledge core, which `ragbot --help` must not."""
+    from bot.chat import admin
+
+    return admin
+
+
+def reply(action: Callable[[KnowledgeBase, BotState], Awaitable[str]]) -> None:
+    """Run one of the `/kb` admin actions (bot.chat.admin) on the bot's state and print its reply."""
+    print_plain(with_state(action))
 
 
 @users_app.command("map")
@@ -37,9 +56,7 @@ def users_map(
     principal: Annotated[str, typer.Argument(help="Whom they ask as: user:<email>, group:<name>, ...")],
 ) -> None:
     """Let a chat user ask as PRINCIPAL in DMs and assistant threads."""
-    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
-
-    _print(with_state(lambda kb, state: admin.users_map(state, identity, principal, "cli")))
+    reply(lambda kb, state: chat_admin().users_map(state, identity, principal, "cli"))
 
 
 @users_app.command("unmap")
@@ -48,9 +65,7 @@ def users_unmap(
     principal: Annotated[str | None, typer.Argument(help="One principal (default: all of them).")] = None,
 ) -> None:
     """Remove a chat user's mapping(s)."""
-    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
-
-    _print(with_state(lambda kb, state: admin.users_unmap(state, identity, principal)))
+    reply(lambda kb, state: chat_admin().users_unmap(state, identity, principal))
 
 
 @users_app.command("list")
@@ -59,14 +74,12 @@ def users_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show the identity map."""
-    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
-
     if as_json:
         mappings = with_state(lambda kb, state: state.identity_mappings(identity))
         print(json.dumps([{"identity": m.identity, "principal": m.principal, "mapped_by": m.mapped_by,
                            "mapped_at": m.mapped_at.isoformat()} for m in mappings], indent=2))
         return
-    _print(with_state(lambda kb, state: admin.users_list(state, identity)))
+    reply(lambda kb, state: chat_admin().users_list(state, identity))
 
 
 @channel_app.command("add")
@@ -75,9 +88,7 @@ def channel_add(
     principal: Annotated[str, typer.Argument(help="user:<email>, group:<name>, ...")],
 ) -> None:
     """Let everyone in CHANNEL get answers from what PRINCIPAL may see."""
-    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
-
-    _print(with_state(lambda kb, state: admin.channel_access_add(state, channel, principal, "cli")))
+    reply(lambda kb, state: chat_admin().channel_access_add(state, channel, principal, "cli"))
 
 
 @channel_app.command("remove")
@@ -86,17 +97,13 @@ def channel_remove(
     principal: Annotated[str, typer.Argument(help="The principal to take away.")],
 ) -> None:
     """Take a grant away from a channel."""
-    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
-
-    _print(with_state(lambda kb, state: admin.channel_access_remove(state, channel, principal)))
+    reply(lambda kb, state: chat_admin().channel_access_remove(state, channel, principal))
 
 
 @channel_app.command("list")
 def channel_list(channel: Annotated[str, typer.Argument(help="A channel key.")]) -> None:
     """What a channel's answers may draw on."""
-    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
-
-    _print(with_state(lambda kb, state: admin.channel_access_list(state, channel)))
+    reply(lambda kb, state: chat_admin().channel_access_list(state, channel))
 
 
 def feedback(

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from bot.cli.admin import _print as print_plain
+from bot.cli.admin import chat_admin, print_plain, reply
 from bot.cli.common import fail, print_json, run_sync, with_state
 from bot.settings import BotSettings
 
@@ -27,10 +27,6 @@ def register(app: typer.Typer) -> None:
     app.command("forget-user")(forget_user)
 
 
-def _print(text: str) -> None:
-    print_plain(text)
-
-
 def _check_channel(channel: str) -> None:
     parts = channel.split(":")
     if len(parts) != 3 or parts[0] not in ("slack", "discord") or not all(parts):
@@ -40,14 +36,13 @@ def _check_channel(channel: str) -> None:
 @channel_app.command("show")
 def show(channel: ChannelArg, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """A channel's settings."""
-    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
     from bot.chat.channels import channel_settings  # deferred: keeps `ragbot --help` fast
 
     _check_channel(channel)
     if as_json:
         print(json.dumps(with_state(lambda kb, state: channel_settings(state, channel)).to_dict(), indent=2))
         return
-    _print(with_state(lambda kb, state: admin.channel_show(kb, state, channel)))
+    reply(lambda kb, state: chat_admin().channel_show(kb, state, channel))
 
 
 @channel_app.command("sources")
@@ -57,34 +52,28 @@ def sources(
     name: Annotated[str, typer.Argument(help="A source name (ragbot source list).")],
 ) -> None:
     """Only these sources answer in CHANNEL (none listed: every source)."""
-    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
-
     _check_channel(channel)
     if action not in ("add", "remove"):
         fail("the action is add or remove, e.g. ragbot channel sources slack:T1:C2 add handbook")
-    _print(with_state(lambda kb, st: admin.channel_sources(kb, st, channel, action, name, "cli")))
+    reply(lambda kb, st: chat_admin().channel_sources(kb, st, channel, action, name, "cli"))
 
 
 @channel_app.command("auto")
 def auto(channel: ChannelArg, state: Annotated[str, typer.Argument(help="on or off.")]) -> None:
     """Answer top-level questions in CHANNEL without a mention (only when there is an answer)."""
-    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
-
     _check_channel(channel)
     if state not in ("on", "off"):
         fail("the state is on or off, e.g. ragbot channel auto slack:T1:C2 on")
-    _print(with_state(lambda kb, st: admin.channel_auto(st, channel, state == "on", "cli")))
+    reply(lambda kb, st: chat_admin().channel_auto(st, channel, state == "on", "cli"))
 
 
 @channel_app.command("mode")
 def mode(channel: ChannelArg, value: Annotated[str, typer.Argument(metavar="MODE", help="public or private.")]) -> None:
     """Answer in public, or privately to the asker (private delivery arrives with the permissions work)."""
-    from bot.chat import admin  # deferred: keeps `ragbot --help` fast
-
     _check_channel(channel)
     if value not in ("public", "private"):
         fail("the mode is public or private")
-    _print(with_state(lambda kb, st: admin.channel_mode(st, channel, value, "cli")))
+    reply(lambda kb, st: chat_admin().channel_mode(st, channel, value, "cli"))
 
 
 def insights(
@@ -105,12 +94,12 @@ def insights(
     elif as_csv:
         print(report.to_csv(), end="")
     else:
-        _print(gaps_text(report, limit=50))
+        print_plain(gaps_text(report, limit=50))
         if report.stale_cited:
-            _print("Cited but not updated in a year: " + "; ".join(f"{d.title} ({d.source})"
+            print_plain("Cited but not updated in a year: " + "; ".join(f"{d.title} ({d.source})"
                                                                   for d, _ in report.stale_cited))
         if report.never_cited:
-            _print("Never cited (first few): " + "; ".join(f"{d.title} ({d.source})" for d in report.never_cited[:10]))
+            print_plain("Never cited (first few): " + "; ".join(f"{d.title} ({d.source})" for d in report.never_cited[:10]))
 
 
 def forget_user(
@@ -136,4 +125,4 @@ def forget_user(
         return await slack_identities_for_email(settings, email)
 
     result = with_state(lambda kb, state: forget(kb, state, person, list(identity or ()), lookup=None if no_lookup else lookup))
-    _print(result.text())
+    print_plain(result.text())

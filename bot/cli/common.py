@@ -2,6 +2,9 @@
 the knowledge base (and the bot's own tables) for one command. Its own module so the command modules (bot/cli/*.py)
 import it at the top: none of them imports bot/cli/main.py, which only puts them together.
 
+The knowledge core's errors never name a command (the same errors reach Slack and Discord): where the fix is an
+action on a source they carry it as a `Remedy`, and `cli_message` adds the command that does it.
+
 Start-up: `ragbot --help` imports this, so nothing here loads SQLAlchemy, NumPy or the model at import time.
 """
 
@@ -10,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import typer
 from rich.markup import escape
 
 from bot.chat.sanitize import quote_safe, strip_control
-from bot.cli.terminal import err_console
+from bot.cli.terminal import err_console, with_remedy
 from db.errors import DatabaseUnavailable
 from knowledge import EmbeddingModelError, EvalFileError, KnowledgeError, SourceConflict, UnknownSource
 
@@ -27,7 +30,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """A clear one-line error and exit code 2, for anything the user can fix."""
     # escape: paths and messages may contain [brackets]; soft_wrap: one line, however long.
     one_line = " ".join(strip_control(message).split("\n"))
@@ -52,13 +55,15 @@ def _quote_safe_strings(value: object) -> object:
 
 
 def cli_message(exc: Exception) -> str:
-    """The knowledge core's typed errors, worded for the command line (naming the flag that fixes them)."""
+    """The knowledge core's typed errors, worded for the command line (naming the command or flag that fixes them)."""
     if isinstance(exc, SourceConflict):
         where = f"{exc.kind} {exc.location}" if exc.location else exc.kind
         return f"source {exc.name!r} already indexes {where}; pick another name with --source"
     if isinstance(exc, UnknownSource) and exc.names:  # raised with a ready message otherwise (sync by name)
         return (f"unknown source {', '.join(exc.names)}; indexed sources: {', '.join(exc.known) or 'none yet'} "
                 "(check --source)")
+    if isinstance(exc, KnowledgeError):  # the core says what fixes it (a Remedy); the command is named here
+        return with_remedy(str(exc), exc.remedy, exc.source)
     return str(exc)
 
 

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from bot.cli.access import refresh_groups_after_sync
-from bot.cli.common import fail, prepare_query_encoder, print_json, with_kb
+from bot.cli.common import cli_message, fail, prepare_query_encoder, print_json, with_kb
 from bot.cli.terminal import RichSyncProgress, console, describe_run, err_console, render_sync_report, shown
 from bot.settings import BotSettings
 from knowledge import KnowledgeError
@@ -165,7 +165,7 @@ def list_sources(as_json: JsonOption = False) -> None:
 
     sources = with_kb(lambda kb: kb.list_sources())
     if as_json:
-        _print_json({"sources": [s.to_dict() for s in sources]})
+        print_json({"sources": [s.to_dict() for s in sources]})
         return
     if not sources:
         console.print("No sources yet: `ragbot source add folder NAME PATH`, `ragbot source add confluence ...` or "
@@ -220,7 +220,7 @@ def sync(
             except KnowledgeError as exc:
                 if name:
                     raise
-                errors.append((source, str(exc)))
+                errors.append((source, cli_message(exc)))
                 continue
             if not as_json:
                 render_sync_report(report)
@@ -231,8 +231,8 @@ def sync(
 
     reports, errors = with_kb(go)
     if as_json:
-        _print_json({"reports": [r.to_dict() for r in reports],
-                          "errors": [{"source": s, "error": e} for s, e in errors]})
+        print_json({"reports": [r.to_dict() for r in reports],
+                    "errors": [{"source": s, "error": e} for s, e in errors]})
     for _source, error in errors:
         err_console.print(f"[red]Error:[/] {shown(error)}", highlight=False, soft_wrap=True)
     if not name and not reports and not errors and not as_json:
@@ -255,7 +255,7 @@ def sync_runs(
     """Recorded sync runs: trigger, start and end, counts, error."""
     runs = with_kb(lambda kb: kb.sync_runs(name, limit))
     if as_json:
-        _print_json({"runs": [r.to_dict() for r in runs]})
+        print_json({"runs": [r.to_dict() for r in runs]})
         return
     if not runs:
         console.print("No sync runs yet.")

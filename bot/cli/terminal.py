@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,6 +18,7 @@ from rich.text import Text
 
 from bot.chat.render import short_quote
 from bot.chat.sanitize import quote_safe
+from knowledge import Remedy
 from knowledge.answer.generators.passages import breadcrumb
 from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
 
@@ -25,6 +27,21 @@ if TYPE_CHECKING:  # the knowledge core (SQLAlchemy and friends) is imported onl
 
 console = Console()
 err_console = Console(stderr=True)
+
+# The command that carries out each remedy, for the terminal ({source}: the source's name, quoted for a shell).
+CLI_REMEDIES: dict[Remedy, str] = {
+    Remedy.ADD_SOURCE: "add one with `ragbot source add`",
+    Remedy.REMOVE_SOURCE: "`ragbot source remove {source}`",
+    Remedy.SHOW_STATUS: "`ragbot status` shows it",
+}
+
+
+def with_remedy(text: str, remedy: Remedy | None, source: str | None) -> str:
+    """`text` followed by the command that fixes it, when it carries a remedy: "… (`ragbot status` shows it)"."""
+    hint = CLI_REMEDIES.get(remedy) if remedy is not None else None
+    if hint is None:
+        return text
+    return f"{text} ({hint.format(source=shlex.quote(source or 'NAME'))})"
 
 
 def shown(value: object) -> str:
@@ -79,7 +96,8 @@ def render_sync_report(report: SyncReport) -> None:
     for line in report.over_limit_lines():
         console.print(f"  [yellow]{shown(line)}[/]", soft_wrap=True)
     for warning in report.warnings:
-        console.print(f"  [yellow]warning[/] {shown(warning)}", soft_wrap=True)
+        text = with_remedy(warning, getattr(warning, "remedy", None), getattr(warning, "source", None))
+        console.print(f"  [yellow]warning[/] {shown(text)}", soft_wrap=True)
     if report.skipped:
         console.print(f"  {shown(not_documents_summary([i for i, _ in report.skipped]))}", soft_wrap=True)
 

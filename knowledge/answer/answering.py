@@ -15,14 +15,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from knowledge.answer.evidence import Evidence, EvidenceSettings, Outcome, coverage, decide
 from knowledge.answer.generators import extractive
 from knowledge.answer.generators.anthropic_client import (
     AnthropicGenerator,
     CitedReply,
-    GenerationError,
     SearchSource,
     Span,
 )
@@ -39,8 +38,9 @@ from knowledge.answer.prompts import (
     renumber_citations,
 )
 from knowledge.embedding.encoder import Embedder
-from knowledge.errors import EmptyQuestion
+from knowledge.errors import EmptyQuestion, GenerationError
 from knowledge.search.retrieval import Retriever, SearchFilters, SearchHit
+from knowledge.settings import KnowledgeSettings
 from knowledge.storage import conversations as memory_store
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,22 @@ class Generator(Protocol):
     async def close(self) -> None: ...
 
 
+class CitingGenerator(Generator, Protocol):
+    """A generator that can also answer with the model's own citations (AnthropicGenerator with
+    ANTHROPIC_CITATIONS): the sources go in as search results, the reply comes back with cited spans."""
+
+    citations: bool
+
+    async def generate_cited(
+        self, system: str, sources: Sequence[SearchSource], user: str, *, on_text: TextCallback | None = None,
+    ) -> CitedReply: ...
+
+
+def cites(generator: Generator) -> TypeGuard[CitingGenerator]:
+    """Whether answers go through `generate_cited` (the generator says so with `citations`)."""
+    return bool(getattr(generator, "citations", False))
+
+
 @dataclass(frozen=True)
 class AnswerSettings:
     context_chunks: int = 8  # at most this many retrieved chunks in the prompt
@@ -78,7 +94,7 @@ class AnswerSettings:
     text_search_config: str = "english"
 
     @classmethod
-    def from_settings(cls, settings) -> AnswerSettings:  # type: ignore[no-untyped-def]
+    def from_settings(cls, settings: KnowledgeSettings) -> AnswerSettings:
         evidence = EvidenceSettings(
             decline_below_similarity=settings.answer_decline_below_similarity,
             decline_below_coverage=settings.answer_decline_below_coverage,
@@ -178,7 +194,7 @@ class _SourceGroup:
                             tuple(f"{h.heading}\n{h.text}" if h.heading else h.text for h in ordered))
 
 
-def group_into_sources(hits: Sequence[SearchHit], count_tokens, budget: int) -> list[_SourceGroup]:  # type: ignore[no-untyped-def]
+def group_into_sources(hits: Sequence[SearchHit], count_tokens: CountTokens, budget: int) -> list[_SourceGroup]:
     """Number documents in order of their best hit and fill the token budget with chunks, best first."""
     groups: dict[int, _SourceGroup] = {}
     used = 0
@@ -302,8 +318,8 @@ class Answerer:
     ) -> tuple[Answer, list[int]]:
         assert self.generator is not None
         spans: list[Span] = []
-        if getattr(self.generator, "citations", False):
-            cited_reply: CitedReply = await self.generator.generate_cited(  # type: ignore[attr-defined]
+        if cites(self.generator):
+            cited_reply = await self.generator.generate_cited(
                 CITED_SYSTEM_PROMPT, [g.search_source() for g in groups], build_question_text(question, conversation),
                 on_text=gate,
             )
@@ -443,7 +459,7 @@ def related_documents(groups: Sequence[_SourceGroup], limit: int = 3) -> list[Ci
     return [group.citation(n) for n, group in enumerate(groups[:limit], start=1)]
 
 
-def make_generator(settings) -> Generator | None:  # type: ignore[no-untyped-def]
+def make_generator(settings: KnowledgeSettings) -> Generator | None:
     """Claude when ANTHROPIC_API_KEY is set; otherwise None, meaning offline extractive answers."""
     if settings.anthropic_api_key is None or not settings.anthropic_api_key.get_secret_value():
         return None

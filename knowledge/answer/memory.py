@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from knowledge.errors import GenerationError
 from knowledge.storage import conversations as memory_store
 from knowledge.storage.conversations import StoredSummary, StoredTurn
 
@@ -383,7 +384,8 @@ class ConversationMemory:
             return History()
         budget = self.settings.token_budget
         sizes = self.count_tokens([m.text for m in messages])
-        kept, used = [], 0
+        kept: list[ChatMessage] = []
+        used = 0
         for message, size in zip(reversed(messages), reversed(sizes), strict=False):
             if used + size > budget // 2 and kept:
                 break
@@ -416,8 +418,6 @@ class ConversationMemory:
     async def _fold(self, summary: str, turns: Sequence[StoredTurn]) -> str:
         pairs = [(t.question, t.answer) for t in turns]
         if self.generator is not None:
-            from knowledge.answer.generators.anthropic_client import GenerationError
-
             words = max(40, int(self.settings.summary_token_budget * 0.6))
             conversation = format_conversation(
                 History("", [m for q, a in pairs for m in (ChatMessage("user", q), ChatMessage("assistant", plain_answer_text(a)))])
@@ -465,8 +465,6 @@ class ConversationMemory:
             return Rewrite(question, "standalone")
         if self.generator is None:
             return Rewrite(await self.rewrite_offline(question, history), "offline")
-        from knowledge.answer.generators.anthropic_client import GenerationError
-
         user = f"{format_conversation(history)}\n\nLast message:\n<question>\n{_escape(question)}\n</question>"
         try:
             reply = await self.generator.generate(

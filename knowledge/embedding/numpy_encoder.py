@@ -72,7 +72,8 @@ def _gelu(h: np.ndarray) -> np.ndarray:
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * weight + bias
+    normed: np.ndarray = (x - mean) / np.sqrt(var + eps) * weight + bias
+    return normed
 
 
 class BertTextEncoder:
@@ -81,7 +82,7 @@ class BertTextEncoder:
     (`_embed_batch`: token ids and attention mask → unit-length vectors)."""
 
     def __init__(self, path: str | Path) -> None:
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # lazy: only once an encoder is built
 
         folder = Path(path)
         self.config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -125,7 +126,8 @@ def mean_pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Mean over the real tokens, normalised to unit length (sentence-transformers' Pooling + Normalize)."""
     weights = mask[:, :, None].astype(np.float32)
     pooled = (hidden * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
-    return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+    unit: np.ndarray = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+    return unit
 
 
 class NumpyBertEncoder(BertTextEncoder):
@@ -141,7 +143,7 @@ class NumpyBertEncoder(BertTextEncoder):
     @cached_property
     def weights(self) -> dict[str, np.ndarray]:
         """Loaded on the first encode: a process whose questions go through ONNX Runtime only counts tokens here."""
-        from safetensors.numpy import load_file
+        from safetensors.numpy import load_file  # lazy: see the docstring
 
         weights = {}
         for key, value in load_file(str(self._weights_file)).items():
@@ -175,7 +177,8 @@ class NumpyBertEncoder(BertTextEncoder):
 
             def dense(t: np.ndarray, name: str) -> np.ndarray:
                 flat = t.reshape(-1, t.shape[-1]) @ w[p + name + ".weight"] + w[p + name + ".bias"]  # noqa: B023 (the closure runs within this iteration)
-                return flat.reshape(batch, length, -1)
+                shaped: np.ndarray = flat.reshape(batch, length, -1)
+                return shaped
 
             q = split(dense(x, "attention.self.query"))
             k = split(dense(x, "attention.self.key"))

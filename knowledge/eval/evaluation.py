@@ -22,11 +22,19 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from knowledge.answer.memory import ChatMessage
-from knowledge.errors import EvalFileError
-from knowledge.eval.judging import AnswerJudge, JudgeError, Judgement
-from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
+from knowledge.errors import EvalFileError, JudgeError
+from knowledge.eval.judging import AnswerJudge, Judgement
+from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
+from knowledge.search.retrieval import Mode, SearchFilters
+from knowledge.sources.base import SourceItem, SourceSpec, StaticSource, bytes_read
+from knowledge.sources.folder import FolderSource
+
+if TYPE_CHECKING:
+    from knowledge.answer.answering import Answer
+    from knowledge.kb import KnowledgeBase
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10", "map@100", "precision@5", "recall@10")
 # BEIR corpora are indexed for this principal only, so benchmark documents never turn up in anyone's answers.
@@ -73,7 +81,7 @@ def _message(record: object) -> ChatMessage:
     return ChatMessage(record["role"], str(record.get("text", "")))
 
 
-def _read_jsonl(path: Path) -> Iterable[dict]:  # type: ignore[type-arg]
+def _read_jsonl(path: Path) -> Iterable[dict[str, Any]]:
     with path.open(encoding="utf-8") as handle:
         for line in handle:
             if line.strip():
@@ -117,9 +125,6 @@ def load_folder_corpus(folder: Path) -> StaticSource:
     and parsers), but shared with the eval principal only, whatever its `.access` files say, and kept apart from
     a folder source of the same files (its own source name), so it is searched within itself and never answers
     anyone. Files that are not documents (the folder's own eval.jsonl, conversations.jsonl) are left out."""
-    from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
-    from knowledge.sources.folder import FolderSource
-
     folder_source = FolderSource(folder)
     items = [
         replace(item, access=(EVAL_PRINCIPAL,), path=f"corpus/{folder_source.root.name}/{item.external_id}")
@@ -142,7 +147,7 @@ def _corpus_source(corpus: Path, name: str, display_path: str, location: Path) -
                 SourceItem(
                     external_id=str(record["_id"]),
                     filename=f"{record['_id']}.txt",
-                    read=(lambda body=body: body.encode("utf-8")),
+                    read=bytes_read(body.encode("utf-8")),
                     title=str(record.get("title") or "").strip() or None,
                     path=display_path,
                     access=(EVAL_PRINCIPAL,),
@@ -191,8 +196,8 @@ def last_two_user_turns(question: EvalQuestion) -> str:
     return f"{earlier[-1]} {question.question}" if earlier else question.question
 
 
-async def search_queries(  # type: ignore[no-untyped-def]
-    kb, questions: Sequence[EvalQuestion], memory: bool = True, strategy: str | None = None
+async def search_queries(
+    kb: KnowledgeBase, questions: Sequence[EvalQuestion], memory: bool = True, strategy: str | None = None
 ) -> list[str]:
     """What each question searches. `strategy` "memory" (the default when `memory` is true): the memory's
     standalone rewrite given its history (the question itself when it has none); "last" (`memory=False`): the
@@ -212,8 +217,8 @@ async def search_queries(  # type: ignore[no-untyped-def]
     return queries
 
 
-async def evaluate_retrieval(  # type: ignore[no-untyped-def]
-    kb, questions: Sequence[EvalQuestion], modes: Sequence[str], filters, memory: bool = True,
+async def evaluate_retrieval(
+    kb: KnowledgeBase, questions: Sequence[EvalQuestion], modes: Sequence[Mode], filters: SearchFilters, memory: bool = True,
     strategy: str | None = None,
 ) -> dict[str, dict[str, float]]:
     """Mean metrics per mode over the answerable questions; each document ranks where its best chunk ranks."""
@@ -242,7 +247,7 @@ ANSWERABLE_CREDIT = {"answer": 1.0, "uncertain": 0.5, "decline": 0.0}
 UNANSWERABLE_CREDIT = {"answer": 0.0, "uncertain": 0.5, "decline": 1.0}
 
 
-def outcome_of(answer) -> str:  # type: ignore[no-untyped-def]
+def outcome_of(answer: Answer) -> str:
     """The answer's outcome: its own `outcome` ("answer" | "uncertain" | "decline") when it carries one, else
     derived from `abstained` (an abstention is a decline, anything else an answer)."""
     outcome = getattr(answer, "outcome", None)
@@ -285,7 +290,7 @@ def _plain(text: str) -> str:
     return " ".join(re.sub(r"[*_`\\]", "", text).split()).casefold()
 
 
-def score_answer(question: EvalQuestion, answer) -> AnswerScore:  # type: ignore[no-untyped-def]
+def score_answer(question: EvalQuestion, answer: Answer) -> AnswerScore:
     cited = tuple(c.external_id for c in answer.citations)
     text = _plain(answer.text)
     outcome = outcome_of(answer)
@@ -426,15 +431,13 @@ def _judged_metrics(answered: Sequence[AnswerScore]) -> dict[str, float]:
 
 
 async def evaluate_answers(
-    kb, questions: Sequence[EvalQuestion], principals: Sequence[str], sources: Sequence[str] | None = None,  # type: ignore[no-untyped-def]
+    kb: KnowledgeBase, questions: Sequence[EvalQuestion], principals: Sequence[str], sources: Sequence[str] | None = None,
     judge: AnswerJudge | None = None,
 ) -> tuple[dict[str, object], list[AnswerScore]]:
     """Ask every question through the full answer pipeline (offline unless an API key is set) and score it; with a
     judge, every answered answerable question is also graded for faithfulness and relevance. For each answerable
     question the hybrid search of what the answer searched is also ranked (same principals and sources), so the
     answer can be held to what retrieval gave it (`right_document_when_retrieved_first`)."""
-    from knowledge.search.retrieval import SearchFilters
-
     filters = SearchFilters(tuple(principals), tuple(sources) if sources else None)
     scores = []
     run = uuid.uuid4().hex[:12]

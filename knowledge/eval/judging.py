@@ -84,7 +84,7 @@ class AnswerJudge:
     """Claude as the judge, through the same API settings as the answers (JUDGE_MODEL may name another model)."""
 
     def __init__(self, settings: KnowledgeSettings, model: str | None = None) -> None:
-        from anthropic import AsyncAnthropic
+        from anthropic import AsyncAnthropic  # lazy for start-up speed: the SDK, only for --answers with a judge
 
         if settings.anthropic_api_key is None or not settings.anthropic_api_key.get_secret_value():
             raise JudgeError("the LLM metrics need ANTHROPIC_API_KEY")

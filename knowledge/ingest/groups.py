@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from knowledge.errors import SourceConfigError, SourceError, UnknownSource
+from knowledge.sources.base import build_source
 from knowledge.storage import directory as directory_store
 from knowledge.storage import sources as sources_store
 
@@ -83,18 +84,22 @@ async def refresh_directory(engine: AsyncEngine, name: str) -> DirectoryReport:
 async def _fetch(source_id: int, name: str, kind: str, config: Mapping[str, Any], engine: AsyncEngine,
                  report: DirectoryReport) -> tuple[list[tuple[str, str]], set[str]]:
     if kind == "confluence":
-        from knowledge.sources.base import build_source
+        # Each source kind's module loads only when a source of that kind is used (as knowledge.sources.base
+        # loads them): a Google Drive deployment never imports the Confluence client, nor the reverse.
+        from knowledge.sources.confluence import ConfluenceSource
         from knowledge.sources.confluence_groups import group_members
 
         async with engine.connect() as conn:
             on_documents = await directory_store.document_group_principals(conn, source_id)
         source = build_source(name, kind, dict(config))
         try:
-            found = await group_members(source, on_documents)  # type: ignore[arg-type]
+            assert isinstance(source, ConfluenceSource)  # the factory of kind "confluence"
+            found = await group_members(source, on_documents)
         finally:
             await source.aclose()
         report.api_calls, report.missing = found.api_calls, found.missing
         return found.edges, set()
+    # Lazy, as above.
     from knowledge.sources.gdrive import GoogleDriveConfig
     from knowledge.sources.google_directory import DirectoryClient, directory_credentials, fetch_directory
 

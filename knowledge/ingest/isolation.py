@@ -17,40 +17,14 @@ import asyncio
 import os
 import pickle
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from knowledge.ingest.parsing import (
-    CorruptDocument,
-    LimitExceeded,
-    ParsedDocument,
-    ParseLimits,
-    parse_document,
-    truncate_blocks,
-)
+from knowledge.errors import CorruptDocument, LimitExceeded
+from knowledge.ingest.parse_worker import HEADER, READY, memory_message, parse_bounded
+from knowledge.ingest.parsing import ParseLimits, ParseResult
 
 # How long a new worker may take to start (an interpreter and the parsers' imports), outside any file's deadline.
 WORKER_START_SECONDS = 120.0
-
-
-@dataclass(frozen=True)
-class ParseResult:
-    document: ParsedDocument
-    truncated: bool  # cut to `max_chars` (reported as MAX_DOCUMENT_CHUNKS)
-
-
-def parse_bounded(data: bytes, filename: str, limits: ParseLimits, max_chars: int, memory_mb: int) -> ParseResult:
-    """Parse and cut to `max_chars` (so no more than that travels back from the worker)."""
-    try:
-        document = parse_document(data, filename, limits)
-        return ParseResult(document, truncate_blocks(document, max_chars))
-    except MemoryError:
-        raise LimitExceeded(_memory_message(memory_mb)) from None
-
-
-def _memory_message(memory_mb: int) -> str:
-    """A MemoryError in the parse, or the worker dying on it: both are the memory limit."""
-    return f"needs more than {memory_mb:,} MB of memory to parse (setting PARSE_MEMORY_MB)"
 
 
 class _Worker:
@@ -59,8 +33,6 @@ class _Worker:
 
     @classmethod
     async def start(cls, memory_mb: int) -> _Worker:
-        from knowledge.ingest import parse_worker
-
         root = str(Path(__file__).resolve().parents[2])  # the folder holding the `knowledge` package
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -70,24 +42,24 @@ class _Worker:
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
         )
         worker = cls(process)
+        assert process.stdout is not None  # a pipe, as asked
         try:
-            ready = await asyncio.wait_for(process.stdout.readexactly(1), WORKER_START_SECONDS)  # type: ignore[union-attr]
+            ready = await asyncio.wait_for(process.stdout.readexactly(1), WORKER_START_SECONDS)
         except (asyncio.IncompleteReadError, TimeoutError):
             worker.kill()
             raise LimitExceeded(
                 f"a parsing worker cannot start within {memory_mb:,} MB (setting PARSE_MEMORY_MB)") from None
-        assert ready == parse_worker.READY
+        assert ready == READY
         return worker
 
     async def ask(self, request: tuple[object, ...]) -> tuple[str, object]:
-        from knowledge.ingest.parse_worker import HEADER
-
         body = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(HEADER.pack(len(body)) + body)
         await self.process.stdin.drain()
         (size,) = HEADER.unpack(await self.process.stdout.readexactly(HEADER.size))
-        return pickle.loads(await self.process.stdout.readexactly(size))  # type: ignore[no-any-return]
+        reply: tuple[str, object] = pickle.loads(await self.process.stdout.readexactly(size))
+        return reply
 
     def kill(self) -> None:
         if self.process.returncode is None:
@@ -141,13 +113,13 @@ class ParsePool:
                 ) from None
             except (asyncio.IncompleteReadError, ConnectionError):  # the worker died on this file
                 worker.kill()
-                raise LimitExceeded(_memory_message(self.memory_mb)) from None
+                raise LimitExceeded(memory_message(self.memory_mb)) from None
             except BaseException:  # cancelled mid-file: the worker's state is unknown
                 worker.kill()
                 raise
             self._idle.append(worker)
-        if status == "ok":
-            return value  # type: ignore[return-value]
+        if status == "ok" and isinstance(value, ParseResult):
+            return value
         if isinstance(value, Exception) and isinstance(value, (LimitExceeded, CorruptDocument, ValueError)):
             raise value
         raise CorruptDocument(f"could not read the file: {value}")

@@ -1,10 +1,12 @@
 """A parsing worker: `python -m knowledge.ingest.parse_worker MEMORY_MB`, started and fed by
 `knowledge.ingest.isolation.ParsePool`.
 
-It caps its own address space (RLIMIT_AS), imports the parsers, says it is ready, then answers requests on stdin
-with results on stdout, one at a time, each a length-prefixed pickle. It exits when stdin closes, which is also
-what happens when the process that started it dies (nothing else holds that pipe). A plain subprocess rather
-than multiprocessing: no module of the parent's (an unguarded script) is ever re-imported here.
+It caps its own address space (RLIMIT_AS), imports the parsers' libraries, says it is ready, then answers requests
+on stdin with results on stdout (a `knowledge.ingest.parsing.ParseResult`, or the parse's error), one at a time,
+each a length-prefixed pickle. It exits when stdin closes, which is also what happens when the process that
+started it dies (nothing else holds that pipe). A plain subprocess rather than multiprocessing: no module of the
+parent's (an unguarded script) is ever re-imported here. `knowledge.ingest.isolation` imports this module for the
+wire format and `parse_bounded` (the thread mode), never the other way round.
 """
 
 from __future__ import annotations
@@ -14,10 +16,27 @@ import pickle
 import resource
 import struct
 import sys
-from typing import BinaryIO
+from typing import BinaryIO, cast
+
+from knowledge.errors import CorruptDocument, LimitExceeded
+from knowledge.ingest.parsing import ParseLimits, ParseResult, parse_document, truncate_blocks
 
 HEADER = struct.Struct("!Q")
 READY = b"R"
+
+
+def parse_bounded(data: bytes, filename: str, limits: ParseLimits, max_chars: int, memory_mb: int) -> ParseResult:
+    """Parse and cut to `max_chars` (so no more than that travels back from the worker)."""
+    try:
+        document = parse_document(data, filename, limits)
+        return ParseResult(document, truncate_blocks(document, max_chars))
+    except MemoryError:
+        raise LimitExceeded(memory_message(memory_mb)) from None
+
+
+def memory_message(memory_mb: int) -> str:
+    """A MemoryError in the parse, or the worker dying on it: both are the memory limit."""
+    return f"needs more than {memory_mb:,} MB of memory to parse (setting PARSE_MEMORY_MB)"
 
 
 def read_message(stream: BinaryIO) -> object | None:
@@ -28,7 +47,8 @@ def read_message(stream: BinaryIO) -> object | None:
     body = stream.read(size)
     if len(body) < size:
         return None
-    return pickle.loads(body)
+    message: object = pickle.loads(body)
+    return message
 
 
 def write_message(stream: BinaryIO, message: object) -> None:
@@ -43,9 +63,6 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a library printing must not corrupt the replies
-    from knowledge.ingest.isolation import parse_bounded
-    from knowledge.ingest.parsing import CorruptDocument
-
     for module in ("bs4", "pypdf", "docx"):  # not openpyxl: it imports numpy, paid only when a workbook comes
         try:
             __import__(module)
@@ -57,7 +74,7 @@ def main() -> None:
         request = read_message(stdin)
         if request is None:
             return
-        data, filename, limits, max_chars = request  # type: ignore[misc]
+        data, filename, limits, max_chars = cast(tuple[bytes, str, ParseLimits, int], request)
         try:
             reply: object = ("ok", parse_bounded(data, filename, limits, max_chars, memory_mb))
         except (ValueError, MemoryError) as exc:  # the parse's own errors (LimitExceeded, CorruptDocument, …)

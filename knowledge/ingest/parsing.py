@@ -8,9 +8,11 @@ pypdf for PDF, python-docx for Word.
 from __future__ import annotations
 
 import codecs
+import csv
 import io
 import logging
 import re
+import zipfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -94,8 +96,6 @@ def check_zip(data: bytes, limits: ParseLimits) -> None:
     """A .docx or .xlsx is a zip: refuse one whose members would inflate past MAX_DECOMPRESSED_MB in all, or a
     member over 1 MB inflating more than MAX_ZIP_RATIO times (a bomb of repeated paragraphs). zipfile never inflates
     a member past its declared size, so checking the declared sizes bounds what parsing can inflate."""
-    import zipfile
-
     try:
         members = zipfile.ZipFile(io.BytesIO(data)).infolist()
     except zipfile.BadZipFile as exc:
@@ -108,6 +108,15 @@ def check_zip(data: bytes, limits: ParseLimits) -> None:
         if member.file_size > 1024 * 1024 and member.file_size > limits.max_zip_ratio * max(1, member.compress_size):
             raise _over(f"{member.filename} inflates {member.file_size // max(1, member.compress_size):,} times, "
                         f"over {limits.max_zip_ratio}", "MAX_ZIP_RATIO")
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    """A parsed file as a parsing worker sends it back (defined here, not in the worker's own module, which runs as
+    `__main__` there: the pickle must name a class the parent can import)."""
+
+    document: ParsedDocument
+    truncated: bool  # cut to `max_chars` (reported as MAX_DOCUMENT_CHUNKS)
 
 
 def truncate_blocks(document: ParsedDocument, max_chars: int) -> bool:
@@ -209,7 +218,9 @@ _HTML_DROP = ("script", "style", "noscript", "nav", "footer", "template", "svg")
 def parse_html(html: str, fallback_title: str) -> ParsedDocument:
     """Walk every text node in document order, grouped by its nearest block element: headings open sections,
     everything else becomes blocks, so no text is lost whatever tags a page uses."""
-    from bs4 import BeautifulSoup, Comment, NavigableString, Tag
+    # Lazy (each format's library): start-up speed.
+    from bs4 import BeautifulSoup, Comment, Tag
+    from bs4.element import NavigableString
 
     soup = BeautifulSoup(html, "html.parser")
     for tag in soup(list(_HTML_DROP)):
@@ -257,7 +268,7 @@ def parse_html(html: str, fallback_title: str) -> ParsedDocument:
     return ParsedDocument(title or fallback_title, blocks)
 
 
-def _join_html_parts(parts: list[tuple[object, str]]) -> str:
+def _join_html_parts(parts: Sequence[tuple[object, str]]) -> str:
     """Join a block's text nodes: inline pieces run together, different table cells are separated by ' | '."""
     cells: list[str] = []
     current_cell: object = object()
@@ -274,7 +285,7 @@ def _join_html_parts(parts: list[tuple[object, str]]) -> str:
 def parse_pdf(data: bytes, fallback_title: str) -> ParsedDocument:
     """Headings are the lines set in a larger font than the body text (pypdf reports each run's font size);
     lines repeated on most pages (running headers, footers) and page numbers are dropped."""
-    from pypdf import PdfReader
+    from pypdf import PdfReader  # lazy, as bs4 above
 
     reader = PdfReader(io.BytesIO(data))
     if reader.is_encrypted:
@@ -352,7 +363,7 @@ def _repeated_lines(pages: list[list[str]]) -> set[str]:
 
 def parse_docx(data: bytes, fallback_title: str, limits: ParseLimits) -> ParsedDocument:
     """Word's built-in Title/Heading N styles give the structure; tables become one block per row."""
-    import docx
+    import docx  # lazy, as bs4 above
 
     document = docx.Document(io.BytesIO(data))
     title = _clean(document.core_properties.title or "")
@@ -429,12 +440,11 @@ def _rows_to_blocks(rows: Iterable[list[str]], headings: tuple[str, ...], limits
 
 def parse_csv(text: str, fallback_title: str, limits: ParseLimits) -> ParsedDocument:
     """A CSV file: rows read with the csv module (quoted commas and newlines kept), the first row as the header."""
-    import csv
-
+    dialect: type[csv.Dialect]
     try:
         dialect = csv.Sniffer().sniff(text[:4096], delimiters=",;\t")
     except csv.Error:
-        dialect = csv.excel  # type: ignore[assignment]
+        dialect = csv.excel
     rows = _bounded_rows(csv.reader(io.StringIO(text), dialect), limits)
     return ParsedDocument(fallback_title, _rows_to_blocks(rows, (), limits))
 
@@ -442,7 +452,7 @@ def parse_csv(text: str, fallback_title: str, limits: ParseLimits) -> ParsedDocu
 def parse_xlsx(data: bytes, fallback_title: str, limits: ParseLimits) -> ParsedDocument:
     """An Excel workbook (and Google Sheets, exported as one): each sheet is a section named after it, read as rows
     under its own header row."""
-    import openpyxl
+    import openpyxl  # lazy, as bs4 above (it imports numpy)
 
     workbook = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
     blocks: list[Block] = []

@@ -5,13 +5,13 @@
   if only its metadata or access list changed, those are updated in place without re-chunking.
 - A changed item is re-parsed and re-chunked; only chunks whose text is new are embedded, the rest come from the
   embedding cache keyed by (model, hash of the embedded text).
-- Three stages run at once, a batch of BATCH_DOCUMENTS documents apart (see `Indexer.sync`): reading, parsing and
-  chunking batch N+1, embedding batch N (the model runs in a worker thread, and torch releases the GIL), and
-  writing batch N-1 to Postgres (another process). On a CPU-bound machine the model is the bottleneck; the other
-  stages hide behind it instead of adding to it.
+- Three stages run at once, a batch of SYNC_BATCH_DOCUMENTS (a setting) documents apart (see `Indexer.sync`):
+  reading, parsing and chunking batch N+1, embedding batch N (the model runs in a worker thread, and torch releases
+  the GIL), and writing batch N-1 to Postgres (another process). On a CPU-bound machine the model is the
+  bottleneck; the other stages hide behind it instead of adding to it.
 - When the model is ahead of Postgres (a GPU), the batches waiting for the writer are joined, up to
-  WRITE_BATCH_CHUNKS chunks, into one transaction (`join_waiting_batches`): fewer, larger writes cost less a chunk.
-  Up to STORE_WRITERS (a setting) transactions write at once (`WriterPool`), each its share of what waits.
+  WRITE_BATCH_CHUNKS (a setting) chunks, into one transaction (`join_waiting_batches`): fewer, larger writes cost
+  less a chunk. Up to STORE_WRITERS (a setting) transactions write at once (`WriterPool`), each its share of what waits.
 - A batch of documents is written in one transaction (`store.write_documents`), so an interrupted sync leaves
   every document either fully old or fully new. If Postgres refuses the batch, its documents are written one at a
   time, so only the document it refuses fails. A batch's checkpoint is stored only after all its documents are
@@ -27,16 +27,16 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import numpy as np
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from knowledge.embedding.encoder import Embedder, content_hash
-from knowledge.errors import CorruptDocument, ItemUnavailable, LimitExceeded, UnsupportedFormat
+from knowledge.errors import CorruptDocument, ItemUnavailable, LimitExceeded, Remedy, SyncWarning, UnsupportedFormat
 from knowledge.ingest.chunking import ChunkDraft, chunk_document, compose_search_text
 from knowledge.ingest.isolation import ParsePool
 from knowledge.ingest.parsing import ParseLimits
@@ -47,17 +47,10 @@ from knowledge.storage import documents as store
 logger = logging.getLogger(__name__)
 D = TypeVar("D")
 
-BATCH_DOCUMENTS = 16
 # Batches waiting to be embedded: one is enough to keep the model busy, and it bounds memory.
 PIPELINE_DEPTH = 1
-# When the model is faster than Postgres (a GPU), embedded batches wait for the writer up to this many chunks in
-# all, and the writer commits all that wait in one transaction (join_waiting_batches).
-WRITE_BATCH_CHUNKS = 2000
 # Items fetched at once within a batch (HTTP sources bound their own connections too).
 FETCH_CONCURRENCY = 4
-# VACUUM the chunks table after a sync or a source removal deleted at least this many chunks (see
-# Indexer.after_large_delete).
-VACUUM_AFTER_DELETED_CHUNKS = 1000
 # A chunk token is rarely more than this many characters: bounds the text chunked for MAX_DOCUMENT_CHUNKS.
 CHARS_PER_TOKEN_BOUND = 8
 MIN_DOCUMENT_CHARS = 1_000_000
@@ -225,14 +218,15 @@ class _WriteQueue:
 
 
 def share_out(
-    batches: Sequence[Sequence[D]], writers: int, *, external_id: Callable[[D], str], chunks: Callable[[D], int]
+    batches: Sequence[Sequence[D]], writers: int, *, external_id: Callable[[D], str], chunks: Callable[[D], int],
+    max_chunks: int,
 ) -> list[list[D]]:
     """Batches waiting for `writers` free writers, as the writes to start: joined (`join_waiting_batches`) until
-    each holds an equal share, and never more than WRITE_BATCH_CHUNKS. 2,000 waiting chunks and two free writers
-    make two writes of about 1,000 (not a third with what is left over); one free writer, one of 2,000."""
+    each holds an equal share, and never more than `max_chunks` (WRITE_BATCH_CHUNKS). 2,000 waiting chunks and two
+    free writers make two writes of about 1,000 (not a third with what is left over); one free writer, one of 2,000."""
     total = sum(chunks(d) for batch in batches for d in batch)
     share = -(-total // max(1, writers))
-    return join_waiting_batches(batches, external_id=external_id, chunks=chunks, max_chunks=WRITE_BATCH_CHUNKS,
+    return join_waiting_batches(batches, external_id=external_id, chunks=chunks, max_chunks=max_chunks,
                                 enough=share)
 
 
@@ -353,10 +347,11 @@ class Indexer:
             stored = await store.stored_documents(conn, source_id)
         handled: dict[str, str | None] = {}  # items seen this run, by stored version: overlapping pages repeat them
         # The pipeline: read and prepare -> embed -> write, each stage a task, joined by queues: PIPELINE_DEPTH
-        # batches before the model, WRITE_BATCH_CHUNKS chunks before the writer. Deletions and checkpoints travel
+        # batches before the model, settings.write_batch_chunks chunks before the writer. Deletions and checkpoints travel
         # down the same queues, so they are applied after the writes of every batch before them. None marks the end.
         to_embed: asyncio.Queue[list[_Prepared] | _AfterWrites | None] = asyncio.Queue(PIPELINE_DEPTH)
-        to_write: _WriteQueue = _WriteQueue(WRITE_BATCH_CHUNKS)
+        batch_documents, write_batch_chunks = self.settings.sync_batch_documents, self.settings.write_batch_chunks
+        to_write: _WriteQueue = _WriteQueue(write_batch_chunks)
         source_failed: list[Exception] = []
 
         async def read_and_prepare() -> None:
@@ -375,9 +370,9 @@ class Indexer:
                     grow = getattr(progress, "grow", None)
                     if batch.total is None and grow is not None:
                         grow(len(fresh))
-                    for start in range(0, len(fresh), BATCH_DOCUMENTS):
+                    for start in range(0, len(fresh), batch_documents):
                         prepared = await self._prepare_items(
-                            fresh[start : start + BATCH_DOCUMENTS], stored, report, progress
+                            fresh[start : start + batch_documents], stored, report, progress
                         )
                         if prepared:
                             await to_embed.put(prepared)
@@ -392,18 +387,20 @@ class Indexer:
             while (work := await to_embed.get()) is not None:
                 if isinstance(work, list):
                     texts = {h: d.search_text for p in work for h, d in zip(p.chunk_hashes, p.drafts, strict=True)}
-                    work = _Embedded(work, await self.embeddings_for(texts, report))
-                await to_write.put(work)
+                    await to_write.put(_Embedded(work, await self.embeddings_for(texts, report)))
+                else:
+                    await to_write.put(work)
             await to_write.put(None)
 
         writers = WriterPool(self.settings.store_writers)
 
         async def write_joined(batches: list[_Embedded]) -> None:
             """Share what waits out among the free writers: as many writes as writers are free (each joined up to
-            WRITE_BATCH_CHUNKS), started as soon as a writer is."""
+            write_batch_chunks), started as soon as a writer is."""
             embeddings = {h: e for b in batches for h, e in b.embeddings.items()}
             joined = share_out([b.prepared for b in batches], writers.free(),
-                               external_id=lambda p: p.item.external_id, chunks=lambda p: len(p.drafts))
+                               external_id=lambda p: p.item.external_id, chunks=lambda p: len(p.drafts),
+                               max_chunks=write_batch_chunks)
             for prepared in joined:
                 await writers.start(
                     self._write_then(_Embedded(prepared, embeddings), stored, source_id, report, progress,
@@ -458,7 +455,7 @@ class Indexer:
         return report
 
     async def _drop_vanished(
-        self, source: Source, source_id: int, stored: dict[str, store.StoredDocument], listed: dict[str, object],
+        self, source: Source, source_id: int, stored: dict[str, store.StoredDocument], listed: Mapping[str, object],
         report: SyncReport,
     ) -> None:
         """A partial sync (a subfolder or one file) still drops documents outside it whose file is gone: a file
@@ -475,7 +472,7 @@ class Indexer:
     async def after_large_delete(self, chunks_deleted: int) -> None:
         """After deleting many chunks, VACUUM the chunks table: until dead rows are cleaned out of the HNSW index,
         a filtered vector search can spend its whole scan budget on them and return nothing."""
-        if chunks_deleted < VACUUM_AFTER_DELETED_CHUNKS:
+        if chunks_deleted < self.settings.vacuum_after_deleted_chunks:
             return
         await store.vacuum_chunks(self.engine)
 
@@ -492,10 +489,11 @@ class Indexer:
         in_scope = [i for i in stored if i.startswith(source.listing_prefix)]
         if not inventory and in_scope:
             # An empty listing is far more often an unmounted drive or a wrong path than a deliberate purge.
-            report.warnings.append(
+            report.warnings.append(SyncWarning(
                 f"the listing is empty, so none of the {len(in_scope)} indexed documents were deleted; "
-                f"check the path, or run `ragbot source remove {source.spec.name}` to drop it on purpose"
-            )
+                "check the path, or remove the source to drop them on purpose",
+                remedy=Remedy.REMOVE_SOURCE, source=source.spec.name,
+            ))
             return
         if "" not in unlisted:
             async with self.engine.begin() as conn:
@@ -759,7 +757,9 @@ class Indexer:
             report.chunks_from_cache += len(texts) - embedded
         return found
 
-    async def _embed_with_cache(self, conn, texts: dict[str, str]) -> tuple[dict[str, np.ndarray], int]:  # type: ignore[no-untyped-def]
+    async def _embed_with_cache(
+        self, conn: AsyncConnection, texts: dict[str, str]
+    ) -> tuple[dict[str, np.ndarray], int]:
         """Look {hash: text} up in the cache, embed what is missing and cache it. Returns (embeddings, embedded)."""
         found = await store.cached_embeddings(conn, self.embedder.name, list(texts))
         missing = [h for h in texts if h not in found]
@@ -797,7 +797,7 @@ class Indexer:
             await store.ensure_vector_index(conn, dimension)
             return reembedded
 
-    async def _reembed_all(self, conn) -> None:  # type: ignore[no-untyped-def]
+    async def _reembed_all(self, conn: AsyncConnection) -> None:
         last_id = 0
         while True:
             rows = await store.chunks_for_reembedding(conn, last_id, 256)
@@ -818,8 +818,9 @@ async def run_stages(*stages: Coroutine[object, object, None]) -> None:
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+            error = task.exception() if task.done() and not task.cancelled() else None
+            if error is not None:
+                raise error
     finally:
         for task in tasks:
             task.cancel()

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from knowledge.errors import RecentlySynced, SourceBusy, SourceConfigError, SourceError, UnknownSource
+from knowledge.errors import RecentlySynced, Remedy, SourceBusy, SourceConfigError, SourceError, UnknownSource
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.sources.base import Source, SourceInfo, as_source, build_source
 from knowledge.sources.folder import FolderSource
@@ -47,8 +47,8 @@ class SyncRunner:
         async with self.engine.connect() as conn:
             row = await sources_store.get_source(conn, name)
         if row is None:
-            raise UnknownSource(f"unknown source {name!r}; sources: {', '.join(await self.names()) or 'none yet'}"
-                                " (add one with `ragbot source add`)")
+            raise UnknownSource(f"unknown source {name!r}; sources: {', '.join(await self.names()) or 'none yet'}",
+                                remedy=Remedy.ADD_SOURCE, source=name)
         try:
             source = build_source(row.name, row.kind, row.config)
         except SourceError as exc:  # e.g. the folder is gone: a failed run, recorded like any other
@@ -165,7 +165,7 @@ class SyncRunner:
                 await sources_store.lock_source(conn, source_id)
             elif not await sources_store.try_lock_source(conn, source_id):
                 raise SourceBusy(f"source {name!r} is being synced right now (by this or another process); "
-                                 "try again when that run finishes (`ragbot status` shows it)")
+                                 "try again when that run finishes", remedy=Remedy.SHOW_STATUS, source=name)
             try:
                 yield
             finally:
@@ -218,7 +218,7 @@ class SyncRunner:
             await source.aclose()
             raise SourceConfigError(
                 f"source {name!r} already indexes {existing.kind} {existing.location or ''}".rstrip()
-                + f"; pick another name, or `ragbot source remove {name}` first"
+                + "; pick another name, or remove that source first", remedy=Remedy.REMOVE_SOURCE, source=name,
             )
         try:
             if check:

@@ -70,7 +70,9 @@ def cluster_questions(vectors: Sequence[Sequence[float]] | np.ndarray, threshold
         linkage[j, :] = -np.inf
         linkage[:, j] = -np.inf
         sizes[i] += sizes[j]
-        members[i] = members[i] + members[j]  # type: ignore[operator]
+        kept, merged_in = members[i], members[j]
+        assert kept is not None and merged_in is not None  # both still groups: their linkage was not -inf
+        members[i] = kept + merged_in
         members[j] = None
     clusters = []
     for group in members:

@@ -106,10 +106,16 @@ class SourceItem:
     size: int | None = None
 
 
+def bytes_read(data: bytes) -> Callable[[], bytes]:
+    """A `SourceItem.read` for bytes already in memory (a page's body fetched with its listing, a corpus record)."""
+    return lambda: data
+
+
 async def read_item(item: SourceItem) -> bytes:
     """The item's bytes: async readers are awaited, plain ones run in a worker thread."""
     if inspect.iscoroutinefunction(item.read):
-        return await item.read()
+        data: bytes = await item.read()
+        return data
     result = await asyncio.to_thread(item.read)
     if inspect.isawaitable(result):
         return await result

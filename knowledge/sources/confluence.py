@@ -43,12 +43,13 @@ from typing import Any, Literal
 from urllib.parse import urljoin, urlsplit
 
 import httpx
-from bs4 import BeautifulSoup, NavigableString
+from bs4 import BeautifulSoup
+from bs4.element import NavigableString
 from markdownify import markdownify
 
 from knowledge.access import EVERYONE
 from knowledge.errors import ItemUnavailable, SourceAuthError, SourceConfigError, SourceError, SourceUnavailable
-from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
+from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, bytes_read, register_source
 
 logger = logging.getLogger(__name__)
 
@@ -206,9 +207,9 @@ def next_link(response: httpx.Response, data: Mapping[str, Any], site: str, base
     if header:
         match = _LINK_NEXT.search(header)
         if match:
-            return urljoin(site + "/", match.group(1))
+            return urljoin(site + "/", str(match.group(1)))
     links = data.get("_links") if isinstance(data, Mapping) else None
-    following = (links or {}).get("next")
+    following: str | None = (links or {}).get("next")
     if not following:
         return None
     if following.startswith(("http://", "https://")):
@@ -329,10 +330,12 @@ class ConfluenceClient:
             yield page
 
     async def space(self, key: str) -> dict[str, Any]:
-        return await self.get(f"/rest/api/space/{key}")
+        space: dict[str, Any] = await self.get(f"/rest/api/space/{key}")
+        return space
 
     async def content(self, content_id: str, expand: str) -> dict[str, Any]:
-        return await self.get(f"/rest/api/content/{content_id}", {"expand": expand})
+        content: dict[str, Any] = await self.get(f"/rest/api/content/{content_id}", {"expand": expand})
+        return content
 
     async def read_restrictions(self, content_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The read restrictions (users, groups) of one page. `/restriction/byOperation` has no paging of its own;
@@ -379,7 +382,7 @@ def storage_to_markdown(storage: str) -> str:
     block with its kind, expand → its title and body), links and images keep their text, then markdownify."""
     soup = BeautifulSoup(storage, "html.parser")
     for macro in reversed(soup.find_all("ac:structured-macro")):
-        name = (macro.get("ac:name") or "").lower()
+        name = str(macro.get("ac:name") or "").lower()
         params = {p.get("ac:name"): p.get_text() for p in macro.find_all("ac:parameter", recursive=False)}
         plain = macro.find("ac:plain-text-body", recursive=False)
         rich = macro.find("ac:rich-text-body", recursive=False)
@@ -419,7 +422,7 @@ def storage_to_markdown(storage: str) -> str:
         target = link.find(["ri:page", "ri:attachment", "ri:user"])
         text = body.get_text() if body is not None else (
             (target.get("ri:content-title") or target.get("ri:filename") or "") if target is not None else "")
-        link.replace_with(NavigableString(text))
+        link.replace_with(NavigableString(str(text)))
     for tag in soup.find_all(["ac:image", "ac:emoticon", "ac:placeholder"]):
         tag.decompose()
     for tag in soup.find_all(re.compile(r"^(ac|ri):")):
@@ -430,7 +433,7 @@ def storage_to_markdown(storage: str) -> str:
 def _code_language(element: Any) -> str | None:
     for cls in element.get("class") or (element.code.get("class") if element.code else None) or []:
         if cls.startswith("language-"):
-            return cls[len("language-"):]
+            return str(cls[len("language-"):])
     return None
 
 
@@ -482,7 +485,7 @@ class ConfluenceSource:
             except ConfluenceNotFound:
                 raise SourceConfigError(
                     f"source {self.spec.name!r}: space {key!r} was not found at {self.config.url} or this account "
-                    "cannot see it; check --space (the space KEY, not its name) and the account's permissions"
+                    "cannot see it; check the source's spaces (each a space KEY, not its name) and the account's permissions"
                 ) from None
 
     # -- changes --
@@ -562,7 +565,7 @@ class ConfluenceSource:
         return SourceItem(
             external_id=str(content["id"]),
             filename=f"{content['id']}.md",
-            read=lambda data=markdown.encode("utf-8"): data,  # noqa: B008 (a default bound on purpose, evaluated once per call site)
+            read=bytes_read(markdown.encode("utf-8")),
             title=title,
             url=_web_url(base, content),
             path=self._breadcrumb(content),

@@ -80,9 +80,9 @@ async def group_members(source: ConfluenceSource, extra_group_principals: Sequen
             async for page in client.paged(path, params):
                 found.api_calls += 1
                 for member in page.get("results") or []:
-                    principal = member_principal(member)
-                    if principal is not None:
-                        found.edges.append((group, principal))
+                    who = member_principal(member)
+                    if who is not None:
+                        found.edges.append((group, who))
         except ConfluenceNotFound:
             logger.info("source %s: group %s no longer exists in Confluence; it grants nothing", source.spec.name, name)
             found.missing.append(group)

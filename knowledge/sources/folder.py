@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from knowledge.access import EVERYONE
-from knowledge.errors import ItemUnavailable, SourceConfigError, SourceUnavailable
+from knowledge.errors import ItemUnavailable, Remedy, SourceConfigError, SourceUnavailable
 from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 
 ACCESS_FILE = ".access"
@@ -251,10 +251,7 @@ class FolderSource:
 
     async def check(self) -> None:
         if not self.path.exists():
-            raise SourceUnavailable(
-                f"source {self.spec.name!r}: the folder {self.path} does not exist (is the drive mounted?); "
-                f"fix the path or run `ragbot source remove {self.spec.name}`"
-            )
+            raise folder_missing(self.spec.name, self.path)
 
     async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[ChangeBatch]:
         self._access_cache.clear()  # .access files may have changed since the last listing
@@ -349,6 +346,14 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def folder_missing(name: str, path: Path) -> SourceUnavailable:
+    """A stored folder source whose folder is gone: most often an unmounted drive, sometimes a source to drop."""
+    return SourceUnavailable(
+        f"source {name!r}: the folder {path} does not exist (is the drive mounted?); fix the path or remove the source",
+        remedy=Remedy.REMOVE_SOURCE, source=name,
+    )
+
+
 @register_source("folder")
 def build_folder_source(name: str, config: Mapping[str, Any]) -> FolderSource:
     """A stored folder source: config {"path": "/abs/path"}."""
@@ -356,9 +361,6 @@ def build_folder_source(name: str, config: Mapping[str, Any]) -> FolderSource:
     try:
         return FolderSource(path, name)
     except FileNotFoundError as exc:
-        raise SourceUnavailable(
-            f"source {name!r}: the folder {path} does not exist (is the drive mounted?); "
-            f"fix the path or run `ragbot source remove {name}`"
-        ) from exc
+        raise folder_missing(name, path) from exc
     except ValueError as exc:
         raise SourceConfigError(f"source {name!r}: {exc}") from exc

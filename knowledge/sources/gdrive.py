@@ -18,10 +18,11 @@ How a sync goes:
   in GDRIVE_EVERYONE_DOMAINS), anyone-with-the-link → `everyone`. Shared-drive members come back from
   `permissions.list` as inherited permissions, so they count.
 
-google-api-python-client is synchronous: every request runs in a worker thread (with its own httplib2 connection,
-which is not thread-safe) under a semaphore, so the source is async to the rest of ragbot. Rate limits (429, and 403
-`rateLimitExceeded` / `userRateLimitExceeded`) and 5xx back off exponentially (honouring Retry-After), a bounded
-number of times; past that the sync fails cleanly and the checkpoint stays where it was.
+Requests go through knowledge.sources.google_api (as the group directory's do): google-api-python-client is
+synchronous, so every request runs in a worker thread (with its own httplib2 connection, which is not thread-safe)
+under a semaphore, and the source is async to the rest of ragbot. Rate limits (429, and 403 `rateLimitExceeded` /
+`userRateLimitExceeded`) and 5xx back off exponentially (honouring Retry-After), a bounded number of times; past that
+the sync fails cleanly and the checkpoint stays where it was.
 """
 
 from __future__ import annotations
@@ -30,21 +31,28 @@ import asyncio
 import json
 import logging
 import os
-import random
 import re
-import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
+from google.oauth2 import service_account
+from googleapiclient.errors import HttpError
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from knowledge.access import EVERYONE
+from knowledge.errors import ItemUnavailable, SourceAuthError, SourceConfigError, SourceUnavailable
+from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
+from knowledge.sources.google_api import GoogleApiClient, error_reason, http_reason, short_message
+
+# The Google client libraries are imported at the top: this module is loaded only when a Drive source is used (the
+# registry in knowledge.sources.base imports a kind's module on first use), never by `ragbot --help` or a folder sync.
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 # googleapiclient logs every 403 it inspects (even the per-file ones ragbot reports itself) as a warning.
 logging.getLogger("googleapiclient.http").setLevel(logging.ERROR)
 
@@ -83,7 +91,6 @@ FILE_FIELDS = (
     "id,name,mimeType,parents,driveId,trashed,modifiedTime,version,md5Checksum,size,webViewLink,"
     "owners(displayName,emailAddress),shortcutDetails(targetId,targetMimeType)"
 )
-RATE_LIMIT_REASONS = {"rateLimitExceeded", "userRateLimitExceeded"}
 
 
 class GoogleDriveSettings(BaseSettings):
@@ -175,12 +182,13 @@ class DriveFileError(Exception):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def load_credentials(credentials_env: str = DEFAULT_CREDENTIALS_ENV, subject: str | None = None):  # type: ignore[no-untyped-def]
+def load_credentials(
+    credentials_env: str = DEFAULT_CREDENTIALS_ENV, subject: str | None = None
+) -> service_account.Credentials:
     """Service-account credentials from the JSON in `credentials_env`, else from the file named by
     GOOGLE_APPLICATION_CREDENTIALS; with `subject`, impersonating that user (domain-wide delegation)."""
-    from google.oauth2 import service_account
-
     raw = os.environ.get(credentials_env, "").strip()
+    credentials: service_account.Credentials
     try:
         if raw:
             try:
@@ -189,13 +197,15 @@ def load_credentials(credentials_env: str = DEFAULT_CREDENTIALS_ENV, subject: st
                 raise DriveSourceError(
                     f"{credentials_env} does not hold JSON: put the service account's JSON key in it (the whole file)",
                     "auth") from None
-            credentials = service_account.Credentials.from_service_account_info(info, scopes=[DRIVE_SCOPE])
+            credentials = service_account.Credentials.from_service_account_info(  # type: ignore[no-untyped-call]  # google-auth leaves it unannotated
+                info, scopes=[DRIVE_SCOPE])
         elif os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
             path = os.environ["GOOGLE_APPLICATION_CREDENTIALS"]
             if not os.path.isfile(path):
                 raise DriveSourceError(f"GOOGLE_APPLICATION_CREDENTIALS names {path}, which is not a file: "
                                        f"point it at the service account's JSON key", "auth")
-            credentials = service_account.Credentials.from_service_account_file(path, scopes=[DRIVE_SCOPE])
+            credentials = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]  # google-auth leaves it unannotated
+                path, scopes=[DRIVE_SCOPE])
         else:
             raise DriveSourceError(
                 f"no Google credentials: put the service account's JSON key in {credentials_env} "
@@ -204,98 +214,54 @@ def load_credentials(credentials_env: str = DEFAULT_CREDENTIALS_ENV, subject: st
     except ValueError as exc:  # missing fields, a key that does not parse
         raise DriveSourceError(f"the service account key in {credentials_env or 'GOOGLE_APPLICATION_CREDENTIALS'} "
                                f"is not valid ({exc}): download a new JSON key for the service account", "auth") from None
-    return credentials.with_subject(subject) if subject else credentials
+    if subject:
+        credentials = credentials.with_subject(subject)  # type: ignore[no-untyped-call]  # google-auth leaves it unannotated
+    return credentials
 
 
-class DriveClient:
-    """Drive v3 through google-api-python-client, async, with bounded concurrency and rate-limit backoff.
+class DriveClient(GoogleApiClient):
+    """Drive v3 through google-api-python-client, async, with bounded concurrency and rate-limit backoff
+    (knowledge.sources.google_api). `credentials=None` talks without authentication (only useful against a local
+    fake). Errors of one file (403, 404...) reach the caller as HttpError; those of the whole sync are
+    DriveSourceError."""
 
-    `credentials=None` talks without authentication (only useful against a local fake)."""
+    api_name = "Drive"
 
     def __init__(self, credentials: Any, settings: GoogleDriveSettings | None = None) -> None:
-        import httplib2
-        from googleapiclient.discovery import build
+        self.settings: GoogleDriveSettings = settings or GoogleDriveSettings()
+        super().__init__("drive", "v3", credentials, self.settings)
 
-        self.settings = settings or GoogleDriveSettings()
-        self.credentials = credentials
-        options = {"api_endpoint": self.settings.api_endpoint} if self.settings.api_endpoint else None
-        # The discovery document ships with the library (static_discovery): no network here. Requests are executed
-        # with a per-thread http below, so the one given here is never used for requests.
-        self.service = build("drive", "v3", http=httplib2.Http(), static_discovery=True, client_options=options,
-                             cache_discovery=False)
-        self._local = threading.local()
-        self._semaphore = asyncio.Semaphore(self.settings.concurrency)
-        self.retries = 0  # rate-limit / server-error retries so far (reported by the sync)
+    def exhausted(self, error: Any, retries: int) -> Exception:
+        return DriveSourceError(
+            f"Google Drive still answers {http_reason(error)} after {retries} retries "
+            f"({'rate limited' if error.status_code < 500 else 'a Google-side outage'}); "
+            f"the next sync carries on from the same checkpoint", "unavailable"
+        )
 
-    def _http(self):  # type: ignore[no-untyped-def]
-        http = getattr(self._local, "http", None)
-        if http is None:
-            import httplib2
+    def refused(self, error: Any) -> Exception | None:
+        if error.status_code == 401:
+            return DriveSourceError("Google Drive rejected the credentials (401): check the service account key", "auth")
+        return None  # one file's error (403, 404...): the caller decides
 
-            http = httplib2.Http(timeout=120)
-            if self.credentials is not None:
-                import google_auth_httplib2
+    def token_refused(self, error: BaseException) -> Exception:
+        return DriveSourceError(
+            f"Google refused the service account's token ({short_message(error)}): check the JSON key, and for a "
+            f"source that reads as a user, that domain-wide delegation grants the scope {DRIVE_SCOPE}", "auth"
+        )
 
-                http = google_auth_httplib2.AuthorizedHttp(self.credentials, http=http)
-            self._local.http = http
-        return http
-
-    def _execute(self, make_request: Callable[[Any], Any]) -> Any:
-        return make_request(self.service).execute(http=self._http(), num_retries=0)
-
-    async def call(self, make_request: Callable[[Any], Any]) -> Any:
-        """Run one API request in a worker thread; back off on rate limits and server errors."""
-        from google.auth.exceptions import RefreshError, TransportError
-        from googleapiclient.errors import HttpError
-
-        attempt = 0
-        while True:
-            try:
-                async with self._semaphore:
-                    return await asyncio.to_thread(self._execute, make_request)
-            except HttpError as error:
-                if not _retryable(error) or attempt >= self.settings.max_retries:
-                    if _retryable(error):
-                        raise DriveSourceError(
-                            f"Google Drive still answers {_reason(error)} after {attempt} retries "
-                            f"({'rate limited' if error.status_code < 500 else 'a Google-side outage'}); "
-                            f"the next sync carries on from the same checkpoint", "unavailable"
-                        ) from None
-                    if error.status_code == 401:
-                        raise DriveSourceError(
-                            "Google Drive rejected the credentials (401): check the service account key", "auth"
-                        ) from None
-                    raise
-                delay = _retry_after(error)
-                if delay is None:
-                    delay = min(self.settings.max_backoff_seconds, self.settings.backoff_seconds * 2**attempt)
-                    delay *= 0.5 + random.random() / 2
-                attempt += 1
-                self.retries += 1
-                logger.info("Drive %s; retry %d in %.2f s", _reason(error), attempt, delay)
-                await asyncio.sleep(delay)
-            except RefreshError as error:
-                raise DriveSourceError(
-                    f"Google refused the service account's token ({_short(error)}): check the JSON key, and with "
-                    f"--subject that domain-wide delegation grants the scope {DRIVE_SCOPE}", "auth"
-                ) from None
-            except (TransportError, OSError) as error:
-                raise DriveSourceError(f"cannot reach the Google Drive API ({_short(error)}): check the network "
-                                       f"(and GDRIVE_API_ENDPOINT if set)", "unavailable") from None
-            except Exception as error:
-                import httplib2
-
-                if isinstance(error, httplib2.HttpLib2Error):
-                    raise DriveSourceError(f"cannot reach the Google Drive API ({_short(error)}): check the "
-                                           f"network (and GDRIVE_API_ENDPOINT if set)", "unavailable") from None
-                raise
+    def unreachable(self, error: BaseException) -> Exception:
+        return DriveSourceError(f"cannot reach the Google Drive API ({short_message(error)}): check the network "
+                                f"(and GDRIVE_API_ENDPOINT if set)", "unavailable")
 
     # -- the calls ragbot makes -------------------------------------------------------------------------------
     async def get_file(self, file_id: str) -> dict[str, Any]:
-        return await self.call(lambda s: s.files().get(fileId=file_id, fields=FILE_FIELDS, supportsAllDrives=True))
+        file: dict[str, Any] = await self.call(
+            lambda s: s.files().get(fileId=file_id, fields=FILE_FIELDS, supportsAllDrives=True))
+        return file
 
     async def get_drive(self, drive_id: str) -> dict[str, Any]:
-        return await self.call(lambda s: s.drives().get(driveId=drive_id, fields="id,name"))
+        drive: dict[str, Any] = await self.call(lambda s: s.drives().get(driveId=drive_id, fields="id,name"))
+        return drive
 
     async def list_children(self, folder_id: str, drive_id: str | None) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
@@ -318,18 +284,20 @@ class DriveClient:
         user's ("Retrieve changes", developers.google.com/workspace/drive/api/guides/manage-changes)."""
         extra = {"driveId": drive_id} if drive_id else {}
         reply = await self.call(lambda s: s.changes().getStartPageToken(supportsAllDrives=True, **extra))
-        return reply["startPageToken"]
+        token: str = reply["startPageToken"]
+        return token
 
     async def changes_page(self, token: str, drive_id: str | None = None) -> dict[str, Any]:
         """One page of a change log: `nextPageToken` while more pages follow, `newStartPageToken` on the last
         (changes.list reference). `drive_id` reads that shared drive's log."""
         extra: dict[str, Any] = {"driveId": drive_id} if drive_id else {"spaces": "drive"}
-        return await self.call(lambda s: s.changes().list(
+        page: dict[str, Any] = await self.call(lambda s: s.changes().list(
             pageToken=token, pageSize=1000, includeRemoved=True, supportsAllDrives=True,
             includeItemsFromAllDrives=True, **extra,
             fields=f"nextPageToken,newStartPageToken,changes(changeType,removed,fileId,driveId,time,"
                    f"file({FILE_FIELDS}))",
         ))
+        return page
 
     async def permissions(self, file_id: str) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
@@ -345,39 +313,12 @@ class DriveClient:
                 return found
 
     async def export(self, file_id: str, mime_type: str) -> bytes:
-        return await self.call(lambda s: s.files().export_media(fileId=file_id, mimeType=mime_type))
+        data: bytes = await self.call(lambda s: s.files().export_media(fileId=file_id, mimeType=mime_type))
+        return data
 
     async def download(self, file_id: str) -> bytes:
-        return await self.call(lambda s: s.files().get_media(fileId=file_id, supportsAllDrives=True))
-
-
-def _error_reason(error: Any) -> str | None:
-    try:
-        data = json.loads(error.content.decode("utf-8"))
-        return data["error"]["errors"][0]["reason"]
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return None
-
-
-def _retryable(error: Any) -> bool:
-    status = error.status_code
-    return status == 429 or status >= 500 or (status == 403 and _error_reason(error) in RATE_LIMIT_REASONS)
-
-
-def _retry_after(error: Any) -> float | None:
-    value = error.resp.get("retry-after") if error.resp is not None else None
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _reason(error: Any) -> str:
-    return f"{error.status_code} {_error_reason(error) or error.reason or ''}".strip()
-
-
-def _short(error: BaseException) -> str:
-    return (str(error).splitlines() or [type(error).__name__])[0][:200]
+        data: bytes = await self.call(lambda s: s.files().get_media(fileId=file_id, supportsAllDrives=True))
+        return data
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -394,15 +335,15 @@ class DriveEntry:
 
     @property
     def id(self) -> str:
-        return self.file["id"]
+        return str(self.file["id"])
 
     @property
     def name(self) -> str:
-        return self.file.get("name") or self.file["id"]
+        return str(self.file.get("name") or self.file["id"])
 
     @property
     def mime_type(self) -> str:
-        return self.file.get("mimeType", "")
+        return str(self.file.get("mimeType", ""))
 
     @property
     def version(self) -> str:
@@ -423,7 +364,8 @@ class DriveEntry:
         owners = self.file.get("owners") or []
         if not owners:
             return None
-        return owners[0].get("emailAddress") or owners[0].get("displayName")
+        owner: str | None = owners[0].get("emailAddress") or owners[0].get("displayName")
+        return owner
 
     @property
     def modified(self) -> datetime | None:
@@ -511,9 +453,7 @@ class DriveScope:
 
     async def roots(self) -> list[tuple[str, str, str | None]]:
         """(folder id, breadcrumb, shared drive id) for each root; raises DriveSourceError naming a missing one."""
-        from googleapiclient.errors import HttpError
-
-        found = []
+        found: list[tuple[str, str, str | None]] = []
         for drive_id in self.config.shared_drives:
             try:
                 drive = await self.client.get_drive(drive_id)
@@ -533,7 +473,7 @@ class DriveScope:
                                        f"remove it from the source")
             found.append((folder_id, folder.get("name") or folder_id, folder.get("driveId")))
         if not found:
-            raise DriveSourceError("a Google Drive source needs at least one --folder or --shared-drive")
+            raise DriveSourceError("a Google Drive source needs at least one folder or shared drive")
         return found
 
     async def scan(self) -> ScanResult:
@@ -564,8 +504,6 @@ class DriveScope:
     async def _place(self, child: dict[str, Any], folder_id: str, state: ScopeState, entries: dict[str, DriveEntry],
                      skipped: list[tuple[str, str]]) -> list[str]:
         """Put one listed child into the scope; returns folders still to list."""
-        from googleapiclient.errors import HttpError
-
         _parent, path, drive_id = state.folders[folder_id]
         mime = child.get("mimeType")
         if child.get("trashed"):
@@ -587,7 +525,7 @@ class DriveScope:
                 target = await self.client.get_file(target_id)
             except HttpError as error:
                 skipped.append((child["id"], f"shortcut {child.get('name')!r}: its target is not reachable "
-                                             f"({_reason(error)})"))
+                                             f"({http_reason(error)})"))
                 return []
             if target.get("trashed"):
                 return []
@@ -704,10 +642,10 @@ def _is_shortcut_target(file_id: str, state: ScopeState) -> bool:
 def _unreachable(what: str, ident: str, error: Any) -> str:
     if error.status_code == 404:
         return (f"{what} {ident} was not found or is not shared with the service account: share it with the "
-                f"service account's email (or use --subject to read as a user who can see it)")
+                f"service account's email (or have the source read as a user who can see it)")
     if error.status_code in (401, 403):
-        return f"no access to {what} {ident} ({_reason(error)}): share it with the service account"
-    return f"could not open {what} {ident} ({_reason(error)})"
+        return f"no access to {what} {ident} ({http_reason(error)}): share it with the service account"
+    return f"could not open {what} {ident} ({http_reason(error)})"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -735,14 +673,12 @@ def principals_from_permissions(permissions: list[dict[str, Any]], everyone_doma
 async def file_access(client: DriveClient, entry: DriveEntry, config: GoogleDriveConfig,
                       settings: GoogleDriveSettings) -> tuple[str, ...]:
     """Who may see the file. Raises DriveFileError when its permissions cannot be read (the caller fails closed)."""
-    from googleapiclient.errors import HttpError
-
     if config.visibility == "everyone":
         return (EVERYONE,)
     try:
         permissions = await client.permissions(entry.id)
     except HttpError as error:
-        raise DriveFileError(f"could not read its permissions ({_reason(error)}); it is hidden from everyone until "
+        raise DriveFileError(f"could not read its permissions ({http_reason(error)}); it is hidden from everyone until "
                              f"the service account can list them") from None
     return principals_from_permissions(permissions, settings.everyone_domain_set())
 
@@ -773,8 +709,6 @@ def content_plan(entry: DriveEntry, settings: GoogleDriveSettings) -> tuple[str,
 
 async def fetch_content(client: DriveClient, entry: DriveEntry, settings: GoogleDriveSettings) -> tuple[str, bytes]:
     """(file name for the parser, bytes): exported for Google files, downloaded for the rest."""
-    from googleapiclient.errors import HttpError
-
     filename, export_mime = content_plan(entry, settings)
     try:
         if export_mime:
@@ -782,7 +716,7 @@ async def fetch_content(client: DriveClient, entry: DriveEntry, settings: Google
         else:
             data = await client.download(entry.id)
     except HttpError as error:
-        reason = _error_reason(error)
+        reason = error_reason(error)
         if reason == "exportSizeLimitExceeded":
             raise DriveFileError(f"Drive cannot export files over {EXPORT_LIMIT_MB} MB (exportSizeLimitExceeded); "
                                  f"split the document or save a PDF copy in the folder") from None
@@ -790,7 +724,7 @@ async def fetch_content(client: DriveClient, entry: DriveEntry, settings: Google
             raise DriveFileError("Drive does not allow downloading this file (fileNotDownloadable)") from None
         if error.status_code == 404:
             raise DriveFileError("gone while syncing (404)") from None
-        raise DriveFileError(f"could not fetch it ({_reason(error)})") from None
+        raise DriveFileError(f"could not fetch it ({http_reason(error)})") from None
     if len(data) > settings.max_file_mb * 1024 * 1024:
         raise DriveFileError(f"{len(data) / 1024 / 1024:.1f} MB is over GDRIVE_MAX_FILE_MB "
                              f"({settings.max_file_mb} MB)", "size")
@@ -818,8 +752,6 @@ class GoogleDriveSource:
 
     def __init__(self, name: str, config: GoogleDriveConfig, settings: GoogleDriveSettings | None = None,
                  credentials: Any = "load") -> None:
-        from knowledge.sources.base import SourceSpec
-
         self.name = name
         self.config = config
         self.settings = settings or GoogleDriveSettings()
@@ -845,7 +777,7 @@ class GoogleDriveSource:
         except DriveSourceError as error:
             raise _typed(self.name, error) from None
 
-    async def _guard(self, awaitable: Any) -> Any:
+    async def _guard(self, awaitable: Awaitable[T]) -> T:
         try:
             return await awaitable
         except DriveSourceError as error:
@@ -855,26 +787,22 @@ class GoogleDriveSource:
         """Credentials work and every folder and shared drive is reachable (raises a typed error naming the fix)."""
         await self._guard(DriveScope(self.client, self.config).roots())
 
-    async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[Any]:
-        from googleapiclient.errors import HttpError
-
-        from knowledge.sources.base import ChangeBatch
-
+    async def changes(self, checkpoint: str | None, *, full: bool = False) -> AsyncIterator[ChangeBatch]:
         scope = DriveScope(self.client, self.config)
         previous = None if full else ScopeState.from_json(checkpoint)
         if previous is not None and not self._roots_changed(previous):
             try:
-                async for result in self._changes_from(scope, previous):
-                    yield result
+                async for batch in self._changes_from(scope, previous):
+                    yield batch
                 return
             except HttpError as error:
                 if error.status_code not in (400, 404, 410):
                     raise _typed(self.name, DriveSourceError(
-                        f"Drive refused a request while reading changes ({_reason(error)}); check that the service "
+                        f"Drive refused a request while reading changes ({http_reason(error)}); check that the service "
                         f"account can still open the source's folders", "unavailable")) from None
                 # The stored token is no longer accepted: list the scope again (only fetching what changed).
                 logger.warning("source %s: Drive refused the stored changes token (%s); listing the scope again",
-                               self.name, _reason(error))
+                               self.name, http_reason(error))
         # First sync, `--full`, an edited list of folders, or a token Drive forgot: list the whole scope. The ids
         # the previous state had and this listing lacks are deleted (without a previous state, pruning does it).
         result = await self._guard(scope.scan())
@@ -889,9 +817,7 @@ class GoogleDriveSource:
             yield ChangeBatch(items=items, deleted=gone if last else [],
                               checkpoint=result.state.to_json() if last else None, total=total)
 
-    async def _changes_from(self, scope: DriveScope, previous: ScopeState) -> AsyncIterator[Any]:
-        from knowledge.sources.base import ChangeBatch
-
+    async def _changes_from(self, scope: DriveScope, previous: ScopeState) -> AsyncIterator[ChangeBatch]:
         pages = scope.changes(previous)
         while True:
             try:
@@ -907,10 +833,8 @@ class GoogleDriveSource:
         roots = {fid for fid, (parent, _p, _d) in state.folders.items() if parent is None}
         return roots != set(self.config.folders) | set(self.config.shared_drives) or state.logs() != set(state.tokens)
 
-    async def inventory(self) -> Any:
+    async def inventory(self) -> list[ItemRef]:
         """Every file in scope (a walk of folders, no content, no permission calls)."""
-        from knowledge.sources.base import ItemRef
-
         result, self._last_scan = self._last_scan, None
         if result is None:  # the sync just listed the scope (first or full sync): no need to walk it twice
             result = await self._guard(DriveScope(self.client, self.config).scan())
@@ -920,14 +844,11 @@ class GoogleDriveSource:
         self._client = None
         self._last_scan = None
 
-    async def _items(self, entries: list[DriveEntry]) -> list[Any]:
+    async def _items(self, entries: list[DriveEntry]) -> list[SourceItem]:
         return list(await asyncio.gather(*(self._item(entry) for entry in entries)))
 
-    async def _item(self, entry: DriveEntry) -> Any:
+    async def _item(self, entry: DriveEntry) -> SourceItem:
         """One file as a SourceItem: its access is read now (cheap), its content only when the indexer asks."""
-        from knowledge.errors import ItemUnavailable
-        from knowledge.sources.base import SourceItem
-
         try:
             filename, _export = content_plan(entry, self.settings)
             problem: DriveFileError | None = None
@@ -957,13 +878,10 @@ class GoogleDriveSource:
         )
 
 
-def _problem_items(problems: list[tuple[str, str]]) -> list[Any]:
+def _problem_items(problems: list[tuple[str, str]]) -> list[SourceItem]:
     """Problems of the scope itself (a shortcut to nowhere, a scope folder trashed) reach the sync report the way
     failed files do: as items, visible to nobody, whose read raises the reason. Nothing is stored for them."""
-    from knowledge.errors import ItemUnavailable
-    from knowledge.sources.base import SourceItem
-
-    def item(ident: str, reason: str) -> Any:
+    def item(ident: str, reason: str) -> SourceItem:
         async def read() -> bytes:
             raise ItemUnavailable(reason)
 
@@ -981,26 +899,17 @@ def _unsupported_name(entry: DriveEntry) -> str:
 
 def _typed(name: str, error: DriveSourceError) -> Exception:
     """DriveSourceError → the typed source errors the sync runner and the CLI show."""
-    from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable
-
     kinds = {"auth": SourceAuthError, "unavailable": SourceUnavailable, "config": SourceConfigError}
     return kinds[error.kind](f"source {name!r}: {error}")
 
 
-def _register() -> None:
-    from knowledge.errors import SourceConfigError
-    from knowledge.sources.base import register_source
-
-    @register_source("gdrive")
-    def build_gdrive_source(name: str, config: Any) -> GoogleDriveSource:
-        """A stored Google Drive source: config as `GoogleDriveConfig.to_dict()`."""
-        parsed = GoogleDriveConfig.from_dict(dict(config))
-        if not parsed.folders and not parsed.shared_drives:
-            raise SourceConfigError(f"source {name!r}: a Google Drive source needs at least one folder or shared "
-                                    f"drive; remove it and add it again with --folder ID or --shared-drive ID")
-        if parsed.visibility not in ("permissions", "everyone"):
-            raise SourceConfigError(f"source {name!r}: visibility must be permissions or everyone")
-        return GoogleDriveSource(name, parsed)
-
-
-_register()
+@register_source("gdrive")
+def build_gdrive_source(name: str, config: Any) -> GoogleDriveSource:
+    """A stored Google Drive source: config as `GoogleDriveConfig.to_dict()`."""
+    parsed = GoogleDriveConfig.from_dict(dict(config))
+    if not parsed.folders and not parsed.shared_drives:
+        raise SourceConfigError(f"source {name!r}: a Google Drive source needs at least one folder or shared "
+                                f"drive; remove it and add it again with its folders or shared drives")
+    if parsed.visibility not in ("permissions", "everyone"):
+        raise SourceConfigError(f"source {name!r}: visibility must be permissions or everyone")
+    return GoogleDriveSource(name, parsed)

@@ -8,17 +8,15 @@ documents carry principals: `group:<group email>` ∋ `user:<email>` (type USER)
 nested group, expanded by the resolver with cycle protection) or `customer:` (type CUSTOMER: everyone in the
 Workspace, i.e. every person whose email is in one of its domains). Suspended members grant nothing.
 
-google-api-python-client is synchronous: each request runs in a worker thread with its own httplib2 connection,
-under a semaphore. 429, 403 rate-limit reasons and 5xx back off (Retry-After honoured) a bounded number of times.
+Requests go through knowledge.sources.google_api (as Drive's do): each in a worker thread with its own httplib2
+connection, under a semaphore; 429, 403 rate-limit reasons and 5xx back off (Retry-After honoured) a bounded number
+of times.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +24,8 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from knowledge.errors import SourceAuthError, SourceConfigError, SourceUnavailable
-from knowledge.sources.gdrive import _reason, _retry_after, _retryable, _short, load_credentials
+from knowledge.sources.gdrive import DriveSourceError, load_credentials
+from knowledge.sources.google_api import GoogleApiClient, http_reason, short_message
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +61,6 @@ class GoogleDirectory:
 
 def directory_credentials(credentials_env: str, admin_email: str) -> Any:
     """The source's service-account key, scoped to read groups, acting as the admin (domain-wide delegation)."""
-    from knowledge.sources.gdrive import DriveSourceError
-
     try:
         base = load_credentials(credentials_env, None)
     except DriveSourceError as error:
@@ -71,82 +68,39 @@ def directory_credentials(credentials_env: str, admin_email: str) -> Any:
     return base.with_scopes([DIRECTORY_SCOPE]).with_subject(admin_email)
 
 
-class DirectoryClient:
-    """Admin SDK Directory v1 through google-api-python-client, async, bounded, with rate-limit backoff.
-    `credentials=None` talks without authentication (only useful against a local fake)."""
+class DirectoryClient(GoogleApiClient):
+    """Admin SDK Directory v1 through google-api-python-client, async, bounded, with rate-limit backoff
+    (knowledge.sources.google_api). `credentials=None` talks without authentication (only useful against a local
+    fake). Every failure is a SourceError naming the source: its last good group membership is kept."""
+
+    api_name = "Directory API"
 
     def __init__(self, source_name: str, credentials: Any, settings: GoogleDirectorySettings | None = None) -> None:
-        import httplib2
-        from googleapiclient.discovery import build
-
         self.name = source_name
-        self.settings = settings or GoogleDirectorySettings()
-        self.credentials = credentials
-        options = {"api_endpoint": self.settings.api_endpoint} if self.settings.api_endpoint else None
-        self.service = build("admin", "directory_v1", http=httplib2.Http(), static_discovery=True,
-                             client_options=options, cache_discovery=False)
-        self._local = threading.local()
-        self._semaphore = asyncio.Semaphore(self.settings.concurrency)
-        self.calls = 0
-        self.retries = 0
+        self.settings: GoogleDirectorySettings = settings or GoogleDirectorySettings()
+        super().__init__("admin", "directory_v1", credentials, self.settings)
 
-    def _http(self) -> Any:
-        http = getattr(self._local, "http", None)
-        if http is None:
-            import httplib2
+    def exhausted(self, error: Any, retries: int) -> Exception:
+        return SourceUnavailable(
+            f"source {self.name!r}: the Google Directory API still answers {http_reason(error)} after "
+            f"{retries} retries; the last good group membership is kept until it expires")
 
-            http = httplib2.Http(timeout=120)
-            if self.credentials is not None:
-                import google_auth_httplib2
+    def refused(self, error: Any) -> Exception | None:
+        if error.status_code in (401, 403):
+            return SourceAuthError(
+                f"source {self.name!r}: the Google Directory API refused to list groups ({http_reason(error)}); "
+                f"grant the service account domain-wide delegation of {DIRECTORY_SCOPE} and give an admin "
+                "to act as")
+        return SourceUnavailable(f"source {self.name!r}: the Google Directory API answered {http_reason(error)}")
 
-                http = google_auth_httplib2.AuthorizedHttp(self.credentials, http=http)
-            self._local.http = http
-        return http
+    def token_refused(self, error: BaseException) -> Exception:
+        return SourceAuthError(
+            f"source {self.name!r}: Google refused the service account's token for the Directory API "
+            f"({short_message(error)}): check domain-wide delegation of {DIRECTORY_SCOPE} and the admin email")
 
-    def _execute(self, make_request: Callable[[Any], Any]) -> Any:
-        return make_request(self.service).execute(http=self._http(), num_retries=0)
-
-    async def call(self, make_request: Callable[[Any], Any]) -> Any:
-        import httplib2
-        from google.auth.exceptions import RefreshError, TransportError
-        from googleapiclient.errors import HttpError
-
-        attempt = 0
-        while True:
-            try:
-                async with self._semaphore:
-                    self.calls += 1
-                    return await asyncio.to_thread(self._execute, make_request)
-            except HttpError as error:
-                if _retryable(error) and attempt < self.settings.max_retries:
-                    delay = _retry_after(error)
-                    if delay is None:
-                        delay = min(self.settings.max_backoff_seconds, self.settings.backoff_seconds * 2**attempt)
-                        delay *= 0.5 + random.random() / 2
-                    attempt += 1
-                    self.retries += 1
-                    logger.info("Directory API %s; retry %d in %.2f s", _reason(error), attempt, delay)
-                    await asyncio.sleep(delay)
-                    continue
-                if _retryable(error):
-                    raise SourceUnavailable(
-                        f"source {self.name!r}: the Google Directory API still answers {_reason(error)} after "
-                        f"{attempt} retries; the last good group membership is kept until it expires") from None
-                if error.status_code in (401, 403):
-                    raise SourceAuthError(
-                        f"source {self.name!r}: the Google Directory API refused to list groups ({_reason(error)}); "
-                        f"grant the service account domain-wide delegation of {DIRECTORY_SCOPE} and give an admin "
-                        "to act as") from None
-                raise SourceUnavailable(f"source {self.name!r}: the Google Directory API answered "
-                                        f"{_reason(error)}") from None
-            except RefreshError as error:
-                raise SourceAuthError(
-                    f"source {self.name!r}: Google refused the service account's token for the Directory API "
-                    f"({_short(error)}): check domain-wide delegation of {DIRECTORY_SCOPE} and the admin email"
-                ) from None
-            except (TransportError, OSError, httplib2.HttpLib2Error) as error:
-                raise SourceUnavailable(f"source {self.name!r}: cannot reach the Google Directory API "
-                                        f"({_short(error)}); check the network") from None
+    def unreachable(self, error: BaseException) -> Exception:
+        return SourceUnavailable(f"source {self.name!r}: cannot reach the Google Directory API "
+                                 f"({short_message(error)}); check the network")
 
 
 def member_principal(member: dict[str, Any]) -> str | None:

@@ -18,10 +18,13 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from knowledge.errors import GenerationError
 from knowledge.settings import KnowledgeSettings
+
+if TYPE_CHECKING:
+    from anthropic.types import MessageParam, SearchResultBlockParam, TextBlockParam
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +40,7 @@ class SearchSource:
     title: str
     passages: tuple[str, ...]
 
-    def block(self) -> dict[str, Any]:
+    def block(self) -> SearchResultBlockParam:
         return {
             "type": "search_result", "source": self.source, "title": self.title or self.source,
             "content": [{"type": "text", "text": text} for text in self.passages],
@@ -117,7 +120,7 @@ class AnthropicGenerator:
     mode = "llm"
 
     def __init__(self, settings: KnowledgeSettings) -> None:
-        from anthropic import AsyncAnthropic
+        from anthropic import AsyncAnthropic  # lazy for start-up speed: the SDK, only with an API key
 
         if settings.anthropic_api_key is None:
             raise GenerationError("ANTHROPIC_API_KEY is not set")
@@ -137,36 +140,27 @@ class AnthropicGenerator:
     ) -> str:
         """One user message in, the reply's text out. `model`/`max_tokens` override the answer settings (the
         follow-up rewrite and the summary use a smaller model and budget); `on_text` streams the reply."""
-        import anthropic
-
         model = model or self.model
-        request = dict(
-            model=model,
-            max_tokens=max_tokens or self.max_tokens,
-            # The system prompt never changes, so it is marked for prompt caching.
-            system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
-            messages=[{"role": "user", "content": user}],
-        )
-        try:
+        limit = max_tokens or self.max_tokens
+        # The system prompt never changes, so it is marked for prompt caching.
+        system_blocks: list[TextBlockParam] = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
+        messages: list[MessageParam] = [{"role": "user", "content": user}]
+        replies: list[str] = []
+
+        async def run() -> None:
             if on_text is None:
-                message = await self.client.messages.create(**request)  # type: ignore[arg-type]
+                message = await self.client.messages.create(
+                    model=model, max_tokens=limit, system=system_blocks, messages=messages)
             else:
-                async with self.client.messages.stream(**request) as stream:  # type: ignore[arg-type]
+                async with self.client.messages.stream(
+                        model=model, max_tokens=limit, system=system_blocks, messages=messages) as stream:
                     async for delta in stream.text_stream:
                         await on_text(delta)
                     message = await stream.get_final_message()
-        except anthropic.AuthenticationError as exc:
-            raise GenerationError("Anthropic rejected the API key: check ANTHROPIC_API_KEY") from exc
-        except anthropic.NotFoundError as exc:
-            setting = "ANTHROPIC_MODEL" if model == self.model else "ANTHROPIC_REWRITE_MODEL"
-            raise GenerationError(f"Anthropic does not know model {model!r}: check {setting}") from exc
-        except anthropic.APIStatusError as exc:
-            raise GenerationError(f"Anthropic API error {exc.status_code} after retries: {_error_type(exc)}") from exc
-        except anthropic.APIConnectionError as exc:
-            raise GenerationError(
-                "could not reach the Anthropic API (network or ANTHROPIC_BASE_URL); answering with excerpts"
-            ) from exc
-        return "".join(block.text for block in message.content if getattr(block, "type", "") == "text").strip()
+            replies.append("".join(block.text for block in message.content if block.type == "text").strip())
+
+        await self._call(run, model)
+        return replies[0]
 
     async def generate_cited(
         self, system: str, sources: Sequence[SearchSource], user: str, *, on_text: TextCallback | None = None,
@@ -174,12 +168,10 @@ class AnthropicGenerator:
         """The answer with Claude's own citations: `sources` as search_result blocks, then `user` (the conversation
         and the question) as a text block. With `on_text`, text deltas stream as they arrive, and each block's
         markers follow its text, so what was streamed equals the returned text."""
-        request = dict(
-            model=self.model,
-            max_tokens=self.max_tokens,
-            system=[{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
-            messages=[{"role": "user", "content": [*(s.block() for s in sources), {"type": "text", "text": user}]}],
-        )
+        system_blocks: list[TextBlockParam] = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
+        content: list[SearchResultBlockParam | TextBlockParam] = [*(s.block() for s in sources),
+                                                                  {"type": "text", "text": user}]
+        messages: list[MessageParam] = [{"role": "user", "content": content}]
         blocks = _CitedBlocks(sources)
 
         async def emit(text: str) -> None:
@@ -190,16 +182,18 @@ class AnthropicGenerator:
 
         async def run() -> None:
             if on_text is None:
-                message = await self.client.messages.create(**request)  # type: ignore[arg-type]
+                message = await self.client.messages.create(
+                    model=self.model, max_tokens=self.max_tokens, system=system_blocks, messages=messages)
                 for block in message.content:
-                    if getattr(block, "type", "") != "text":
+                    if block.type != "text":
                         continue
                     await emit(block.text)
                     for citation in getattr(block, "citations", None) or []:
                         blocks.cite(citation)
                     await emit(blocks.end_block())
                 return
-            async with self.client.messages.stream(**request) as stream:  # type: ignore[arg-type]
+            async with self.client.messages.stream(
+                    model=self.model, max_tokens=self.max_tokens, system=system_blocks, messages=messages) as stream:
                 async for event in stream:
                     if event.type == "text":
                         await emit(event.text)
@@ -212,14 +206,16 @@ class AnthropicGenerator:
         return blocks.reply()
 
     async def _call(self, run: Callable[[], Awaitable[None]], model: str) -> None:
-        import anthropic
+        """Run one request (`run`), turning the SDK's errors into GenerationError naming the setting to fix."""
+        import anthropic  # lazy, as in __init__
 
         try:
             await run()
         except anthropic.AuthenticationError as exc:
             raise GenerationError("Anthropic rejected the API key: check ANTHROPIC_API_KEY") from exc
         except anthropic.NotFoundError as exc:
-            raise GenerationError(f"Anthropic does not know model {model!r}: check ANTHROPIC_MODEL") from exc
+            setting = "ANTHROPIC_MODEL" if model == self.model else "ANTHROPIC_REWRITE_MODEL"
+            raise GenerationError(f"Anthropic does not know model {model!r}: check {setting}") from exc
         except anthropic.APIStatusError as exc:
             raise GenerationError(f"Anthropic API error {exc.status_code} after retries: {_error_type(exc)}") from exc
         except anthropic.APIConnectionError as exc:
