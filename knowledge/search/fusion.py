@@ -82,9 +82,11 @@ class Fusion:
         for chunk_id, document_id in documents.items():
             dense_hit, lexical_hit = d.get(chunk_id), l.get(chunk_id)
             if dense is None:
-                score = lexical_hit.score  # type: ignore[union-attr]
+                assert lexical_hit is not None  # one side only: every candidate came from it
+                score = lexical_hit.score
             elif lexical is None:
-                score = dense_hit.score  # type: ignore[union-attr]
+                assert dense_hit is not None
+                score = dense_hit.score
             else:
                 score = self._combined(dense_hit, lexical_hit, confidence)
             fused.append(Fused(chunk_id, document_id, score, dense_hit.score if dense_hit else None,

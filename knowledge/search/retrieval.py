@@ -149,7 +149,9 @@ class Retriever:
         """Did the HNSW scan return fewer candidates than the asker may see? It can, when the rows it visits first
         are ones the filter rejects (other people's chunks) or dead rows of a large deletion not yet vacuumed:
         pgvector stops after hnsw.max_scan_tuples. Only then is the permitted set counted (at most n rows)."""
-        if found >= params["n"]:  # type: ignore[operator]
+        limit = params["n"]
+        assert isinstance(limit, int)
+        if found >= limit:
             return False
         return await search_store.permitted_count(conn, params) > found
 
@@ -272,7 +274,7 @@ async def rerank(model_name: str, query: str, hits: Sequence[SearchHit]) -> list
         if model_name not in _cross_encoders:
             _cross_encoders[model_name] = CrossEncoder(resolve_model_path(model_name), device="cpu")
         model = _cross_encoders[model_name]
-        return [float(s) for s in model.predict([(query, h.text) for h in hits], show_progress_bar=False)]  # type: ignore[attr-defined]
+        return [float(s) for s in model.predict([(query, h.text) for h in hits], show_progress_bar=False)]  # type: ignore[attr-defined]  # sentence-transformers' CrossEncoder is untyped here
 
     scores = await asyncio.to_thread(_score)
     order = sorted(range(len(hits)), key=lambda i: -scores[i])

@@ -62,7 +62,7 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union, cast
 
 from knowledge.access import EVERYONE
 from knowledge.errors import SourceConfigError
@@ -200,7 +200,7 @@ def as_source(source: Any) -> Source:
     if not hasattr(source, "changes") or not hasattr(source, "inventory"):
         raise TypeError(f"{type(source).__name__} is not a source: it needs changes() and inventory() (see "
                         "knowledge/sources/base.py)")
-    return source
+    return cast(Source, source)
 
 
 # --- the registry: rebuild a source from its stored row -------------------------------------------------------

@@ -29,7 +29,7 @@ async def record_turn(
     conn: AsyncConnection, conversation_id: str, *, question: str, standalone_query: str, answer: str,
     principals: Sequence[str], asker: str | None, cited_chunk_ids: Sequence[int],
 ) -> int:
-    return (
+    return int((
         await conn.execute(
             text(
                 "INSERT INTO conversation_turns (conversation_id, question, standalone_query, answer, principals, "
@@ -38,7 +38,7 @@ async def record_turn(
             {"c": conversation_id, "q": question, "s": standalone_query, "a": answer, "p": list(principals),
              "asker": asker, "chunks": list(cited_chunk_ids)},
         )
-    ).scalar_one()
+    ).scalar_one())
 
 
 async def turns_after(conn: AsyncConnection, conversation_id: str, after_id: int = 0) -> list[StoredTurn]:

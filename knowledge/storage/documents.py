@@ -73,13 +73,13 @@ async def ensure_source(conn: AsyncConnection, name: str, kind: str, location: s
         )
     ).scalar()
     if inserted is not None:
-        return inserted
+        return int(inserted)
     row = (
         await conn.execute(text("SELECT id, kind, location FROM sources WHERE name = :name"), {"name": name})
     ).one()
     if row.kind != kind or (location and row.location and row.location != location):
         raise SourceConflict(name, row.kind, row.location)
-    return row.id
+    return int(row.id)
 
 
 async def delete_source(conn: AsyncConnection, name: str) -> tuple[int, int] | None:

@@ -421,4 +421,4 @@ async def corpus_size(conn: AsyncConnection) -> int:
 async def permitted_count(conn: AsyncConnection, params: Mapping[str, Any]) -> int:
     """How many chunks the asker may see, counted up to params["n"]."""
     (permitted,) = await read_rows(conn, _PERMITTED_COUNT, params)
-    return permitted.n
+    return int(permitted.n)

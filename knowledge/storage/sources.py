@@ -114,7 +114,7 @@ async def save_source(
     source_id = row.scalar()
     if source_id is None:
         raise ValueError(f"source {name!r} already exists with another kind; pick another name")
-    return source_id
+    return int(source_id)
 
 
 async def ensure_folder_config(conn: AsyncConnection, source_id: int, root: str) -> None:
@@ -210,12 +210,12 @@ async def start_run(conn: AsyncConnection, source_id: int, trigger: str, full: b
         ),
         {"s": source_id},
     )
-    return (
+    return int((
         await conn.execute(
             text("INSERT INTO sync_runs (source_id, trigger, full_sync) VALUES (:s, :t, :f) RETURNING id"),
             {"s": source_id, "t": trigger, "f": full},
         )
-    ).scalar_one()
+    ).scalar_one())
 
 
 async def finish_run(

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 
@@ -31,9 +32,8 @@ class DocumentRef:
 _COLUMNS = "d.id, d.title, s.name AS source, d.url, d.path, d.updated_at, d.access"
 
 
-def _ref(row: object) -> DocumentRef:
-    r = row
-    return DocumentRef(r.id, r.title, r.source, r.url, r.path, r.updated_at, tuple(r.access or ()))  # type: ignore[attr-defined]
+def _ref(r: Row[Any]) -> DocumentRef:
+    return DocumentRef(r.id, r.title, r.source, r.url, r.path, r.updated_at, tuple(r.access or ()))
 
 
 async def documents_of_chunks(conn: AsyncConnection, chunk_ids: Sequence[int]) -> dict[int, DocumentRef]:
