@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 
-from knowledge.errors import KnowledgeError, Remedy
+from knowledge import KnowledgeError, Remedy
 
 # The chat's own way to each remedy a knowledge error can carry. Sources are added and removed by whoever runs
 # ragbot, not from the chat: those errors say so in plain words already, and nothing is added to them.
