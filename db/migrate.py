@@ -112,7 +112,7 @@ async def upgrade_to_head(engine: AsyncEngine) -> None:
     from alembic import command
     from db.errors import DatabaseUnavailable
 
-    def _upgrade(sync_connection) -> None:  # type: ignore[no-untyped-def]
+    def _upgrade(sync_connection) -> None:
         sync_connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": locks.MIGRATIONS})
         config = alembic_config()
         config.attributes["connection"] = sync_connection

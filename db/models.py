@@ -31,7 +31,7 @@ class Source(Base):
     last_synced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Migration 0003: what the source's factory rebuilds it from (never secrets), where the next sync starts, and
     # its schedules (None: on demand).
-    config: Mapped[dict] = mapped_column(JSONB, server_default="{}")  # type: ignore[type-arg]
+    config: Mapped[dict] = mapped_column(JSONB, server_default="{}")
     checkpoint: Mapped[str | None] = mapped_column(Text)
     schedule_seconds: Mapped[int | None] = mapped_column(Integer)
     prune_seconds: Mapped[int | None] = mapped_column(Integer)
@@ -58,7 +58,7 @@ class SyncRun(Base):
     skipped: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
-    details: Mapped[dict | None] = mapped_column(JSONB)  # type: ignore[type-arg]
+    details: Mapped[dict | None] = mapped_column(JSONB)
 
 
 class Document(Base):

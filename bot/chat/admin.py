@@ -137,7 +137,7 @@ async def reindex(kb: KnowledgeBase, source: str | None = None, *, trigger: str 
     lines = []
     for name in names:
         try:
-            report = await kb.sync_source(name, trigger=trigger)  # type: ignore[attr-defined]
+            report = await kb.sync_source(name, trigger=trigger)
         except KnowledgeError as exc:  # SourceBusy, UnknownSource, a source's configuration: say so
             lines.append(f"`{name}`: {chat_message(exc)}")
             continue

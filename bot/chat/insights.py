@@ -160,7 +160,7 @@ async def build_report(kb: KnowledgeBase, state: BotState, since: timedelta = ti
             refs[doc.id] = doc
     most_cited = [(refs[d], n) for d, n in per_document.most_common(top)]
     stale = [(refs[d], n) for d, n in per_document.most_common()
-             if refs[d].updated_at is not None and refs[d].updated_at < until - STALE_AFTER][:top]
+             if (updated := refs[d].updated_at) is not None and updated < until - STALE_AFTER][:top]
     never_total, never = await kb.documents_not_in(sorted(per_document), limit=top * 5)
     never = [doc for doc in never if viewer.may_read(doc)]
     return InsightsReport(start, until, topics, most_cited, never_total, never, stale,

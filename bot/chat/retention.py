@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -118,7 +118,7 @@ async def forget_identities(kb: KnowledgeBase, state: BotState, person: str, ide
 
 
 async def forget_user(kb: KnowledgeBase, state: BotState, person: str, identities: Sequence[str] = (), *,
-                      lookup: Callable[[str], asyncio.Future[list[str]]] | None = None) -> ForgetReport:
+                      lookup: Callable[[str], Awaitable[list[str]]] | None = None) -> ForgetReport:
     """Identities: the identity map's (any identity mapped to `person`), `lookup(email)` (the CLI passes Slack's
     users.lookupByEmail), and `identities`."""
     found = list(identities) + await state.identities_for_principal(person)

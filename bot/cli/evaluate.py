@@ -8,11 +8,10 @@ from pathlib import Path
 from rich.table import Table
 
 from bot.cli.terminal import RichSyncProgress, console, err_console
-from knowledge import KnowledgeBase, SearchFilters, StaticSource
+from knowledge import EvalFileError, KnowledgeBase, Mode, SearchFilters, StaticSource
 from knowledge.eval.evaluation import (
     EVAL_PRINCIPAL,
     METRICS,
-    EvalFileError,
     evaluate_answers,
     evaluate_retrieval,
     load_beir,
@@ -22,9 +21,10 @@ from knowledge.eval.evaluation import (
 
 
 async def run_eval(
-    kb: KnowledgeBase, file: Path | None, beir: Path | None, modes: Sequence[str], principals: Sequence[str],
+    kb: KnowledgeBase, file: Path | None, beir: Path | None, modes: Sequence[Mode], principals: Sequence[str],
     sources: Sequence[str], *, corpus: Path | None = None, memory: bool = True, strategy: str | None = None,
 ) -> dict[str, dict[str, float]]:
+    source: StaticSource | None
     if beir is not None:
         source, questions = load_beir(beir)
     else:
@@ -111,16 +111,21 @@ def render_answer_eval(summary: dict[str, object]) -> None:
         if key not in ("misses", "by_side", "by_category"):
             table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     console.print(table)
-    groups = {**summary.get("by_side", {}), **summary.get("by_category", {})}  # type: ignore[dict-item]
+    groups = {**_figures(summary.get("by_side")), **_figures(summary.get("by_category"))}
     if groups:
         columns = ("questions", "answered", "uncertain", "declined", "right_document", "fact_recall", "credit")
         by_group = Table("questions", *columns)
         for name, figures in groups.items():
             by_group.add_row(name, *(_cell(figures.get(c)) for c in columns))
         console.print(by_group)
-    misses = summary.get("misses") or []
-    if misses:
-        console.print(f"{len(misses)} questions to look at (--json lists them).")  # type: ignore[arg-type]
+    misses = summary.get("misses")
+    if isinstance(misses, list) and misses:
+        console.print(f"{len(misses)} questions to look at (--json lists them).")
+
+
+def _figures(groups: object) -> dict[str, dict[str, float]]:
+    """A summary's `by_side` or `by_category` (figures per group), or nothing when the summary has none."""
+    return groups if isinstance(groups, dict) else {}
 
 
 def _cell(value: object) -> str:

@@ -53,7 +53,7 @@ class _PlainArgument(TyperArgument):
         return name + ("..." if self.nargs != 1 else "")
 
 
-def _plain_parameters(params: list) -> None:  # type: ignore[type-arg]
+def _plain_parameters(params: list) -> None:
     """Flags show no value, options show their metavar (`--as PRINCIPAL`), never `<bool>` or `<list[str]>`."""
     for param in params:
         if type(param) is TyperArgument:
@@ -63,7 +63,7 @@ def _plain_parameters(params: list) -> None:  # type: ignore[type-arg]
 
 
 class PlainHelpCommand(TyperCommand):
-    def get_help_option(self, ctx: click.Context):  # type: ignore[no-untyped-def]
+    def get_help_option(self, ctx: click.Context):
         option = super().get_help_option(ctx)
         if option is not None:
             option.metavar = ""
@@ -73,11 +73,11 @@ class PlainHelpCommand(TyperCommand):
 class PlainHelpGroup(TyperGroup):
     """The root command: every command and group below it gets plain help (so commands added later do too)."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         _make_plain(self)
 
-    def get_help_option(self, ctx: click.Context):  # type: ignore[no-untyped-def]
+    def get_help_option(self, ctx: click.Context):
         option = super().get_help_option(ctx)
         if option is not None:
             option.metavar = ""
@@ -100,7 +100,7 @@ db_app = typer.Typer(help="Database commands.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
 if TYPE_CHECKING:
-    from knowledge import Answer, KnowledgeBase, SearchResults
+    from knowledge import Answer, KnowledgeBase, Mode, SearchResults
 
 AsOption = Annotated[
     list[str] | None,
@@ -184,7 +184,7 @@ def search(
         since = updated_after.replace(tzinfo=updated_after.tzinfo or UTC) if updated_after else None
         filters = SearchFilters(tuple(await as_principals(kb, principals, no_expand)),
                                 tuple(sources) if sources else None, since)
-        return await kb.search(query, filters, k=k, mode=mode)  # type: ignore[arg-type]
+        return await kb.search(query, filters, k=k, mode=mode)
 
     results = with_kb(run_search)
     if as_json:
@@ -292,6 +292,7 @@ def evaluate(
     """Measure retrieval (precision@5, recall@10, recall@100, MRR@10, MAP@100, nDCG@10 per mode), or with
     --answers the answers themselves."""
     from bot.cli.evaluate import run_eval  # deferred: keeps `ragbot --help` fast
+    from knowledge import MODES  # deferred: keeps `ragbot --help` fast
 
     if (file is None) == (beir is None):
         fail("give either an eval FILE.jsonl or --beir DIR")
@@ -311,8 +312,12 @@ def evaluate(
         else:
             render_answer_eval(summary)
         return
-    modes = ("dense", "lexical", "hybrid") if mode == "all" else (mode,)
-    if any(m not in ("dense", "lexical", "hybrid") for m in modes):
+    modes: tuple[Mode, ...]
+    if mode == "all":
+        modes = ("dense", "lexical", "hybrid")
+    elif mode in MODES:
+        modes = (mode,)
+    else:
         fail("--mode must be one of hybrid, dense, lexical, all")
 
     if no_memory and last_two:

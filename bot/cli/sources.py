@@ -7,7 +7,7 @@ over `KnowledgeBase` (add_source, list_sources, remove_source, sync_source, sync
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -56,7 +56,7 @@ def _intervals(every: str | None, prune_every: str) -> tuple[int | None, int]:
     raise AssertionError("unreachable")
 
 
-def _save(name: str, kind: str, config: dict[str, object], every: int | None, prune_every: int) -> None:
+def _save(name: str, kind: str, config: dict[str, Any], every: int | None, prune_every: int) -> None:
     async def go(kb: KnowledgeBase) -> SourceInfo:
         return await kb.add_source(name, kind, config, schedule_seconds=every, prune_seconds=prune_every)
 

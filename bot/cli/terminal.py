@@ -6,13 +6,13 @@ import asyncio
 import shlex
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -23,7 +23,7 @@ from knowledge.answer.generators.passages import breadcrumb
 from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
 
 if TYPE_CHECKING:  # the knowledge core (SQLAlchemy and friends) is imported only by commands that use it
-    from knowledge import Answer, IndexStatus, KnowledgeBase, SearchHit, SyncReport, SyncRun
+    from knowledge import Answer, Citation, IndexStatus, KnowledgeBase, SearchHit, SyncReport, SyncRun
 
 console = Console()
 err_console = Console(stderr=True)
@@ -59,7 +59,7 @@ class RichSyncProgress:
             TextColumn("[bold]{task.fields[label]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.description}"), console=err_console, transient=True,
         )
-        self.task = None
+        self.task: TaskID | None = None
 
     def __enter__(self) -> RichSyncProgress:
         self.progress.start()
@@ -178,7 +178,7 @@ def render_answer(answer: Answer) -> None:
         console.print(f"[dim]({shown(answer.note)})[/]", soft_wrap=True)
 
 
-def _print_reference(citation) -> None:  # type: ignore[no-untyped-def]
+def _print_reference(citation: Citation) -> None:
     location = citation.url or citation.path or citation.external_id
     where = citation.title + (f" › {citation.heading}" if citation.heading else "")
     console.print(f"  [bold][{citation.n}][/] {shown(where)} [dim]{shown(location)}[/]", soft_wrap=True, highlight=False)
@@ -247,8 +247,8 @@ LEAVE_HINT = "Type exit or /quit (or press Ctrl-D or Ctrl-C) to leave; Ctrl-C wh
 
 
 def chat_session(
-    open_kb: Callable[[], Awaitable[KnowledgeBase]], principals: Sequence[str], sources: Sequence[str] | None,
-    before: Callable[[KnowledgeBase], Awaitable[None]] | None = None,
+    open_kb: Callable[[], Coroutine[Any, Any, KnowledgeBase]], principals: Sequence[str], sources: Sequence[str] | None,
+    before: Callable[[KnowledgeBase], Coroutine[Any, Any, None]] | None = None,
 ) -> None:
     """Ask questions in a loop, one conversation per session. Works with piped input too.
 

@@ -156,7 +156,7 @@ def render_answer(answer: Answer) -> list[Part]:
     if answer.citations:
         embeds = source_embeds(answer.citations)
     elif answer.abstained and getattr(answer, "related", None):  # the nearest documents the asker may see
-        embeds = source_embeds(answer.related, title="Closest documents")  # type: ignore[attr-defined]
+        embeds = source_embeds(answer.related, title="Closest documents")
     else:
         embeds = []
     groups = group_embeds(embeds)
@@ -190,7 +190,7 @@ class FeedbackButton(discord.ui.DynamicItem[discord.ui.Button], template=r"ragbo
         ))
 
     @classmethod
-    async def from_custom_id(cls, interaction: discord.Interaction, item: discord.ui.Button,
+    async def from_custom_id(cls, interaction: discord.Interaction, item: discord.ui.Item[Any],
                              match: re.Match[str]) -> FeedbackButton:
         return cls(int(match["answer"]), match["vote"])
 
@@ -217,7 +217,7 @@ class ShareButton(discord.ui.DynamicItem[discord.ui.Button], template=r"ragbot:s
                                            custom_id=f"ragbot:share:{answer_id}"))
 
     @classmethod
-    async def from_custom_id(cls, interaction: discord.Interaction, item: discord.ui.Button,
+    async def from_custom_id(cls, interaction: discord.Interaction, item: discord.ui.Item[Any],
                              match: re.Match[str]) -> ShareButton:
         return cls(int(match["answer"]))
 
@@ -249,7 +249,7 @@ class ProgressiveReply:
         self._text = ""
         self._shown = ""
         self._changed = asyncio.Event()
-        self._done = False
+        self._stopped = asyncio.Event()  # an Event, not a bool: set by stop() while _show_loop awaits
         self._task: asyncio.Task[None] | None = None
         self.message: Any = message  # given: a message posted before a crash, which the answer replaces
 
@@ -279,10 +279,10 @@ class ProgressiveReply:
             self._task = asyncio.create_task(self._show_loop(), name="ragbot-discord-stream")
 
     async def _show_loop(self) -> None:
-        while not self._done:
+        while not self._stopped.is_set():
             await self._changed.wait()
             self._changed.clear()
-            if self._done:
+            if self._stopped.is_set():
                 return
             await self._show()
             await asyncio.sleep(self._interval)
@@ -299,7 +299,7 @@ class ProgressiveReply:
 
     async def stop(self) -> None:
         """Stop editing; an edit already under way finishes first."""
-        self._done = True
+        self._stopped.set()
         self._changed.set()
         if self._task is not None:
             try:

@@ -211,7 +211,9 @@ class SlackAdapter:
         if self.socket_mode:
             from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler  # Socket Mode only
 
-            self._socket_handler = AsyncSocketModeHandler(self.app, self.settings.slack_app_token.get_secret_value())  # type: ignore[union-attr]
+            app_token = self.settings.slack_app_token
+            assert app_token is not None  # socket_mode is set only when there is an app token
+            self._socket_handler = AsyncSocketModeHandler(self.app, app_token.get_secret_value())
             await self._socket_handler.connect_async()
 
     async def stop(self) -> None:
@@ -394,20 +396,21 @@ class SlackAdapter:
         history = (lambda: self._prior_messages(where, event)) if mid_thread else None
         identity = f"slack:{where.user}"
         conversation = where.conversation_id
+        answer_reply: SlackReply | SlackEphemeralReply = reply
         if not where.private:
             privately, question = asks_privately(question)
             if privately or await channel_mode(self.flow.state, where.channel_key) == "private":
                 where = replace(where, ephemeral=True)
-                reply = SlackEphemeralReply(self, where)  # type: ignore[assignment]
+                answer_reply = SlackEphemeralReply(self, where)
                 conversation = private_conversation(conversation, identity)
         ask = Ask(question, conversation, identity, lambda: self._audience(where), history,
                   channel_key=None if where.private else where.channel_key)
         if where.ephemeral:
             # An ephemeral answer has no placeholder to finish after a crash: it is settled once answered.
-            await self.flow.answer(ask, reply)
+            await self.flow.answer(ask, answer_reply)
             await self.flow.delivered(claim)
         else:
-            await self.flow.answer(ask, reply, claim=claim, target=asdict(where))
+            await self.flow.answer(ask, answer_reply, claim=claim, target=asdict(where))
 
     async def _audience(self, where: Where) -> Audience:
         """A DM, an assistant thread or an ephemeral answer: the asker's access. A channel: its audience."""
@@ -477,8 +480,8 @@ class SlackAdapter:
         """Mentioned mid-thread: the thread's earlier messages (which the bot never saw) become the history: the
         last PRIOR_MESSAGES_LIMIT before the mention. conversations.replies pages oldest first, so the pages are
         followed (response_metadata.next_cursor, at most THREAD_MAX_PAGES) and only the tail is kept."""
-        if await self.flow.answered_in(where.conversation_id):
-            return None
+        if where.thread_ts is None or await self.flow.answered_in(where.conversation_id):
+            return None  # (a question mid-thread always has its thread's ts)
         before = _ts_value(where.message_ts)
         kept: dict[str, dict[str, Any]] = {}  # ts -> message, only those before the mention
         cursor: str | None = None
@@ -532,6 +535,8 @@ class SlackAdapter:
             await self._post(where, message)
 
     async def _set_status(self, where: Where, status: str) -> None:
+        if where.thread_ts is None:  # only assistant threads have a status, and they always have their thread's ts
+            return
         try:
             await self.client.assistant_threads_setStatus(channel_id=where.channel, thread_ts=where.thread_ts,
                                                           status=status)
@@ -694,10 +699,9 @@ class SlackReply:
     async def open(self) -> OnText | None:
         if self.placeholder_ts:  # resumed: the placeholder is already there
             return None
-        streaming = (self.adapter.settings.slack_stream_answers and self.where.thread_ts is not None
-                     and self.adapter.kb.answer_mode == "llm")
-        if streaming:
-            self.stream = _AnswerStream(self.adapter, self.where)
+        thread_ts = self.where.thread_ts
+        if self.adapter.settings.slack_stream_answers and thread_ts is not None and self.adapter.kb.answer_mode == "llm":
+            self.stream = _AnswerStream(self.adapter, self.where, thread_ts)
             return self.stream.on_text
         self.placeholder_ts = await self.adapter._post(self.where, SlackMessage(PLACEHOLDER))
         return None
@@ -722,9 +726,8 @@ class SlackReply:
         try:
             if stream is not None and stream.started:
                 await stream.abort(text)
-            elif self.placeholder_ts or (stream is not None and stream.placeholder_ts):
-                await client.chat_update(channel=where.channel, ts=self.placeholder_ts or stream.placeholder_ts,  # type: ignore[union-attr]
-                                         text=text, blocks=[])
+            elif placeholder := self.placeholder:
+                await client.chat_update(channel=where.channel, ts=placeholder, text=text, blocks=[])
             else:
                 await self.adapter._post(where, SlackMessage(text))
         except SlackClientError:
@@ -735,9 +738,10 @@ class _AnswerStream:
     """Claude's text streamed into the thread with chat.startStream/appendStream/stopStream. If Slack refuses to
     stream (older workspace, unsupported channel), it falls back to a placeholder that is updated at the end."""
 
-    def __init__(self, adapter: SlackAdapter, where: Where) -> None:
+    def __init__(self, adapter: SlackAdapter, where: Where, thread_ts: str) -> None:
         self.adapter = adapter
         self.where = where
+        self.thread_ts = thread_ts  # where.thread_ts: a stream goes into a thread
         self.streamer: Any = None
         self.started = False
         self.refused = False
@@ -762,7 +766,7 @@ class _AnswerStream:
         try:
             if self.streamer is None:
                 self.streamer = await client.chat_stream(
-                    channel=self.where.channel, thread_ts=self.where.thread_ts, buffer_size=80,
+                    channel=self.where.channel, thread_ts=self.thread_ts, buffer_size=80,
                     recipient_team_id=self.where.team, recipient_user_id=self.where.user,
                 )
             await self.streamer.append(markdown_text=stream_safe(text))

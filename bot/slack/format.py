@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.chat.feedback import button_value
-from bot.chat.render import SourceEntry, quote_safe, split_text
+from bot.chat.render import SourceEntry, split_text
+from bot.chat.sanitize import quote_safe
 
 SECTION_LIMIT = 3000  # characters of mrkdwn in one section block
 BLOCKS_PER_MESSAGE = 45  # Slack allows 50
