@@ -84,14 +84,15 @@ class BotApp:
     _runner: web.AppRunner | None = None
     _owns_kb: bool = False
     _encoder_build: asyncio.Task[str | None] | None = None
-    _started: list[object] = field(default_factory=list)
+    _started: list[Service] = field(default_factory=list)
 
     async def start(self) -> None:
         if self.kb is None:
             self.kb = await KnowledgeBase.open(self.knowledge_settings, self.database_settings)
             self._owns_kb = True
+        kb = self.kb
         # Load the embedding model now: the first question should not wait for it, and /healthz reports it.
-        await asyncio.to_thread(lambda: self.kb.embedder.model)  # type: ignore[union-attr]
+        await asyncio.to_thread(lambda: kb.embedder.model)
         if self.kb.query_encoder_missing():
             # torch is loaded now: build the fast question encoder's file in the background (questions use the
             # NumPy encoder until it is ready).
@@ -116,10 +117,15 @@ class BotApp:
             await part.start()
             self._started.append(part)
 
+    def opened_kb(self) -> KnowledgeBase:
+        """The knowledge base, for the services: they start after `start` has opened it."""
+        assert self.kb is not None, "BotApp.start opens the knowledge base before the services start"
+        return self.kb
+
     async def stop(self) -> None:
         for part in reversed(self._started):
             try:
-                await part.stop()  # type: ignore[attr-defined]
+                await part.stop()
             except Exception:
                 logger.exception("stopping %r failed", part)
         self._started.clear()
@@ -163,8 +169,8 @@ def build_app(
     (a deployment that runs `ragbot scheduler` as its own process)."""
     app = BotApp(settings, knowledge_settings, database_settings)
     if settings.run_scheduler:
-        app.services.append(SchedulerService(lambda: app.kb))  # type: ignore[arg-type, return-value]
-        app.services.append(RetentionService(lambda: app.kb, settings.retention_days))  # type: ignore[arg-type, return-value]
+        app.services.append(SchedulerService(app.opened_kb))
+        app.services.append(RetentionService(app.opened_kb, settings.retention_days))
     return app
 
 

@@ -13,18 +13,20 @@ import shlex
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from bot.chat.access import private_audience
-from bot.chat.channels import ChannelSettings, channel_settings, set_auto, set_mode, set_sources
+from bot.chat.channels import ChannelSettings, Mode, channel_settings, parse_mode, set_auto, set_mode, set_sources
 from bot.chat.errors import chat_message
 from bot.chat.insights import Viewer, build_report, gaps_text
 from knowledge import InvalidPrincipal, KnowledgeError, check_principal, format_interval
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from bot.chat.state import BotState
-    from knowledge import KnowledgeBase
+    from knowledge import KnowledgeBase, Person
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ class Caller:
     workspace: str | None = None  # the Slack workspace or Discord server ("slack:T1:"): whose questions /kb gaps shows
     # How the platform turns a USER argument ("<@U1>", "slack:U1", "user:a@x") into the person `/kb access`
     # resolves (Slack adds the user's email from users.info); None: the argument as it is.
-    resolve_person: Callable[[str], Awaitable[object]] | None = None
+    resolve_person: Callable[[str], Awaitable[Person | str]] | None = None
 
 
 @dataclass
@@ -70,8 +72,8 @@ class CommandResult:
 # The commands themselves.
 
 
-def _when(moment: object) -> str:
-    return moment.strftime("%Y-%m-%d %H:%M UTC") if moment else "never"  # type: ignore[attr-defined]
+def _when(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M UTC") if moment else "never"
 
 
 def _last_run(run: object | None, running: bool) -> str:
@@ -315,8 +317,8 @@ async def channel_auto(state: BotState, channel_key: str, on: bool, by: str | No
     return "Auto-answer is off: I answer here only when mentioned."
 
 
-async def channel_mode(state: BotState, channel_key: str, mode: str, by: str | None) -> str:
-    await set_mode(state, channel_key, mode, by)  # type: ignore[arg-type]
+async def channel_mode(state: BotState, channel_key: str, mode: Mode, by: str | None) -> str:
+    await set_mode(state, channel_key, mode, by)
     return f"Answer mode for this channel: {mode}."
 
 
@@ -331,8 +333,8 @@ async def _channel(kb: KnowledgeBase, state: BotState, args: list[str], caller: 
         return CommandResult(await channel_sources(kb, state, key, args[1].lower(), args[2], by))
     if action == "auto" and len(args) == 2 and args[1].lower() in ("on", "off"):
         return CommandResult(await channel_auto(state, key, args[1].lower() == "on", by))
-    if action == "mode" and len(args) == 2 and args[1].lower() in ("public", "private"):
-        return CommandResult(await channel_mode(state, key, args[1].lower(), by))
+    if action == "mode" and len(args) == 2 and (mode := parse_mode(args[1].lower())) is not None:
+        return CommandResult(await channel_mode(state, key, mode, by))
     return CommandResult(CHANNEL_USAGE, ok=False)
 
 
@@ -345,10 +347,10 @@ async def gaps(kb: KnowledgeBase, state: BotState, caller: Caller, days: int = 3
 # `/kb access USER [DOCUMENT]`: what `ragbot access explain` shows, through the same `kb.explain_access`.
 
 
-async def access_text(kb: KnowledgeBase, person: object, document: str | None = None) -> str:
+async def access_text(kb: KnowledgeBase, person: Person | str | Sequence[str], document: str | None = None) -> str:
     """A person's principals with where each came from, and for DOCUMENT whether they may see it and why. The
     reply goes to the admin who asked only (ephemeral), so it may name the document."""
-    resolved, verdicts = await kb.explain_access(person, document)  # type: ignore[arg-type]
+    resolved, verdicts = await kb.explain_access(person, document)
     lines = [f"**{resolved.person}** holds {len(resolved.principals)} principals:"]
     for principal in resolved.principals:
         why = "; ".join(o.describe() for o in resolved.origins.get(principal, ()))

@@ -78,6 +78,11 @@ async def set_auto(kb: HasEngine, channel_key: str, auto: bool, by: str | None) 
     await _upsert(kb, channel_key, by, "auto", auto)
 
 
+def parse_mode(value: str) -> Mode | None:
+    """A channel's answer mode as typed (`public` or `private`), or None for anything else."""
+    return value if value in MODES else None
+
+
 async def set_mode(kb: HasEngine, channel_key: str, mode: Mode, by: str | None) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be public or private, not {mode!r}")

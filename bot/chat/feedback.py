@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bot.chat.auto import outcome_of
-from bot.chat.state import BotState, FeedbackRecord, Rating
+from bot.chat.state import RATINGS, BotState, FeedbackRecord, Rating
 
 if TYPE_CHECKING:
     from knowledge import Answer
@@ -48,7 +48,7 @@ class FeedbackAck:
 def parse_rating(value: str) -> Rating | None:
     """Button values look like "up:<answer id>" / "down:<answer id>"; the rating part is all that matters here."""
     rating = value.split(":", 1)[0].strip().lower()
-    return rating if rating in ("up", "down") else None  # type: ignore[return-value]
+    return rating if rating in RATINGS else None
 
 
 def button_value(rating: Rating, answer_id: int) -> str:

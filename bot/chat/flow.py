@@ -176,7 +176,8 @@ class ChatFlow:
                     nonlocal first_text_at
                     if first_text_at is None:
                         first_text_at = time.perf_counter()
-                    await on_text(delta)  # type: ignore[misc]
+                    assert on_text is not None  # timed_text is passed on only when the reply streams
+                    await on_text(delta)
                     if keeper is not None and keeper.placeholder is None:
                         await keeper.note_placeholder(reply)
 

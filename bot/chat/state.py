@@ -24,6 +24,7 @@ import knowledge.storage.identities as identities
 from knowledge import InvalidPrincipal, check_principal
 
 Rating = Literal["up", "down"]
+RATINGS: tuple[Rating, ...] = ("up", "down")
 
 @dataclass(frozen=True)
 class LeaseClaim:

@@ -70,10 +70,13 @@ def auto(channel: ChannelArg, state: Annotated[str, typer.Argument(help="on or o
 @channel_app.command("mode")
 def mode(channel: ChannelArg, value: Annotated[str, typer.Argument(metavar="MODE", help="public or private.")]) -> None:
     """Answer in public, or privately to the asker (private delivery arrives with the permissions work)."""
+    from bot.chat.channels import parse_mode  # deferred: keeps `ragbot --help` fast
+
     _check_channel(channel)
-    if value not in ("public", "private"):
+    chosen = parse_mode(value)
+    if chosen is None:
         fail("the mode is public or private")
-    reply(lambda kb, st: chat_admin().channel_mode(st, channel, value, "cli"))
+    reply(lambda kb, st: chat_admin().channel_mode(st, channel, chosen, "cli"))
 
 
 def insights(

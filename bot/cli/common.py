@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.markup import escape
@@ -67,8 +67,8 @@ def cli_message(exc: Exception) -> str:
     return str(exc)
 
 
-def run_async(factory: Callable[[], Awaitable[T]]) -> T:
-    return run_sync(lambda: asyncio.run(factory()))  # type: ignore[arg-type]
+def run_async(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return run_sync(lambda: asyncio.run(factory()))
 
 
 def run_sync(work: Callable[[], T]) -> T:

@@ -7,7 +7,7 @@ over `KnowledgeBase` (add_source, list_sources, remove_source, sync_source, sync
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.table import Table
@@ -54,6 +54,9 @@ def _intervals(every: str | None, prune_every: str) -> tuple[int | None, int]:
     except ValueError as exc:
         fail(str(exc))
     raise AssertionError("unreachable")
+
+
+VISIBILITIES: tuple[Literal["permissions", "everyone"], ...] = ("permissions", "everyone")  # --visibility
 
 
 def _save(name: str, kind: str, config: dict[str, Any], every: int | None, prune_every: int) -> None:
@@ -138,7 +141,7 @@ def add_gdrive(
 
     if not folder and not shared_drive:
         fail("give at least one --folder ID or --shared-drive ID (the last part of its drive.google.com link)")
-    if visibility not in ("permissions", "everyone"):
+    if visibility not in VISIBILITIES:
         fail(f"--visibility must be permissions or everyone, not {visibility!r}")
     try:
         folders = tuple(dict.fromkeys(drive_id_from(f) for f in folder or []))
@@ -150,7 +153,7 @@ def add_gdrive(
     if admin_email is not None and ("@" not in admin_email or " " in admin_email.strip()):
         fail(f"--admin-email must be a Workspace admin's email address, not {admin_email!r}")
     config = GoogleDriveConfig(folders=folders, shared_drives=drives, credentials_env=credentials_env,
-                               subject=subject, visibility=visibility,  # type: ignore[arg-type]
+                               subject=subject, visibility=visibility,
                                admin_email=admin_email.strip().lower() if admin_email else None)
     stored = config.to_dict()
     if admin_email:  # only a source with an admin to act as has a group directory to refresh

@@ -36,6 +36,7 @@ from bot.chat.audience import AudienceUnavailable, ChannelAudiences, Member
 from bot.chat.auto import looks_like_question
 from bot.chat.delivery import channel_mode
 from bot.chat.errors import new_error_id
+from bot.chat.feedback import parse_rating
 from bot.chat.flow import Ask, ChatFlow, OnText
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import SourceEntry, sources_list, split_text
@@ -44,7 +45,7 @@ from bot.settings import BotSettings
 from knowledge import ChatMessage
 
 if TYPE_CHECKING:
-    from bot.chat.state import BotState, LeaseClaim, PendingQuestion
+    from bot.chat.state import BotState, LeaseClaim, PendingQuestion, Rating
     from bot.context import BotContext
     from bot.server import BotMetrics
     from knowledge import Answer, KnowledgeBase
@@ -181,7 +182,7 @@ class FeedbackButton(discord.ui.DynamicItem[discord.ui.Button], template=r"ragbo
     """👍 / 👎 under an answer. The custom_id carries the delivered answer's id and the vote, and the class is
     registered with `add_dynamic_items` at start, so a click on a message posted before a restart still works."""
 
-    def __init__(self, answer_id: int, vote: str) -> None:
+    def __init__(self, answer_id: int, vote: Rating) -> None:
         self.answer_id = answer_id
         self.vote = vote
         super().__init__(discord.ui.Button(
@@ -192,7 +193,9 @@ class FeedbackButton(discord.ui.DynamicItem[discord.ui.Button], template=r"ragbo
     @classmethod
     async def from_custom_id(cls, interaction: discord.Interaction, item: discord.ui.Item[Any],
                              match: re.Match[str]) -> FeedbackButton:
-        return cls(int(match["answer"]), match["vote"])
+        vote = parse_rating(match["vote"])
+        assert vote is not None  # the template matches only up|down
+        return cls(int(match["answer"]), vote)
 
     async def callback(self, interaction: discord.Interaction) -> None:
         client = interaction.client
@@ -353,7 +356,7 @@ class RagbotDiscord(discord.Client):
         self.flow = ChatFlow(kb, PLATFORM, metrics, state=state, lease_seconds=settings.answer_lease_seconds)
         self._sweeper: asyncio.Task[None] | None = None
         self.tree = app_commands.CommandTree(self)
-        self.tree.on_error = self._on_command_error  # type: ignore[method-assign]
+        self.tree.error(self._on_command_error)  # discord.py's documented way to replace the tree's on_error
         self.background: set[asyncio.Task[Any]] = set()  # reindex jobs still running
         self.audiences = ChannelAudiences(kb, self.flow.state, ttl_seconds=settings.channel_audience_ttl,
                                           max_members=settings.channel_audience_max_members)
@@ -642,8 +645,8 @@ class RagbotDiscord(discord.Client):
                                                                                      channel_id),
                                f"{PLATFORM}:{guild_id}:{interaction.channel_id}:share:{answer_id}", asker)
 
-    async def record_feedback(self, interaction: discord.Interaction, answer_id: int, vote: str) -> None:
-        ack = await self.flow.feedback(answer_id, self.identity(interaction.user), vote)  # type: ignore[arg-type]
+    async def record_feedback(self, interaction: discord.Interaction, answer_id: int, vote: Rating) -> None:
+        ack = await self.flow.feedback(answer_id, self.identity(interaction.user), vote)
         await interaction.response.send_message(ack.text, ephemeral=True, allowed_mentions=NO_PINGS)
 
     # ---- errors -------------------------------------------------------------------------------------------------
