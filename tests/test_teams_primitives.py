@@ -110,7 +110,8 @@ async def test_an_activity_without_a_valid_connector_token_is_refused(
         "forged signature": {"token": fake.forged_token()},
         "wrong audience": {"token": fake.token(audience="another-bot-app-id")},
         "expired": {"token": fake.token(expires_in=-400)},  # 6 min 40 s ago: past the 5 minutes of clock skew
-        "wrong issuer": {"token": fake.token(issuer="https://sts.windows.net/attacker-tenant/")},
+        # Signed by a real Entra ID key, for this bot, but issued to another tenant's app: the issuer allow-list.
+        "wrong issuer": {"token": fake.entra_token("https://sts.windows.net/attacker-tenant/")},
         "other service url": {"token": fake.token(service_url="https://evil.example.com/")},
     }[case]
     status, _ = await fake.deliver(bot.url, activity, **kwargs)  # type: ignore[arg-type]
@@ -172,6 +173,21 @@ async def test_a_placeholder_is_replaced_by_the_answer(fake: FakeTeamsConnector,
     assert shown.text == "Employees get 25 days [1]." and shown.updates == 1
     assert shown.activity["channelData"] == {"feedbackLoopEnabled": True}
     assert any("AIGeneratedContent" in (e.get("additionalType") or []) for e in shown.activity["entities"])
+
+
+async def test_a_private_answer_in_a_channel_is_seen_by_the_asker_alone(fake: FakeTeamsConnector, bot: Bot,
+                                                                        seen: Recorder) -> None:
+    async def answer(message: TeamsMessage) -> None:
+        await bot.platform.post_private(ReplyTarget.for_message(message), message.user.id,
+                                        message_activity("Only you can see this answer: your budget is 4,000."))
+
+    seen.reply = answer
+    post = fake.channel_message("<at>ragbot</at> privately, what is my budget?", CHANNEL, ANN)
+    await fake.deliver(bot.url, post)
+    [private] = await fake.wait_for(lambda: fake.thread(CHANNEL, post["id"]))
+    assert private.seen_by(ANN.id)
+    assert not private.seen_by("29:aad-someone-else")
+    assert fake.sent_to(CHANNEL)[-1].conversation_id == f"{CHANNEL};messageid={post['id']}"
 
 
 # ---- streaming in personal chats ------------------------------------------------------------------------------------

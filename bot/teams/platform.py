@@ -291,6 +291,14 @@ class TeamsPlatform:
                 response = await client.conversations.send_to_conversation(target.conversation_id, activity)
         return str(response.id or "")
 
+    async def post_private(self, target: ReplyTarget, user_id: str, activity: Activity) -> str:
+        """Post a message only `user_id` (a 29: id) sees, in the thread of a channel or in a group chat: a Teams
+        "targeted message" (developer preview; the SDK adds `isTargetedActivity=true`). The private answer in a
+        channel, like Slack's ephemeral message; Teams has no such thing in a 1:1 chat, which is private anyway."""
+        if target.conversation_type == "personal":
+            raise ValueError("a personal chat is already private: post the message")
+        return await self.post(target, activity.with_targeted_recipient(user_id))
+
     async def update(self, target: ReplyTarget, activity_id: str, activity: Activity) -> None:
         """Replace one of the bot's messages (a placeholder by the answer, an answer by an apology)."""
         activity.id = activity_id

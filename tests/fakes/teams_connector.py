@@ -177,6 +177,10 @@ class Message:
     from_bot: bool
     activity: dict[str, Any]
     updates: int = 0
+    visible_to: str | None = None  # a targeted message: the only member (29: id) who sees it
+
+    def seen_by(self, member_id: str) -> bool:
+        return self.visible_to in (None, member_id)
 
 
 class FakeTeamsConnector:
@@ -188,6 +192,8 @@ class FakeTeamsConnector:
         self.bot_id = f"28:{self.app_id}"
         self.kid = secrets.token_hex(8)  # unique per fake: pyjwt refetches the JWKS for a kid it does not know
         self._signing_key = _new_key()
+        self._entra_key = _new_key()  # Entra ID's own signing key (the tenant's discovery/v2.0/keys)
+        self.entra_kid = secrets.token_hex(8)
         self._ca_key = _new_key()
         self._ca_cert = _certificate("ragbot fake Microsoft CA", self._ca_key, self._ca_key, None, ca=True)
         self._tls_key = _new_key()
@@ -267,6 +273,11 @@ class FakeTeamsConnector:
                   "exp": int(now + expires_in), "serviceurl": service_url or self.service_url}
         return jwt.encode(claims, _pem(key or self._signing_key), algorithm="RS256",
                           headers={"kid": kid or self.kid, "x5t": kid or self.kid, "typ": "JWT"})
+
+    def entra_token(self, issuer: str, **kwargs: Any) -> str:
+        """A token signed by a genuine Entra ID key (served at the tenant's jwks_uri) but with another issuer:
+        only the bot's issuer allow-list can refuse it."""
+        return self.token(issuer=issuer, key=self._entra_key, kid=self.entra_kid, **kwargs)
 
     def forged_token(self, **kwargs: Any) -> str:
         """A token with the right claims and key id, signed by a key that is not in the metadata."""
@@ -479,6 +490,11 @@ class FakeTeamsConnector:
 
     # ---- identity: Bot Framework metadata and keys, Entra ID discovery and tokens --------------------------------
 
+    def _entra_jwks(self) -> dict[str, Any]:
+        numbers = self._entra_key.public_key().public_numbers()
+        return {"keys": [{"kty": "RSA", "use": "sig", "kid": self.entra_kid, "x5t": self.entra_kid,
+                          "n": _b64url_uint(numbers.n), "e": _b64url_uint(numbers.e)}]}
+
     def _jwks(self) -> dict[str, Any]:
         numbers = self._signing_key.public_key().public_numbers()
         x5c = base64.b64encode(self._signing_cert.public_bytes(serialization.Encoding.DER)).decode()
@@ -518,6 +534,9 @@ class FakeTeamsConnector:
                                                               "client_secret_basic"],
                     "tenant_region_scope": "WW",
                 })
+            # ... and the signing keys its jwks_uri names.
+            if request.method == "GET" and parts[1:] == ["discovery", "v2.0", "keys"]:
+                return web.json_response(self._entra_jwks())
             # "Microsoft identity platform and the OAuth 2.0 client credentials flow": the bot's token (the Bot
             # Connector authentication page asks for scope https://api.botframework.com/.default).
             if request.method == "POST" and parts[1:] == ["oauth2", "v2.0", "token"]:
@@ -584,13 +603,24 @@ class FakeTeamsConnector:
             return self._error(404, "NotFound", "The thread's root message does not exist.")
         stream = _stream_info(activity)
         method = "reply" if reply_to is not None else "send"
+        visible_to = None
+        if request.query.get("isTargetedActivity", "").lower() == "true":
+            # "Send and receive targeted messages in group conversations" (developer preview): a message only its
+            # recipient sees, in channels and group chats (not 1:1 chats), to a member of the conversation.
+            recipient = (activity.get("recipient") or {}).get("id")
+            if conversation.type == "personal" or stream is not None:
+                return self._error(400, "BadArgument", "Targeted messages are for group conversations.")
+            if not any(recipient in (m.id, m.aad_object_id) for m in conversation.members):
+                return self._error(400, "BadArgument", "The recipient is not a member of the conversation.")
+            visible_to = recipient
         if stream is not None:
             return self._stream(conversation, named, root, reply_to, method, activity, stream)
         activity_id = str(int(time.time() * 1000) * 1000 + next(self._ids))
         self.sent.append(Sent(method, named, reply_to, activity, activity_id))
         if kind == "message":
             self.messages.append(Message(activity_id, conversation.id, root if conversation.type == "channel"
-                                         else None, activity.get("text") or "", True, activity))
+                                         else None, activity.get("text") or "", True, activity,
+                                         visible_to=visible_to))
         return web.json_response({"id": activity_id}, status=201)
 
     def _stream(self, conversation: Conversation, named: str, root: str | None, reply_to: str | None, method: str,
