@@ -16,7 +16,7 @@ import pytest_asyncio
 from aiohttp import web
 from microsoft_agents.hosting.core.app.streaming import Citation
 
-from bot.teams.activities import TeamsConversation, TeamsFeedback, TeamsMessage
+from bot.teams.activities import TeamsConversation, TeamsFeedback, TeamsMembershipChange, TeamsMessage
 from bot.teams.platform import ReplyTarget, TeamsPlatform, message_activity
 from bot.teams.settings import TeamsSettings
 from tests.fakes.teams_connector import FakeTeamsConnector, Member
@@ -33,6 +33,7 @@ class Recorder:
 
     messages: list[TeamsMessage] = field(default_factory=list)
     feedback: list[TeamsFeedback] = field(default_factory=list)
+    membership: list[TeamsMembershipChange] = field(default_factory=list)
     reply: Callable[[TeamsMessage], Awaitable[None]] | None = None
     outcome: dict[str, object] = field(default_factory=dict)
 
@@ -43,6 +44,9 @@ class Recorder:
 
     async def on_feedback(self, feedback: TeamsFeedback) -> None:
         self.feedback.append(feedback)
+
+    async def on_membership(self, change: TeamsMembershipChange) -> None:
+        self.membership.append(change)
 
 
 @dataclass
@@ -68,7 +72,8 @@ def fake() -> Iterator[FakeTeamsConnector]:
 async def bot(fake: FakeTeamsConnector) -> AsyncIterator[Bot]:
     seen = Recorder()
     settings = TeamsSettings(app_id=fake.app_id, app_password=fake.app_password, tenant_id=fake.tenant_id)
-    platform = TeamsPlatform(settings, on_message=seen.on_message, on_feedback=seen.on_feedback)
+    platform = TeamsPlatform(settings, on_message=seen.on_message, on_feedback=seen.on_feedback,
+                             on_membership=seen.on_membership)
     app = web.Application()
     app.add_routes(platform.routes())
     runner = web.AppRunner(app, access_log=None)
@@ -85,6 +90,7 @@ async def bot(fake: FakeTeamsConnector) -> AsyncIterator[Bot]:
 def seen(bot: Bot) -> Iterator[Recorder]:
     bot.seen.messages.clear()
     bot.seen.feedback.clear()
+    bot.seen.membership.clear()
     bot.seen.outcome.clear()
     yield bot.seen
     bot.seen.reply = None
@@ -290,6 +296,20 @@ async def test_a_users_email_comes_from_their_object_id_and_guests_are_told_apar
     vic = await bot.platform.member(conversation, "aad-visitor")
     assert vic is not None and vic.is_guest(fake.tenant_id)
     assert await bot.platform.member(conversation, "aad-nobody") is None
+
+
+async def test_someone_leaving_a_private_channel_is_reported_and_the_roster_follows(
+        fake: FakeTeamsConnector, bot: Bot, seen: Recorder) -> None:
+    channel = "19:legal-private@thread.tacv2"
+    ann, bo = (Member("aad-ann", "Ann Lee", email="ann@example.com"), Member("aad-bo", "Bo Chen", email="bo@x.com"))
+    fake.add_conversation(channel, "channel", members=[ann, bo], team_id=TEAM, channel_type="private")
+    status, _ = await fake.deliver(bot.url, fake.membership_update(channel, removed=[bo]))
+    assert status == 202
+    [change] = seen.membership
+    assert (change.conversation.channel_key, change.removed, change.added) == (
+        f"teams:{fake.tenant_id}:{channel}", ("29:aad-bo",), ())
+    members = await bot.platform.members(change.conversation, limit=10)
+    assert [m.identity for m in members] == ["teams:aad-ann"]
 
 
 async def test_a_feedback_click_reaches_the_bot_and_is_acknowledged(fake: FakeTeamsConnector, bot: Bot,

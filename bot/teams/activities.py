@@ -126,7 +126,18 @@ class TeamsFeedback:
     user: TeamsUser
 
 
-TeamsEvent = TeamsMessage | TeamsFeedback
+@dataclass(frozen=True)
+class TeamsMembershipChange:
+    """People joined or left a conversation (a `conversationUpdate` with membersAdded / membersRemoved: in a team,
+    channelData.eventType teamMemberAdded / teamMemberRemoved): a restricted conversation's audience is read
+    again at the next question, as Slack's member_joined_channel does."""
+
+    conversation: TeamsConversation
+    added: tuple[str, ...]  # 29: ids (the bot's own id when it was installed)
+    removed: tuple[str, ...]
+
+
+TeamsEvent = TeamsMessage | TeamsFeedback | TeamsMembershipChange
 
 
 def _conversation(data: dict[str, Any]) -> TeamsConversation | None:
@@ -184,6 +195,10 @@ def parse_activity(data: dict[str, Any], bot_id: str) -> TeamsEvent | None:
     """A person's message or feedback click, or None for everything the bot ignores (its own messages, typing,
     conversation updates, other invokes)."""
     conversation, user = _conversation(data), _user(data)
+    if data.get("type") == "conversationUpdate" and conversation is not None:
+        added = tuple(str(m.get("id")) for m in data.get("membersAdded") or [] if m.get("id"))
+        removed = tuple(str(m.get("id")) for m in data.get("membersRemoved") or [] if m.get("id"))
+        return TeamsMembershipChange(conversation, added, removed) if added or removed else None
     if conversation is None or user is None or user.id == bot_id:
         return None
     if data.get("type") == "message":

@@ -61,6 +61,7 @@ from bot.teams.activities import (
     ConversationType,
     TeamsConversation,
     TeamsFeedback,
+    TeamsMembershipChange,
     TeamsMessage,
     base_conversation_id,
     parse_activity,
@@ -76,6 +77,7 @@ MULTI_TENANT_AUTHORITY_TENANT = "botframework.com"
 
 OnMessage = Callable[[TeamsMessage], Awaitable[None]]
 OnFeedback = Callable[[TeamsFeedback], Awaitable[None]]
+OnMembership = Callable[[TeamsMembershipChange], Awaitable[None]]
 
 
 class Unauthorized(Exception):
@@ -174,7 +176,7 @@ class TeamsPlatform:
     """The Teams primitives: one instance per bot (one app id)."""
 
     def __init__(self, settings: TeamsSettings, *, on_message: OnMessage | None = None,
-                 on_feedback: OnFeedback | None = None) -> None:
+                 on_feedback: OnFeedback | None = None, on_membership: OnMembership | None = None) -> None:
         self.settings = settings
         self.app_id, secret = settings.require()
         self.home_tenant = settings.tenant_id if settings.tenant_id not in (None, "", "common") else None
@@ -189,6 +191,7 @@ class TeamsPlatform:
         self.clients = RestChannelServiceClientFactory(self.connections)
         self.on_message = on_message
         self.on_feedback = on_feedback
+        self.on_membership = on_membership
         self.tasks: set[asyncio.Task[Any]] = set()
 
     # ---- receiving ------------------------------------------------------------------------------------------------
@@ -240,6 +243,9 @@ class TeamsPlatform:
                 await self._run(self.on_feedback(event), "feedback")
             await context.send_activity(Activity(type=ActivityTypes.invoke_response,
                                                  value=InvokeResponse(status=200, body={})))
+        elif isinstance(event, TeamsMembershipChange):
+            if self.on_membership is not None:
+                await self._run(self.on_membership(event), "membership change")
 
     async def _run(self, work: Awaitable[None], what: str) -> None:
         try:

@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -349,6 +349,31 @@ class FakeTeamsConnector:
             "value": {"actionName": "feedback",
                       "actionValue": {"reaction": reaction, "feedback": json.dumps({"feedbackText": feedback})}},
         }
+
+    def membership_update(self, conversation_id: str, *, added: Sequence[Member] = (),
+                          removed: Sequence[Member] = ()) -> dict[str, Any]:
+        """People joined or left ("Conversation events in your Teams bot": a conversationUpdate with
+        membersAdded / membersRemoved; in a team, channelData.eventType teamMemberAdded / teamMemberRemoved). The
+        fake's roster changes with it."""
+        conversation = self.conversations[conversation_id]
+        conversation.members = [m for m in conversation.members if m not in removed] + list(added)
+        channel_data: dict[str, Any] = {"tenant": {"id": conversation.tenant_id}}
+        if conversation.type == "channel":
+            channel_data["team"] = {"id": conversation.team_id or conversation.id}
+            channel_data["eventType"] = "teamMemberAdded" if added else "teamMemberRemoved"
+        activity: dict[str, Any] = {
+            "type": "conversationUpdate", "id": f"f:{next(self._ids)}", "serviceUrl": self.service_url,
+            "channelId": "msteams", "from": {"id": "29:admin", "aadObjectId": "aad-admin"},
+            "recipient": {"id": self.bot_id, "name": "ragbot"},
+            "conversation": {"id": conversation.id, "conversationType": conversation.type,
+                             "tenantId": conversation.tenant_id, "isGroup": True},
+            "channelData": channel_data,
+        }
+        if added:
+            activity["membersAdded"] = [{"id": m.id, "aadObjectId": m.aad_object_id} for m in added]
+        if removed:
+            activity["membersRemoved"] = [{"id": m.id, "aadObjectId": m.aad_object_id} for m in removed]
+        return activity
 
     async def deliver(self, bot_url: str, activity: dict[str, Any], *, token: str | None = None,
                       sign: bool = True, authorization: str | None = None) -> tuple[int, Any]:
