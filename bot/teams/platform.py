@@ -24,6 +24,7 @@ SDK (`microsoft-agents-hosting-aiohttp`, core 1.9, and `microsoft-agents-authent
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -379,7 +380,6 @@ class TeamsStream:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._ready = asyncio.Event()
         self._task: asyncio.Task[Any] | None = None
-        self._failure: BaseException | None = None
 
     async def start(self) -> None:
         continuation = Activity(
@@ -459,3 +459,10 @@ class TeamsStream:
         self._queue.put_nowait((_END, (text, citations, feedback)))
         await self._task
         return None if self.stopped else self.stream_id
+
+    async def close(self) -> None:
+        """Abandon the stream without a final message (the caller could not finish it); its turn ends."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
