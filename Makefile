@@ -72,3 +72,19 @@ compose-config:
 	elif docker compose version >/dev/null 2>&1; then docker compose -f compose.yaml -f compose.local.yaml config -q; \
 	else echo "error: install podman-compose (pip install podman-compose) or Docker's compose plugin" >&2; exit 1; fi
 	@echo "compose.yaml + compose.local.yaml: valid"
+
+# --- Microsoft Teams (teams) ---------------------------------------------------------------------------------------
+# `make teams-app`: the app package to side-load in Teams (docs/teams.md): teams-manifest/ with TEAMS_APP_ID (the
+# Azure Bot's Microsoft App ID, from the environment or .env) filled in, zipped into build/ragbot-teams.zip.
+# Redraw the icons with `python scripts/teams_icons.py`.
+.PHONY: teams-app
+TEAMS_APP_ID ?= $(shell sed -n 's/^TEAMS_APP_ID=//p' .env 2>/dev/null)
+TEAMS_APP_ZIP := build/ragbot-teams.zip
+
+teams-app:
+	@test -n "$(TEAMS_APP_ID)" || { echo "error: set TEAMS_APP_ID (the Azure Bot's Microsoft App ID) in .env or the environment" >&2; exit 1; }
+	@rm -rf build/teams-app && mkdir -p build/teams-app
+	sed 's/{{TEAMS_APP_ID}}/$(TEAMS_APP_ID)/g' teams-manifest/manifest.json > build/teams-app/manifest.json
+	cp teams-manifest/color.png teams-manifest/outline.png build/teams-app/
+	rm -f $(TEAMS_APP_ZIP) && cd build/teams-app && $(PYTHON) -m zipfile -c ../ragbot-teams.zip manifest.json color.png outline.png
+	@echo "$(TEAMS_APP_ZIP): upload it in Teams (Apps → Manage your apps → Upload an app)"
