@@ -335,11 +335,12 @@ class KnowledgeBase:
             return await usage.documents_not_in(conn, document_ids, limit)
 
     async def forget_turns_older_than(self, days: int) -> int:
-        """Retention of conversation memory: turns older than `days` (and summaries left without turns)."""
+        """Retention of conversation memory: turns older than `days`, and the summaries that folded them."""
         async with self.engine.begin() as conn:
             return await conversations.delete_turns_older_than(conn, days)
 
-    async def forget_turns_of(self, askers: Sequence[str]) -> tuple[int, int]:
-        """A person's conversation turns (by platform identity) and the summaries of conversations they were in."""
+    async def forget_turns_of(self, askers: Sequence[str], principals: Sequence[str] = ()) -> tuple[int, int]:
+        """A person's conversation turns (by platform identity), the summaries of conversations they were in, and
+        their principals in the audience recorded on other turns."""
         async with self.engine.begin() as conn:
-            return await conversations.delete_turns_of(conn, askers)
+            return await conversations.delete_turns_of(conn, askers, principals)
