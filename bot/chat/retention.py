@@ -66,7 +66,10 @@ PERSON_COLUMNS: tuple[PersonColumn, ...] = (
                  "access given to a channel, not history: reported, removed with `ragbot channel-access remove`"),
     PersonColumn("directory_members", "member", "kept",
                  "a copy of the group directory, re-synced from it: remove the person there"),
+    PersonColumn("directory_members", "group_principal", "kept", "names a group, not a person"),
     PersonColumn("documents", "author", "kept", "document metadata, re-synced from the source"),
+    PersonColumn("documents", "access", "kept", "a document's sharing list, re-synced from the source"),
+    PersonColumn("chunks", "access", "kept", "a copy of its document's sharing list"),
 )
 
 
