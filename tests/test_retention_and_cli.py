@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from bot.app import build_app
 from bot.chat.feedback import remember_answer
-from bot.chat.retention import PERSON_COLUMNS, RetentionService, enforce_retention
+from bot.chat.retention import RetentionService, enforce_retention
 from bot.chat.state import BotState
 from bot.cli import app
 from bot.settings import BotSettings
@@ -223,6 +223,8 @@ async def _schema_columns(kb: KnowledgeBase) -> set[tuple[str, str]]:
 async def test_every_column_that_names_a_person_is_declared_for_forget_user(fresh_kb) -> None:
     """A new table (or column) holding a user fails here until bot.chat.retention.PERSON_COLUMNS says what
     `ragbot forget-user` does with it (and does it)."""
+    from bot.chat.retention import PERSON_COLUMNS
+
     schema = await _schema_columns(fresh_kb)
     declared = {(c.table, c.column) for c in PERSON_COLUMNS}
     undeclared = sorted(column for column in schema if PERSON_LIKE.search(column[1]) and column not in declared)
@@ -234,6 +236,8 @@ async def test_every_column_that_names_a_person_is_declared_for_forget_user(fres
 async def _rows_naming(kb: KnowledgeBase, needles: list[str]) -> dict[str, int]:
     """For each column forget-user deletes or clears, how many rows still name one of `needles`."""
     from sqlalchemy import text
+
+    from bot.chat.retention import PERSON_COLUMNS
 
     found: dict[str, int] = {}
     async with kb.engine.connect() as conn:
