@@ -11,6 +11,7 @@ against tests/fakes/discord_api.py.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -391,3 +392,36 @@ async def test_a_private_discord_ask_lost_in_a_crash_is_finished_ephemerally_thr
     buttons = [c["custom_id"] for row in answer["components"] for c in row["components"]]
     assert any(b.startswith("ragbot:share:") for b in buttons)  # a private answer: "Share in channel"
     assert discord_api.calls_to("PATCH", f"/webhooks/{payload['application_id']}/{payload['token']}/messages/")
+
+
+async def test_a_discord_ask_whose_interaction_token_expired_is_dropped_not_answered(lease_kb, discord_api):
+    """Discord's interaction tokens last 15 minutes: an `/ask` left pending longer is settled without a call."""
+    from sqlalchemy import text
+
+    state = BotState(lease_kb.engine)
+    claim = await state.claim_lease(["discord:interaction:4242"], "dead-holder", 0.1)
+    assert claim is not None
+    expired = {"application": "1", "token": "itok_expired", "ephemeral": True, "share": True,
+               "expires": time.time() - 1}
+    assert await state.record_lease_question(
+        claim, platform="discord", question=QUESTION, conversation_id="discord:1:2:ask:4242", asker="discord:7",
+        target={"channel": "2", "guild": "1", "audience_channel": None, "interaction": expired},
+    )
+    await asyncio.sleep(0.2)
+    settings = BotSettings(_env_file=None, discord_bot_token=discord_api.token,  # type: ignore[call-arg]
+                           discord_api_url=discord_api.base_url, answer_sweep_seconds=30)
+    configure_api_url(settings.discord_api_url)
+    bot = RagbotDiscord(lease_kb, settings, BotMetrics())
+    try:
+        await bot.login(discord_api.token)  # its start-up sweep takes the claim over, and drops it
+        for _ in range(600):
+            async with lease_kb.engine.connect() as conn:
+                row = (await conn.execute(text("SELECT delivered_at, target FROM bot_events WHERE key = :k"),
+                                          {"k": claim.key})).one()
+            if row.delivered_at is not None:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await bot.close()
+    assert row.delivered_at is not None and row.target is None  # settled, the token dropped with it
+    assert discord_api.calls_to("POST", "/webhooks/") == [] and discord_api.calls_to("PATCH", "/webhooks/") == []
