@@ -339,6 +339,11 @@ class KnowledgeBase:
         async with self.engine.begin() as conn:
             return await conversations.delete_turns_older_than(conn, days)
 
+    async def forget_turn(self, turn_id: int) -> None:
+        """One stored turn whose answer was never delivered (its question was taken over or cancelled)."""
+        async with self.engine.begin() as conn:
+            await conversations.delete_turn(conn, turn_id)
+
     async def forget_turns_of(self, askers: Sequence[str], principals: Sequence[str] = ()) -> tuple[int, int]:
         """A person's conversation turns (by platform identity), the summaries of conversations they were in, and
         their principals in the audience recorded on other turns."""

@@ -325,3 +325,62 @@ async def test_retention_drops_a_summary_that_folded_a_deleted_turn(kb_factory, 
     history = await kb.memory.history(chat)
     assert "Zephyr" not in history.summary and not any("Zephyr" in m.text for m in history.messages)
     assert any("carry over" in m.text for m in history.messages)  # the turns within retention still serve
+
+
+class _HeldAnswer:
+    """The real knowledge base, whose answer step waits until the test lets it go on (a question being answered
+    at the very moment its asker is forgotten)."""
+
+    def __init__(self, kb: KnowledgeBase) -> None:
+        self._kb = kb
+        self.started = asyncio.Event()
+        self.proceed = asyncio.Event()
+        self.answered = asyncio.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._kb, name)
+
+    async def answer(self, *args: object, **kwargs: object) -> object:
+        self.started.set()
+        await self.proceed.wait()
+        try:
+            return await self._kb.answer(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            self.answered.set()
+
+
+async def test_forget_user_while_their_question_is_being_answered_leaves_nothing(
+    kb_factory, fresh_database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fakes.slack_api import FakeSlackAPI
+    from slack_harness import mention, running_bot, settle
+    from test_answer_lease import CORPUS, QUESTION, channel
+
+    url = fresh_database()
+    kb = await kb_factory(url)
+    for relative, content in CORPUS.items():
+        write(tmp_path / "docs", relative, content)
+    assert not (await kb.sync(FolderSource(tmp_path / "docs", "handbook"))).failed
+    monkeypatch.setenv("DATABASE_URL", url)
+    monkeypatch.delenv("SLACK_BOT_TOKEN", raising=False)
+    held = _HeldAnswer(kb)
+    with FakeSlackAPI() as fake:
+        fake.add_user("UALICE", email="alice@example.com")
+        event = mention(QUESTION, user="UALICE", channel=channel())
+        async with running_bot(held, fake, answer_sweep_seconds=0) as slack:
+            assert await slack.send_event(event, event_id="EvMidAnswer") == 200
+            await asyncio.wait_for(held.started.wait(), 30)
+            result = await asyncio.to_thread(
+                runner.invoke, app, ["forget-user", "user:alice@example.com", "--identity", "slack:UALICE",
+                                     "--no-lookup"], catch_exceptions=False,
+            )
+            assert "1 pending questions cancelled" in result.output
+            held.proceed.set()  # the answer step finishes (and stores its turn) after the person was forgotten
+            await asyncio.wait_for(held.answered.wait(), 60)
+            for _ in range(200):  # the holder finds its claim cancelled and drops the turn it just stored
+                if not await _count(kb, "conversation_turns"):
+                    break
+                await asyncio.sleep(0.05)
+            await settle()
+    assert fake.calls_to("chat.update") == []  # not delivered
+    assert await _rows_naming(kb, ["UALICE", "alice@example.com"]) == {}

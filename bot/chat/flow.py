@@ -200,9 +200,12 @@ class ChatFlow:
                 await reply.end()
             stage = "post"
             if keeper is not None and not await keeper.still_held():
-                # This process was presumed dead and another took the question over: it answers, not us.
-                logger.warning("%s: %s was taken over while answering; not delivering twice", self.platform,
-                               keeper.claim.key)
+                # This process was presumed dead and another took the question over (it answers, not us), or the
+                # asker was forgotten meanwhile (`ragbot forget-user` cancelled it): the turn just stored goes too.
+                logger.warning("%s: %s was taken over or cancelled while answering; not delivering it",
+                               self.platform, keeper.claim.key)
+                if answer.id is not None:
+                    await self.kb.forget_turn(answer.id)
                 return None
             answer_id = await feedback.remember_answer(
                 self.state, platform=self.platform, conversation_id=ask.conversation_id, asker=ask.asker,

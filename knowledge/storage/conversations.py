@@ -136,6 +136,18 @@ async def delete_turns_older_than(conn: AsyncConnection, days: int) -> int:
     return int(turns)
 
 
+async def delete_turn(conn: AsyncConnection, turn_id: int) -> None:
+    """One turn, and its conversation's summary if that folded it."""
+    await conn.execute(
+        text(
+            "WITH gone AS (DELETE FROM conversation_turns WHERE id = :t RETURNING conversation_id, id) "
+            "DELETE FROM conversation_summaries s USING gone "
+            "WHERE s.conversation_id = gone.conversation_id AND s.through_turn_id >= gone.id"
+        ),
+        {"t": turn_id},
+    )
+
+
 async def delete_turns_of(conn: AsyncConnection, askers: Sequence[str], principals: Sequence[str] = ()) -> tuple[int, int]:
     """A person's turns (by their platform identities), and the summaries of every conversation they took part in
     (a summary may retell what they said); their principals (`user:<email>`) are also removed from the audience
