@@ -47,12 +47,15 @@ class BotSettings(BaseSettings):
     # The admin page at /admin is served only when this is set; open it with `Authorization: Bearer <token>` or
     # `/admin?token=<token>` in a browser.
     admin_token: SecretStr | None = None
-    # Delivery after a crash: a claimed question whose answer was not delivered within this many seconds (its
-    # process died) is taken over by the platform's retry or by the sweeper and answered in the same placeholder.
-    # Longer than the slowest answer: the holder renews its lease every third of it while it works.
-    answer_lease_seconds: float = Field(default=120.0, gt=0)
-    # How often `ragbot run` looks for such questions (and once at start-up); 0: never in this process.
-    answer_sweep_seconds: float = Field(default=30.0, ge=0)
+    # Delivery after a crash (docs/operations.md, "Delivery"): a claimed question whose lease is not renewed for
+    # this many seconds (its process died) is taken over by the platform's retry or by the sweeper and answered in
+    # the same placeholder. Short, because a live holder renews it (a heartbeat) however long the answer takes.
+    answer_lease_seconds: float = Field(default=10.0, gt=0)
+    # How often the holder renews its lease while it answers (at most a third of the lease is used).
+    answer_heartbeat_seconds: float = Field(default=3.0, gt=0)
+    # How often `ragbot run` looks for such questions (and once at start-up); 0: never in this process. A dead
+    # holder's question is answered within ANSWER_LEASE_SECONDS + ANSWER_SWEEP_SECONDS (15 s by default).
+    answer_sweep_seconds: float = Field(default=5.0, ge=0)
 
     # The HTTP server: Slack events (HTTP mode), /healthz and /metrics.
     host: str = "0.0.0.0"

@@ -335,11 +335,17 @@ class KnowledgeBase:
             return await usage.documents_not_in(conn, document_ids, limit)
 
     async def forget_turns_older_than(self, days: int) -> int:
-        """Retention of conversation memory: turns older than `days` (and summaries left without turns)."""
+        """Retention of conversation memory: turns older than `days`, and the summaries that folded them."""
         async with self.engine.begin() as conn:
             return await conversations.delete_turns_older_than(conn, days)
 
-    async def forget_turns_of(self, askers: Sequence[str]) -> tuple[int, int]:
-        """A person's conversation turns (by platform identity) and the summaries of conversations they were in."""
+    async def forget_turn(self, turn_id: int) -> None:
+        """One stored turn whose answer was never delivered (its question was taken over or cancelled)."""
         async with self.engine.begin() as conn:
-            return await conversations.delete_turns_of(conn, askers)
+            await conversations.delete_turn(conn, turn_id)
+
+    async def forget_turns_of(self, askers: Sequence[str], principals: Sequence[str] = ()) -> tuple[int, int]:
+        """A person's conversation turns (by platform identity), the summaries of conversations they were in, and
+        their principals in the audience recorded on other turns."""
+        async with self.engine.begin() as conn:
+            return await conversations.delete_turns_of(conn, askers, principals)

@@ -522,16 +522,41 @@ class BotState:
             return list(rows.scalars())
 
     async def forget_bot_state_of(self, identities: Sequence[str]) -> dict[str, int]:
-        """Delete what these platform identities asked (answers, with any feedback on them) and their feedback."""
+        """Delete what these platform identities asked (answers, with any feedback on them) and their feedback;
+        cancel their undelivered questions (a sweeper or a retry never answers them, a live holder stops at its
+        next heartbeat) and drop the question, target and asker of every claim they made; and forget them as the
+        admin who changed a mapping, a grant or a channel setting (the change stays, unattributed)."""
         ids = list(identities)
+        params = {"ids": ids}
         async with self.engine.begin() as conn:
             feedback = (await conn.execute(
-                text("DELETE FROM bot_feedback WHERE platform_user = ANY(CAST(:ids AS text[]))"), {"ids": ids}
+                text("DELETE FROM bot_feedback WHERE platform_user = ANY(CAST(:ids AS text[]))"), params
             )).rowcount or 0
             answers = (await conn.execute(
-                text("DELETE FROM bot_answers WHERE asker = ANY(CAST(:ids AS text[]))"), {"ids": ids}
+                text("DELETE FROM bot_answers WHERE asker = ANY(CAST(:ids AS text[]))"), params
             )).rowcount or 0
-        return {"answers": answers, "feedback": feedback}
+            pending = (await conn.execute(
+                text(
+                    """
+                    WITH theirs AS (
+                        SELECT key, delivered_at IS NULL AND question IS NOT NULL AS pending FROM bot_events
+                        WHERE asker = ANY(CAST(:ids AS text[])) FOR UPDATE
+                    )
+                    UPDATE bot_events e
+                    SET delivered_at = coalesce(e.delivered_at, now()), question = NULL, target = NULL,
+                        asker = NULL, conversation_id = NULL, placeholder = NULL
+                    FROM theirs WHERE e.key = theirs.key RETURNING theirs.pending
+                    """
+                ),
+                params,
+            )).scalars().all()
+            cancelled = sum(1 for was_pending in pending if was_pending)
+            for table, column in (("bot_identities", "mapped_by"), ("bot_channel_grants", "granted_by"),
+                                  ("bot_channel_settings", "updated_by")):
+                await conn.execute(
+                    text(f"UPDATE {table} SET {column} = NULL WHERE {column} = ANY(CAST(:ids AS text[]))"), params
+                )
+        return {"answers": answers, "feedback": feedback, "cancelled": cancelled}
 
 
 @dataclass(frozen=True)

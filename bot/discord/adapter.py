@@ -15,6 +15,11 @@ through the synced groups by the one resolver, `kb.principals_for`):
 - a DM, or `/ask private:True` (an ephemeral answer only the asker sees; the default in a channel whose mode is
   private): the asker's principals. A private answer carries a "Share in channel" button that answers again for
   the channel.
+
+Every question is claimed as a lease (`bot.chat.lease`): a DM or a mention by its message id, `/ask` (public or
+private) by its interaction id, with the interaction's follow-up token stored beside it, so that if the process
+dies mid-answer the sweeper of another `ragbot run` finishes the answer through the same interaction (ephemerally
+when it was private). Discord's interaction tokens last 15 minutes: an `/ask` not finished by then is dropped.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import asyncio
 import logging
 import re
 import shlex
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -62,6 +68,10 @@ NO_PINGS = discord.AllowedMentions.none()
 PLATFORM = "discord"
 GUILD_MEMBERS_PAGE = 1000  # GET /guilds/{id}/members: at most 1000 per page, paged by `after`
 MAX_GUILD_MEMBERS_SCANNED = 10_000  # a bigger server: a restricted channel's audience falls back to everyone
+# An interaction token lets the bot post follow-ups for 15 minutes (Discord: "Receiving and Responding"); a resumed
+# `/ask` must be finished well before that.
+INTERACTION_TOKEN_SECONDS = 15 * 60
+INTERACTION_RESUME_MARGIN = 60.0
 ADMIN_REFUSAL = "`/{command}` needs an admin (Manage Server, or a user listed in ADMIN_USER_IDS). Nothing was changed."
 
 
@@ -353,7 +363,8 @@ class RagbotDiscord(discord.Client):
         self.kb = kb
         self.settings = settings
         self.metrics = metrics
-        self.flow = ChatFlow(kb, PLATFORM, metrics, state=state, lease_seconds=settings.answer_lease_seconds)
+        self.flow = ChatFlow(kb, PLATFORM, metrics, state=state, lease_seconds=settings.answer_lease_seconds,
+                             heartbeat_seconds=settings.answer_heartbeat_seconds)
         self._sweeper: asyncio.Task[None] | None = None
         self.tree = app_commands.CommandTree(self)
         self.tree.error(self._on_command_error)  # discord.py's documented way to replace the tree's on_error
@@ -493,14 +504,30 @@ class RagbotDiscord(discord.Client):
         ask = Ask(question, conversation_id, asker, audience, history, channel_key=channel, auto=auto)
         return await self.flow.answer(ask, reply, claim=claim, target=target)
 
-    async def resume(self, pending: PendingQuestion) -> tuple[Ask, ProgressiveReply]:
+    async def resume(self, pending: PendingQuestion) -> tuple[Ask, ProgressiveReply] | None:
         """A question whose holder died, rebuilt from its claim: `target` says which channel to answer in and
         whose documents apply (`audience_channel` None: the asker's own, as in a DM); the answer replaces the
-        message the holder had started, or is posted afresh."""
+        message the holder had started, or is posted afresh. An `/ask` is finished through its interaction's
+        follow-up webhook (ephemeral when it was private); None once its token has expired."""
         target = pending.target
-        channel = self.get_partial_messageable(int(target["channel"]))
-        started = channel.get_partial_message(int(pending.claim.placeholder)) if pending.claim.placeholder else None
-        reply = ProgressiveReply(channel.send, self.settings.discord_edit_interval_seconds, message=started)
+        interval = self.settings.discord_edit_interval_seconds
+        reply: ProgressiveReply
+        if hook := target.get("interaction"):
+            if time.time() > float(hook["expires"]):
+                return None
+            webhook = discord.Webhook.from_state({"id": int(hook["application"]), "type": 3, "token": hook["token"]},
+                                                 self._connection)
+            ephemeral = bool(hook["ephemeral"])
+
+            async def followup(**kwargs: Any) -> Any:
+                return await webhook.send(wait=True, ephemeral=ephemeral, **kwargs)
+
+            posted = _FollowupMessage(webhook, int(pending.claim.placeholder)) if pending.claim.placeholder else None
+            reply = (PrivateReply if hook.get("share") else ProgressiveReply)(followup, interval, message=posted)
+        else:
+            channel = self.get_partial_messageable(int(target["channel"]))
+            started = channel.get_partial_message(int(pending.claim.placeholder)) if pending.claim.placeholder else None
+            reply = ProgressiveReply(channel.send, interval, message=started)
         asker = pending.asker
         guild, audience_channel = target.get("guild"), target.get("audience_channel")
 
@@ -664,6 +691,31 @@ class RagbotDiscord(discord.Client):
             await interaction.response.send_message(text, ephemeral=True, allowed_mentions=NO_PINGS)
 
 
+class _FollowupMessage:
+    """A follow-up message an earlier process posted for an interaction, edited through the interaction's webhook
+    (PATCH /webhooks/{application}/{token}/messages/{id}) as `ProgressiveReply` edits its message."""
+
+    def __init__(self, webhook: discord.Webhook, message_id: int) -> None:
+        self.webhook = webhook
+        self.id = message_id
+
+    async def edit(self, **kwargs: Any) -> Any:
+        return await self.webhook.edit_message(self.id, **kwargs)
+
+
+def _interaction_target(interaction: discord.Interaction, audience_channel_id: int | None, *, ephemeral: bool,
+                        share: bool) -> dict[str, Any]:
+    """`_target` for an `/ask`, plus what finishing it through the interaction needs: the application id and the
+    interaction token (a credential for this interaction's follow-ups only, valid 15 minutes; dropped from the
+    claim once the answer is delivered), and whether the answer is ephemeral and carries "Share in channel"."""
+    target = _target(interaction.channel_id or 0, interaction.guild_id, audience_channel_id)
+    target["interaction"] = {
+        "application": str(interaction.application_id), "token": interaction.token, "ephemeral": ephemeral,
+        "share": share, "expires": time.time() + INTERACTION_TOKEN_SECONDS - INTERACTION_RESUME_MARGIN,
+    }
+    return target
+
+
 def _target(channel_id: int, guild_id: int | None, audience_channel_id: int | None) -> dict[str, Any]:
     """Where a claimed question is answered, stored with its claim: the channel (or thread, or DM) to post in, and
     the channel whose grants apply (None: the asker's own documents, a DM). Ids as strings (JSON)."""
@@ -709,6 +761,10 @@ def _register_commands(bot: RagbotDiscord) -> None:
         if private is None:
             key = _interaction_channel_key(interaction)
             private = key is not None and await channel_mode(bot.flow.state, key) == "private"
+        # Claimed like a message (a lease): if this process dies mid-answer, a sweeper finishes it (`resume`).
+        claim = await bot.flow.claim_question(f"{PLATFORM}:interaction:{interaction.id}")
+        if claim is None:
+            return  # delivered to two replicas: the one that claimed it answers
         await interaction.response.defer(thinking=True, ephemeral=private)  # first, within Discord's 3 seconds
         conversation = f"{PLATFORM}:{interaction.guild_id or 'dm'}:{interaction.channel_id}:ask:{interaction.id}"
         async def audience() -> access.Audience:
@@ -719,8 +775,11 @@ def _register_commands(bot: RagbotDiscord) -> None:
         async def send(**kwargs: Any) -> Any:
             return await interaction.followup.send(wait=True, ephemeral=private, **kwargs)
 
-        await bot.answer_into(send, question, audience, conversation, bot.identity(interaction.user),
-                              private=bool(private and interaction.guild_id is not None))
+        share = bool(private and interaction.guild_id is not None)
+        audience_channel = None if private or interaction.guild_id is None else interaction.channel_id
+        await bot.answer_into(send, question, audience, conversation, bot.identity(interaction.user), private=share,
+                              claim=claim, target=_interaction_target(interaction, audience_channel,
+                                                                      ephemeral=bool(private), share=share))
 
     kb = app_commands.Group(name="kb", description="Knowledge base administration (admins)",
                             default_permissions=discord.Permissions(manage_guild=True))

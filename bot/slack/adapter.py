@@ -164,7 +164,8 @@ class SlackAdapter:
         self.settings = context.settings
         self.metrics = context.metrics
         self.flow = ChatFlow(self.kb, PLATFORM, self.metrics, state=context.state,
-                             lease_seconds=self.settings.answer_lease_seconds)
+                             lease_seconds=self.settings.answer_lease_seconds,
+                             heartbeat_seconds=self.settings.answer_heartbeat_seconds)
         self._sweeper: asyncio.Task[None] | None = None
         token = self.settings.slack_bot_token.get_secret_value() if self.settings.slack_bot_token else None
         self.client = client or AsyncWebClient(
@@ -367,12 +368,17 @@ class SlackAdapter:
         keys.append(f"slack:msg:{self._team(body, event)}:{event['channel']}:{event['ts']}")
         return await self.flow.claim_question(*keys)
 
-    async def resume(self, pending: PendingQuestion) -> tuple[Ask, SlackReply]:
+    async def resume(self, pending: PendingQuestion) -> tuple[Ask, SlackReply | SlackEphemeralReply]:
         """A question whose holder died, rebuilt from what its claim stored: the answer replaces the placeholder
-        the holder posted (chat.update on its ts), or is posted afresh if it never got that far."""
+        the holder posted (chat.update on its ts), or is posted afresh if it never got that far. A private answer
+        (`ephemeral`) is posted ephemerally to its asker again, with the asker's access, as it would have been."""
         where = Where(**pending.target)
-        reply = SlackReply(self, where, placeholder_ts=pending.claim.placeholder)
-        ask = Ask(pending.question, pending.conversation_id, pending.asker, lambda: self._audience(where))
+        reply: SlackReply | SlackEphemeralReply = (
+            SlackEphemeralReply(self, where) if where.ephemeral
+            else SlackReply(self, where, placeholder_ts=pending.claim.placeholder)
+        )
+        ask = Ask(pending.question, pending.conversation_id, pending.asker, lambda: self._audience(where),
+                  channel_key=None if where.private else where.channel_key)
         return ask, reply
 
     # Answering.
@@ -405,12 +411,9 @@ class SlackAdapter:
                 conversation = private_conversation(conversation, identity)
         ask = Ask(question, conversation, identity, lambda: self._audience(where), history,
                   channel_key=None if where.private else where.channel_key)
-        if where.ephemeral:
-            # An ephemeral answer has no placeholder to finish after a crash: it is settled once answered.
-            await self.flow.answer(ask, answer_reply)
-            await self.flow.delivered(claim)
-        else:
-            await self.flow.answer(ask, answer_reply, claim=claim, target=asdict(where))
+        # Claimed like every question (a private one too): if this process dies, a retry or the sweeper finishes it
+        # from the stored target (`resume`), ephemerally when it was private.
+        await self.flow.answer(ask, answer_reply, claim=claim, target=asdict(where))
 
     async def _audience(self, where: Where) -> Audience:
         """A DM, an assistant thread or an ephemeral answer: the asker's access. A channel: its audience."""

@@ -111,24 +111,47 @@ async def turns_hidden_from(conn: AsyncConnection, conversation_id: str, princip
 
 
 async def delete_turns_older_than(conn: AsyncConnection, days: int) -> int:
-    """Retention: turns older than `days`, and summaries of conversations left with no turn."""
+    """Retention: turns older than `days`, and the summary of every conversation that lost a turn. A summary folds
+    a conversation's oldest turns (and, at id 0, the thread messages read before its first turn), and retention
+    deletes the oldest turns first: a summary is never left quoting a deleted turn. The memory folds the turns that
+    remain into a new summary once they pass the budget again (`Memory.history`)."""
     turns = (
         await conn.execute(
-            text("DELETE FROM conversation_turns WHERE created_at < now() - make_interval(days => :d)"), {"d": days}
+            text(
+                "WITH gone AS (DELETE FROM conversation_turns WHERE created_at < now() - make_interval(days => :d) "
+                "              RETURNING conversation_id), "
+                "     dropped AS (DELETE FROM conversation_summaries s WHERE s.conversation_id IN "
+                "                 (SELECT conversation_id FROM gone) RETURNING 1) "
+                "SELECT (SELECT count(*) FROM gone) AS turns, (SELECT count(*) FROM dropped) AS summaries"
+            ),
+            {"d": days},
         )
-    ).rowcount or 0
+    ).one().turns
     await conn.execute(
         text(
             "DELETE FROM conversation_summaries s WHERE NOT EXISTS "
             "(SELECT 1 FROM conversation_turns t WHERE t.conversation_id = s.conversation_id)"
         )
     )
-    return turns
+    return int(turns)
 
 
-async def delete_turns_of(conn: AsyncConnection, askers: Sequence[str]) -> tuple[int, int]:
+async def delete_turn(conn: AsyncConnection, turn_id: int) -> None:
+    """One turn, and its conversation's summary if that folded it."""
+    await conn.execute(
+        text(
+            "WITH gone AS (DELETE FROM conversation_turns WHERE id = :t RETURNING conversation_id, id) "
+            "DELETE FROM conversation_summaries s USING gone "
+            "WHERE s.conversation_id = gone.conversation_id AND s.through_turn_id >= gone.id"
+        ),
+        {"t": turn_id},
+    )
+
+
+async def delete_turns_of(conn: AsyncConnection, askers: Sequence[str], principals: Sequence[str] = ()) -> tuple[int, int]:
     """A person's turns (by their platform identities), and the summaries of every conversation they took part in
-    (a summary may retell what they said). Returns (turns, summaries) deleted."""
+    (a summary may retell what they said); their principals (`user:<email>`) are also removed from the audience
+    recorded on other people's turns. Returns (turns, summaries) deleted."""
     ids = list(askers)
     conversations = list(
         (
@@ -147,6 +170,11 @@ async def delete_turns_of(conn: AsyncConnection, askers: Sequence[str]) -> tuple
             {"c": conversations},
         )
     ).rowcount or 0
+    for principal in principals:
+        await conn.execute(
+            text("UPDATE conversation_turns SET principals = array_remove(principals, :p) WHERE :p = ANY(principals)"),
+            {"p": principal},
+        )
     return turns, summaries
 
 
