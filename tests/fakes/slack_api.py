@@ -128,15 +128,22 @@ class FakeSlackAPI:
     # Set-up and scripting.
 
     def add_user(self, user_id: str, *, email: str | None = None, is_admin: bool = False, is_owner: bool = False,
-                 is_bot: bool = False, name: str | None = None) -> None:
+                 is_bot: bool = False, name: str | None = None, team_id: str = TEAM_ID, is_restricted: bool = False,
+                 is_ultra_restricted: bool = False, is_stranger: bool = False) -> None:
+        """A user object as users.info returns it (https://api.slack.com/types/user): `team_id` (another team's
+        id for a Slack Connect user), `is_restricted` (multi-channel guest), `is_ultra_restricted` (single-channel
+        guest); `is_stranger` is present only on users of another organisation ("User object", is_stranger)."""
         self.users[user_id] = {
-            "id": user_id, "team_id": TEAM_ID, "name": name or user_id.lower(), "is_bot": is_bot,
+            "id": user_id, "team_id": team_id, "name": name or user_id.lower(), "is_bot": is_bot,
             "is_admin": is_admin, "is_owner": is_owner, "is_primary_owner": False, "deleted": False,
+            "is_restricted": is_restricted, "is_ultra_restricted": is_ultra_restricted, "is_app_user": False,
             "profile": {"email": email} if email else {},
         }
+        if is_stranger:
+            self.users[user_id]["is_stranger"] = True
 
     def add_channel(self, channel_id: str, *, private: bool, members: list[str], name: str | None = None,
-                    mpim: bool = False) -> None:
+                    mpim: bool = False, ext_shared: bool = False) -> None:
         """A channel conversations.info describes and conversations.members lists (the bot is a member too).
         conversations.info (https://api.slack.com/methods/conversations.info): {"ok", "channel": {"id", "name",
         "is_channel", "is_group", "is_im", "is_mpim", "is_private", "is_archived", "created", "creator", ...}}; a
@@ -144,7 +151,8 @@ class FakeSlackAPI:
         self.channels[channel_id] = {
             "id": channel_id, "name": name or channel_id.lower(), "is_channel": not mpim, "is_group": False,
             "is_im": False, "is_mpim": mpim, "is_private": private or mpim, "created": 1700000000,
-            "is_archived": False, "is_general": False, "is_shared": False, "is_org_shared": False,
+            "is_archived": False, "is_general": False, "is_shared": ext_shared, "is_org_shared": False,
+            "is_ext_shared": ext_shared,  # shared with another organisation (Slack Connect)
             "is_member": True, "creator": members[0] if members else "U0", "unlinked": 0,
             "name_normalized": name or channel_id.lower(), "topic": {"value": "", "creator": "", "last_set": 0},
             "purpose": {"value": "", "creator": "", "last_set": 0},
