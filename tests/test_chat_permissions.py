@@ -312,8 +312,9 @@ async def start_discord(kb: Any, fake: FakeDiscordAPI, channels: dict[int, int |
 
 
 async def discord_mention(harness: DiscordHarness, fake: FakeDiscordAPI, channel: int, question: str,
-                          user: int) -> str:
-    sent = await harness.message(question, mention_bot=True, channel_id=channel, guild_id=GUILD, author_id=user)
+                          user: int, roles: list[int] | None = None) -> str:
+    sent = await harness.message(question, mention_bot=True, channel_id=channel, guild_id=GUILD, author_id=user,
+                                 roles=roles)
     messages = fake.bot_messages(int(sent["id"]))  # answered in a thread started from the message
     return "\n".join((m.get("content") or "") + " ".join(e.get("description") or "" for e in m.get("embeds") or [])
                      for m in messages)
@@ -678,3 +679,32 @@ async def test_slack_share_answers_from_the_channels_sources(kb_factory, tmp_pat
         [public] = await wait_for(lambda: [m for m in slack.thread(channel, event["ts"]) if finished(m)],
                                   what="the shared answer")
         assert public_text not in public.visible_text  # ... and to the shared one
+
+
+async def test_discord_member_without_a_role_is_a_guest_when_asked(kb_factory, tmp_path, discord_api):
+    """DISCORD_GUEST_WITHOUT_ROLE: a server member holding no role besides @everyone is treated as a guest
+    (GUEST_ACCESS=none: no answer), and Manage Server does not make them an admin."""
+    kb = await open_world(kb_factory, tmp_path)
+    question, public_text = "How many vacation days do full-time employees get?", "25 days"
+    fin, out = PEOPLE["fin"][2], PEOPLE["out"][2]
+    channel, restricted, role = 820000000000000011, 820000000000000012, 830000000000000011
+    bot, harness = await start_discord(kb, discord_api, {channel: None, restricted: role},
+                                       discord_guest_without_role=True)
+    try:
+        discord_api.add_member(GUILD, fin, [role])
+        discord_api.add_member(GUILD, out, [])
+        assert public_text in await discord_mention(harness, discord_api, channel, question, fin, [role])
+        shown = await discord_mention(harness, discord_api, channel, question, out, [])
+        assert public_text not in shown and "I can't answer this here" in shown
+        status = await harness.slash("kb status", guild_id=GUILD, channel_id=channel, user_id=out,
+                                     permissions=MEMBER_PERMISSIONS | MANAGE_GUILD)
+        refused = " ".join(m.get("content") or "" for m in discord_api.interaction_messages(status["token"]))
+        assert "needs an admin" in refused and "chunks" not in refused
+    finally:
+        await bot.close()
+    # Without the setting, the same member is answered as before.
+    bot, harness = await start_discord(kb, discord_api, {channel: None, restricted: role})
+    try:
+        assert public_text in await discord_mention(harness, discord_api, channel, question, out, [])
+    finally:
+        await bot.close()
