@@ -708,3 +708,30 @@ async def test_discord_member_without_a_role_is_a_guest_when_asked(kb_factory, t
         assert public_text in await discord_mention(harness, discord_api, channel, question, out, [])
     finally:
         await bot.close()
+
+
+async def test_discord_share_answers_from_the_channels_sources(kb_factory, tmp_path, discord_api):
+    from bot.chat.channels import set_sources
+
+    kb = await open_world(kb_factory, tmp_path)
+    other = tmp_path / "it"
+    write(other, "vpn.md", "# VPN setup\n\nInstall the WireGuard client and import the profile from the portal.\n")
+    assert not (await kb.sync(FolderSource(other, "it"))).failed
+    question, public_text = "How many vacation days do full-time employees get?", "25 days"
+    fin = PEOPLE["fin"][2]
+    channel = 820000000000000021
+    await set_sources(BotState(kb.engine), f"discord:{GUILD}:{channel}", ["it"], "test")
+    bot, harness = await start_discord(kb, discord_api, {channel: None})
+    try:
+        ask = await harness.slash("ask", [{"type": 3, "name": "question", "value": question},
+                                          {"type": 5, "name": "private", "value": True}],
+                                  guild_id=GUILD, channel_id=channel, user_id=fin)
+        [private] = discord_api.interaction_messages(ask["token"])
+        assert public_text not in private["content"]  # the channel's sources apply to a private /ask
+        share = next(c for row in private["components"] for c in row["components"]
+                     if c["custom_id"].startswith("ragbot:share:"))
+        clicked = await harness.click(private, share["custom_id"], guild_id=GUILD, channel_id=channel, user_id=fin)
+        shared = discord_api.interaction_messages(clicked["token"])
+        assert shared and public_text not in " ".join(m.get("content") or "" for m in shared)  # and when shared
+    finally:
+        await bot.close()
