@@ -624,6 +624,15 @@ async def test_slack_guests_and_other_organisations_get_nothing_and_are_never_ad
         assert public_text in await settled_answer(slack, bot, new_channel_with(slack, ["UFIN"]), public_question,
                                                  "UFIN")
 
+    # Enterprise Grid: a user of another workspace of the same organisation is a member; of another one, not.
+    slack.enterprise_id = "E1"
+    slack.add_user("UGRID", email="grid@example.com", team_id="T3", enterprise_id="E1")
+    slack.add_user("UOTHERORG", email="other@example.com", team_id="T4", enterprise_id="E2")
+    async with running_bot(kb, slack) as bot:
+        for user, answered in (("UGRID", True), ("UOTHERORG", False)):
+            shown = await settled_answer(slack, bot, new_channel_with(slack, [user]), public_question, user)
+            assert (public_text in shown) is answered, user
+
     # GUEST_ACCESS=everyone: documents shared with everyone, and nothing more (not their mapping, not their email).
     async with running_bot(kb, slack, guest_access="everyone") as bot:
         channel = new_channel("D")

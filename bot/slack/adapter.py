@@ -111,10 +111,14 @@ class SlackUser:
     team_id: str | None = None
     guest: bool = False  # is_restricted or is_ultra_restricted
     stranger: bool = False  # is_stranger
+    enterprise_id: str | None = None  # enterprise_user.enterprise_id: their Enterprise Grid organisation
 
-    def standing(self, home_team: str | None) -> Standing:
-        """A guest, or a user of another organisation (a stranger, or a team that is not the installed one)."""
-        if self.stranger or (home_team is not None and self.team_id is not None and self.team_id != home_team):
+    def standing(self, home_team: str | None, home_enterprise: str | None = None) -> Standing:
+        """A guest, or a user of another organisation: a stranger, or a team that is not the installed one (on
+        Enterprise Grid, another workspace of the installing organisation is the same organisation)."""
+        same_org = home_enterprise is not None and self.enterprise_id == home_enterprise
+        other_team = home_team is not None and self.team_id is not None and self.team_id != home_team
+        if self.stranger or (other_team and not same_org):
             return Standing(True, "a user of another organisation")
         if self.guest:
             return Standing(True, "a guest")
@@ -147,6 +151,7 @@ class UserDirectory:
             team_id=data.get("team_id") or None,
             guest=bool(data.get("is_restricted") or data.get("is_ultra_restricted")),
             stranger=bool(data.get("is_stranger")),
+            enterprise_id=(data.get("enterprise_user") or {}).get("enterprise_id") or None,
         )
         self._cache[user_id] = (time.monotonic(), user)
         return user
@@ -210,6 +215,7 @@ class SlackAdapter:
                                           max_members=self.settings.channel_audience_max_members,
                                           guest_access=self.settings.guest_access)
         self.team_id: str | None = None  # the installed workspace (auth.test): users of other teams are outsiders
+        self.enterprise_id: str | None = None
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -226,6 +232,7 @@ class SlackAdapter:
         self.bot_user_id = identity.get("user_id")
         self.bot_id = identity.get("bot_id")
         self.team_id = identity.get("team_id") or None
+        self.enterprise_id = identity.get("enterprise_id") or None  # Enterprise Grid: the installing organisation
         logger.info("Slack: connected as %s in %s (%s mode)", identity.get("user"), identity.get("team"),
                     "Socket" if self.socket_mode else "HTTP")
         # Questions a crashed process claimed but never answered: finished in their placeholders (bot.chat.lease).
@@ -440,7 +447,7 @@ class SlackAdapter:
         """A DM, an assistant thread or an ephemeral answer: the asker's access. A channel: its audience."""
         identity = f"slack:{where.user}"
         user = await self.users.get(where.user)
-        standing = user.standing(self.team_id) if user else MEMBER
+        standing = user.standing(self.team_id, self.enterprise_id) if user else MEMBER
         if where.private or where.ephemeral or where.channel.startswith("D"):
             audience = await private_audience(self.kb, identity, user.email if user and not standing.outsider else None)
         else:
@@ -482,7 +489,7 @@ class SlackAdapter:
                 user = await self.users.get(user_id)
             if user is None:
                 raise AudienceUnavailable(f"users.info failed for {user_id}")
-            return Member(f"slack:{user_id}", user.email, user.is_bot, user.standing(self.team_id).outsider)
+            return Member(f"slack:{user_id}", user.email, user.is_bot, user.standing(self.team_id, self.enterprise_id).outsider)
 
         return list(await asyncio.gather(*(member(u) for u in dict.fromkeys(ids))))
 
@@ -580,7 +587,7 @@ class SlackAdapter:
         team = command.get("team_id") or "T"
         user = await self.users.get(user_id) if user_id else None
         # Workspace admins and owners of the installed team only: an external user's is_admin is about their own.
-        platform_admin = bool(user and trusted_admin(user.is_admin, user.standing(self.team_id)))
+        platform_admin = bool(user and trusted_admin(user.is_admin, user.standing(self.team_id, self.enterprise_id)))
         listed = self.settings.is_listed_admin(PLATFORM, user_id)
         caller = admin.Caller(f"slack:{user_id}", platform_admin or listed,
                               channel_key=None if channel.startswith("D") or not channel else f"slack:{team}:{channel}",
