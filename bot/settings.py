@@ -26,6 +26,11 @@ class BotSettings(BaseSettings):
     admin_user_ids: str = ""
     # How long a user's email and admin flag (users.info) are cached.
     user_cache_seconds: int = Field(default=600, ge=0)
+    # What guests and other organisations' users get (Slack single/multi-channel guests, Slack Connect users of
+    # another workspace; on Discord, members without a role when DISCORD_GUEST_WITHOUT_ROLE): `none` (no document,
+    # in a DM or in a channel they are a member of) or `everyone` (documents shared with everyone, nothing more).
+    # They are never admins. docs/security.md, "Trust model".
+    guest_access: Literal["none", "everyone"] = "none"
 
     # Channel audiences (docs/permissions.md, "In chat"): a private Slack channel or a Discord channel hidden from
     # @everyone answers from what every member may see. Its member list is re-read at least every this many seconds
@@ -79,6 +84,9 @@ class BotSettings(BaseSettings):
     discord_message_content: bool = True
     # Seconds between edits of a message while an answer streams in (Discord allows about 5 edits per 5 s).
     discord_edit_interval_seconds: float = Field(default=1.2, ge=0.0)
+    # Discord has no guests: with this on, a server member holding no role besides @everyone is treated as one
+    # (GUEST_ACCESS applies to them, and they are never admins).
+    discord_guest_without_role: bool = False
 
     @property
     def chat_platforms(self) -> list[str]:

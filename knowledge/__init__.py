@@ -23,6 +23,7 @@ _EXPORTS: dict[str, str] = {
     "ResolvedPrincipals": "knowledge.access",
     "DocumentVerdict": "knowledge.access",
     "check_principal": "knowledge.access",
+    "normalise": "knowledge.access",
     # asking
     "Answer": "knowledge.answer.answering",
     "Citation": "knowledge.answer.answering",
@@ -72,7 +73,7 @@ __all__ = ["Answer", "ChatMessage", "Citation", "DocumentRef", "DocumentVerdict"
     "RecentlySynced", "Remedy", "ResolvedPrincipals", "SearchFilters", "SearchHit", "SearchResults", "SearchTuning",
     "SourceAuthError", "SourceBusy", "SourceConfigError", "SourceConflict", "SourceError", "SourceInfo",
     "SourceItem", "SourceSpec", "SourceStatus", "SourceUnavailable", "StaticSource", "SyncReport", "SyncRun", "SyncWarning",
-    "UnknownSource", "check_principal", "format_interval", "parse_interval"]
+    "UnknownSource", "check_principal", "format_interval", "normalise", "parse_interval"]
 
 
 def __getattr__(name: str) -> Any:
@@ -89,7 +90,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on first use
-    from knowledge.access import EVERYONE, DocumentVerdict, Person, ResolvedPrincipals, check_principal
+    from knowledge.access import EVERYONE, DocumentVerdict, Person, ResolvedPrincipals, check_principal, normalise
     from knowledge.answer.answering import Answer, Citation
     from knowledge.answer.memory import ChatMessage
     from knowledge.errors import (

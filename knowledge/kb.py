@@ -312,15 +312,18 @@ class KnowledgeBase:
             return await directory_store.list_states(conn)
 
     async def explain_access(
-        self, person: str | Person | Sequence[str], document: str | None = None,
+        self, person: str | Person | Sequence[str], document: str | None = None, *,
+        visible_to: Sequence[str] | None = None,
     ) -> tuple[ResolvedPrincipals, list[DocumentVerdict]]:
         """A person's principals with their origins and, for the documents `document` names (an id, URL,
-        `SOURCE:ID` or title), whether they may see each and which of its principals matched."""
+        `SOURCE:ID` or title, taken literally), whether they may see each and which of its principals matched.
+        `visible_to`: only documents these principals may see are looked at (a chat admin's own access; the CLI,
+        an operator, passes None)."""
         resolved = await self.access.principals_for(person)
         if document is None:
             return resolved, []
         async with self.engine.connect() as conn:
-            found = await directory_store.find_documents(conn, document)
+            found = await directory_store.find_documents(conn, document, visible_to=visible_to)
         return resolved, [verdict(resolved, d) for d in found]
     # Usage and retention (issue 34): what the gaps report and the retention job need from the knowledge side.
 

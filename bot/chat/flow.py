@@ -23,6 +23,7 @@ from bot.chat.access import Audience
 from bot.chat.auto import is_answer, outcome_of
 from bot.chat.channels import ChannelSettings, channel_settings
 from bot.chat.errors import apology, new_error_id
+from bot.chat.guests import OUTSIDER_REPLY
 from bot.chat.state import BotState
 
 if TYPE_CHECKING:
@@ -63,6 +64,10 @@ class Ask:
     history: Callable[[], Awaitable[Sequence[ChatMessage] | None]] | None = None  # earlier thread messages
     channel_key: str | None = None  # the channel asked in ("slack:T1:C2"): its settings apply; None in a DM
     auto: bool = False  # a help-channel question nobody addressed to the bot: posted only if it is an answer
+
+
+class _NoAudience(Exception):
+    """The answer's audience holds no principal (an outsider under GUEST_ACCESS=none): nothing is answered."""
 
 
 class ChatFlow:
@@ -177,6 +182,8 @@ class ChatFlow:
                 await reply.begin()
                 channel = await self.channel_settings(ask.channel_key)
                 audience = await ask.audience()
+                if not audience.principals:  # an outsider asks or reads (bot.chat.guests): no answer at all
+                    raise _NoAudience()
                 prior = await ask.history() if ask.history is not None else None
                 on_text = await reply.open()
                 if keeper is not None:
@@ -214,6 +221,13 @@ class ChatFlow:
             await reply.deliver(answer, answer_id)
             if keeper is not None:
                 await keeper.delivered()
+        except _NoAudience:
+            logger.info("%s: %s not answered: its audience holds no principal (GUEST_ACCESS)", self.platform,
+                        ask.conversation_id)
+            await reply.fail(OUTSIDER_REPLY)
+            if keeper is not None:
+                await keeper.delivered()
+            return None
         except Exception as exc:
             text = self.failure(stage, exc, where=ask.conversation_id)
             try:
@@ -240,6 +254,8 @@ class ChatFlow:
             self.count("questions")
             started = time.perf_counter()
             audience = await ask.audience()
+            if not audience.principals:  # an outsider asked or reads the channel: nothing is posted
+                return None
             answer = await self.kb.answer(ask.question, list(audience.principals), ask.conversation_id,
                                           asker=ask.asker, sources=channel.sources)
             posting = is_answer(answer)

@@ -67,6 +67,24 @@ class IdentityMapping:
 
 
 @dataclass(frozen=True)
+class AuditEntry:
+    """One change of who may see what (or a refused attempt): the `audit_log` table (migration 0016)."""
+
+    at: datetime
+    actor: str  # a chat identity ("slack:U1"), or "cli"
+    actor_role: str  # "operator" (the CLI, ADMIN_USER_IDS) or "platform-admin"
+    action: str  # "users map", "users unmap", "channel-access add", "channel-access remove"
+    subject: str  # the identity mapped, or the channel key
+    principal: str | None
+    outcome: str  # "done", "unchanged", "refused"
+    detail: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"at": self.at.isoformat(), "actor": self.actor, "actor_role": self.actor_role, "action": self.action,
+                "subject": self.subject, "principal": self.principal, "outcome": self.outcome, "detail": self.detail}
+
+
+@dataclass(frozen=True)
 class DeliveredAnswer:
     id: int
     platform: str
@@ -335,6 +353,29 @@ class BotState:
                 {"i": identity},
             )
             return [IdentityMapping(r.identity, r.principal, r.mapped_by, r.mapped_at) for r in rows]
+
+    # The audit log of access changes (issue 38).
+
+    async def record_audit(self, *, actor: str, actor_role: str, action: str, subject: str, principal: str | None,
+                           outcome: str, detail: str | None = None) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                text("INSERT INTO audit_log (actor, actor_role, action, subject, principal, outcome, detail) "
+                     "VALUES (:actor, :role, :action, :subject, :principal, :outcome, :detail)"),
+                {"actor": actor, "role": actor_role, "action": action, "subject": subject, "principal": principal,
+                 "outcome": outcome, "detail": detail},
+            )
+
+    async def audit_entries(self, limit: int = 100, since: datetime | None = None) -> list[AuditEntry]:
+        """The newest entries first."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                text("SELECT at, actor, actor_role, action, subject, principal, outcome, detail FROM audit_log "
+                     "WHERE CAST(:since AS timestamptz) IS NULL OR at >= :since ORDER BY id DESC LIMIT :n"),
+                {"since": since, "n": limit},
+            )
+            return [AuditEntry(r.at, r.actor, r.actor_role, r.action, r.subject, r.principal, r.outcome, r.detail)
+                    for r in rows]
 
     # Delivered answers and feedback.
 

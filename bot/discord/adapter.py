@@ -44,6 +44,7 @@ from bot.chat.delivery import channel_mode
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_rating
 from bot.chat.flow import Ask, ChatFlow, OnText
+from bot.chat.guests import MEMBER, Standing, outsider_audience, trusted_admin
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import SourceEntry, sources_list, split_text
 from bot.chat.sanitize import quote_safe
@@ -370,7 +371,8 @@ class RagbotDiscord(discord.Client):
         self.tree.error(self._on_command_error)  # discord.py's documented way to replace the tree's on_error
         self.background: set[asyncio.Task[Any]] = set()  # reindex jobs still running
         self.audiences = ChannelAudiences(kb, self.flow.state, ttl_seconds=settings.channel_audience_ttl,
-                                          max_members=settings.channel_audience_max_members)
+                                          max_members=settings.channel_audience_max_members,
+                                          guest_access=settings.guest_access)
         _register_commands(self)
 
     # ---- start-up -------------------------------------------------------------------------------------------------
@@ -409,13 +411,38 @@ class RagbotDiscord(discord.Client):
     def identity(user: discord.abc.User) -> str:
         return f"{PLATFORM}:{user.id}"
 
+    def standing(self, user: discord.abc.User) -> Standing:
+        """Discord has no guests; with DISCORD_GUEST_WITHOUT_ROLE a server member holding no role besides @everyone
+        is treated as one (bot.chat.guests). In a DM the user is looked up in the servers the gateway cached: a
+        role in any of them makes a member; found nowhere with a role, a guest (fail closed)."""
+        if not self.settings.discord_guest_without_role:
+            return MEMBER
+        if isinstance(user, discord.Member):
+            return MEMBER if len(user.roles) > 1 else Standing(True, "a server member without a role")
+        for guild in self.guilds:
+            member = guild.get_member(user.id)
+            if member is not None and len(member.roles) > 1:
+                return MEMBER
+        return Standing(True, "a user without a role in the bot's servers")
+
     async def private_audience(self, user: discord.abc.User) -> access.Audience:
-        return await access.private_audience(self.kb, self.identity(user))
+        audience = await access.private_audience(self.kb, self.identity(user))
+        return outsider_audience(audience, self.standing(user), self.settings.guest_access)
 
     async def shared_audience(self, user: discord.abc.User, guild_id: int, channel_id: int) -> access.Audience:
         """Who reads an answer in this channel (a thread passes its parent): `everyone` + grants where @everyone
         may view it, the members' common principals + grants where the overwrites hide it (bot.chat.audience)."""
-        return await self.audiences.audience(channel_key(guild_id, channel_id), self.identity(user),
+        audience = await self.audiences.audience(channel_key(guild_id, channel_id), self.identity(user),
+                                                 lambda limit: self.channel_members(guild_id, channel_id, limit))
+        return outsider_audience(audience, self.standing(user), self.settings.guest_access)
+
+    async def reads_channel(self, key: str, user: discord.abc.User) -> bool:
+        """Could this user view the channel `key` ("discord:<guild>:<channel>")? For `/kb gaps`."""
+        parts = key.split(":")
+        if len(parts) != 3 or parts[0] != PLATFORM or not parts[1].isdigit() or not parts[2].isdigit():
+            return False
+        guild_id, channel_id = int(parts[1]), int(parts[2])
+        return await self.audiences.may_read(key, self.identity(user),
                                              lambda limit: self.channel_members(guild_id, channel_id, limit))
 
     async def channel_members(self, guild_id: int, channel_id: int, limit: int) -> list[Member] | None:
@@ -439,7 +466,7 @@ class RagbotDiscord(discord.Client):
         people = [m for m in viewers if not m.bot]
         if len(people) > limit:
             raise AudienceUnavailable(f"more than CHANNEL_AUDIENCE_MAX_MEMBERS={limit} members")
-        return [Member(self.identity(m), None, m.bot) for m in viewers]
+        return [Member(self.identity(m), None, m.bot, self.standing(m).outsider) for m in viewers]
 
     async def _fetch_guild_members(self, guild: discord.Guild) -> list[discord.Member]:
         members: list[discord.Member] = []
@@ -486,7 +513,8 @@ class RagbotDiscord(discord.Client):
         Discord's default-permission hint shows to whom."""
         if self.settings.is_listed_admin(PLATFORM, str(interaction.user.id)):
             return True
-        return interaction.guild_id is not None and interaction.permissions.manage_guild
+        return interaction.guild_id is not None and trusted_admin(interaction.permissions.manage_guild,
+                                                                  self.standing(interaction.user))
 
     # ---- answering ------------------------------------------------------------------------------------------------
 
@@ -536,7 +564,8 @@ class RagbotDiscord(discord.Client):
                 return await access.private_audience(self.kb, asker)
             return await access.shared_audience(self.flow.state, asker, channel_key(int(guild), int(audience_channel)))
 
-        return Ask(pending.question, pending.conversation_id, asker, audience), reply
+        settings_of = channel_key(int(guild), int(audience_channel)) if guild and audience_channel else None
+        return Ask(pending.question, pending.conversation_id, asker, audience, channel_key=settings_of), reply
 
     def question_from(self, message: discord.Message) -> str:
         """The message text without the bot's mention (`<@id>` or `<@!id>`)."""
@@ -668,9 +697,11 @@ class RagbotDiscord(discord.Client):
         async def send(**kwargs: Any) -> Any:
             return await interaction.followup.send(wait=True, **kwargs)
 
+        # Answered again as any question in this channel: its audience and its sources (`/kb channel sources`).
         await self.answer_into(send, delivered.question, lambda: self.shared_audience(interaction.user, guild_id,
                                                                                      channel_id),
-                               f"{PLATFORM}:{guild_id}:{interaction.channel_id}:share:{answer_id}", asker)
+                               f"{PLATFORM}:{guild_id}:{interaction.channel_id}:share:{answer_id}", asker,
+                               channel=channel_key(guild_id, channel_id))
 
     async def record_feedback(self, interaction: discord.Interaction, answer_id: int, vote: Rating) -> None:
         ack = await self.flow.feedback(answer_id, self.identity(interaction.user), vote)
@@ -778,6 +809,7 @@ def _register_commands(bot: RagbotDiscord) -> None:
         share = bool(private and interaction.guild_id is not None)
         audience_channel = None if private or interaction.guild_id is None else interaction.channel_id
         await bot.answer_into(send, question, audience, conversation, bot.identity(interaction.user), private=share,
+                              channel=_interaction_channel_key(interaction),  # its sources apply
                               claim=claim, target=_interaction_target(interaction, audience_channel,
                                                                       ephemeral=bool(private), share=share))
 
@@ -792,7 +824,9 @@ def _register_commands(bot: RagbotDiscord) -> None:
         reindex) is acknowledged at once and its result posted as an ephemeral follow-up when it is done."""
         caller = admin.Caller(bot.identity(interaction.user), bot.is_admin(interaction),
                               _interaction_channel_key(interaction),
-                              workspace=f"{PLATFORM}:{interaction.guild_id}:" if interaction.guild_id else None)
+                              workspace=f"{PLATFORM}:{interaction.guild_id}:" if interaction.guild_id else None,
+                              operator=bot.settings.is_listed_admin(PLATFORM, str(interaction.user.id)),
+                              reads_channel=lambda key: bot.reads_channel(key, interaction.user))
         if defer:
             await interaction.response.defer(ephemeral=True, thinking=True)
         result = await bot.flow.command(shlex.join(words), caller)

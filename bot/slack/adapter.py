@@ -51,6 +51,7 @@ from bot.chat.delivery import asks_privately, channel_mode, private_conversation
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_button_value
 from bot.chat.flow import Ask, ChatFlow, OnText
+from bot.chat.guests import MEMBER, Standing, outsider_audience, trusted_admin
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import sources_list
 from bot.slack.format import (
@@ -99,10 +100,29 @@ _USER_ID = re.compile(r"^(?:slack:)?([UW][A-Z0-9]{2,})$")
 
 @dataclass(frozen=True)
 class SlackUser:
+    """What users.info says of a user (https://api.slack.com/types/user): `team_id`, the guest flags
+    `is_restricted` (multi-channel guest) / `is_ultra_restricted` (single-channel guest), `is_stranger` (a user of
+    another organisation met through Slack Connect)."""
+
     id: str
     email: str | None
     is_admin: bool
     is_bot: bool
+    team_id: str | None = None
+    guest: bool = False  # is_restricted or is_ultra_restricted
+    stranger: bool = False  # is_stranger
+    enterprise_id: str | None = None  # enterprise_user.enterprise_id: their Enterprise Grid organisation
+
+    def standing(self, home_team: str | None, home_enterprise: str | None = None) -> Standing:
+        """A guest, or a user of another organisation: a stranger, or a team that is not the installed one (on
+        Enterprise Grid, another workspace of the installing organisation is the same organisation)."""
+        same_org = home_enterprise is not None and self.enterprise_id == home_enterprise
+        other_team = home_team is not None and self.team_id is not None and self.team_id != home_team
+        if self.stranger or (other_team and not same_org):
+            return Standing(True, "a user of another organisation")
+        if self.guest:
+            return Standing(True, "a guest")
+        return MEMBER
 
 
 class UserDirectory:
@@ -128,6 +148,10 @@ class UserDirectory:
             email=(data.get("profile") or {}).get("email") or None,
             is_admin=bool(data.get("is_admin") or data.get("is_owner") or data.get("is_primary_owner")),
             is_bot=bool(data.get("is_bot")),
+            team_id=data.get("team_id") or None,
+            guest=bool(data.get("is_restricted") or data.get("is_ultra_restricted")),
+            stranger=bool(data.get("is_stranger")),
+            enterprise_id=(data.get("enterprise_user") or {}).get("enterprise_id") or None,
         )
         self._cache[user_id] = (time.monotonic(), user)
         return user
@@ -189,7 +213,10 @@ class SlackAdapter:
         )
         self.users = UserDirectory(self.client, self.settings.user_cache_seconds)
         self.audiences = ChannelAudiences(self.kb, self.flow.state, ttl_seconds=self.settings.channel_audience_ttl,
-                                          max_members=self.settings.channel_audience_max_members)
+                                          max_members=self.settings.channel_audience_max_members,
+                                          guest_access=self.settings.guest_access)
+        self.team_id: str | None = None  # the installed workspace (auth.test): users of other teams are outsiders
+        self.enterprise_id: str | None = None
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -205,6 +232,8 @@ class SlackAdapter:
         identity = await self.client.auth_test()
         self.bot_user_id = identity.get("user_id")
         self.bot_id = identity.get("bot_id")
+        self.team_id = identity.get("team_id") or None
+        self.enterprise_id = identity.get("enterprise_id") or None  # Enterprise Grid: the installing organisation
         logger.info("Slack: connected as %s in %s (%s mode)", identity.get("user"), identity.get("team"),
                     "Socket" if self.socket_mode else "HTTP")
         # Questions a crashed process claimed but never answered: finished in their placeholders (bot.chat.lease).
@@ -377,6 +406,7 @@ class SlackAdapter:
             SlackEphemeralReply(self, where) if where.ephemeral
             else SlackReply(self, where, placeholder_ts=pending.claim.placeholder)
         )
+        # The channel's settings (its sources) apply as they did to the first attempt.
         ask = Ask(pending.question, pending.conversation_id, pending.asker, lambda: self._audience(where),
                   channel_key=None if where.private else where.channel_key)
         return ask, reply
@@ -418,11 +448,16 @@ class SlackAdapter:
     async def _audience(self, where: Where) -> Audience:
         """A DM, an assistant thread or an ephemeral answer: the asker's access. A channel: its audience."""
         identity = f"slack:{where.user}"
+        user = await self.users.get(where.user)
+        standing = user.standing(self.team_id, self.enterprise_id) if user else MEMBER
         if where.private or where.ephemeral or where.channel.startswith("D"):
-            user = await self.users.get(where.user)
-            return await private_audience(self.kb, identity, user.email if user else None)
-        return await self.audiences.audience(where.channel_key, identity,
-                                             lambda limit: self._channel_members(where.channel, limit))
+            audience = await private_audience(self.kb, identity, user.email if user and not standing.outsider else None)
+        else:
+            audience = await self.audiences.audience(where.channel_key, identity,
+                                                     lambda limit: self._channel_members(where.channel, limit))
+        if standing.outsider:
+            logger.info("Slack: %s is %s: GUEST_ACCESS=%s applies", identity, standing.why, self.settings.guest_access)
+        return outsider_audience(audience, standing, self.settings.guest_access)
 
     async def _channel_members(self, channel: str, limit: int) -> list[Member] | None:
         """None for a public channel (everyone may join it); the members of a private channel or group DM
@@ -433,8 +468,8 @@ class SlackAdapter:
             info = (await self.client.conversations_info(channel=channel)).get("channel") or {}
         except SlackClientError as exc:
             raise AudienceUnavailable(f"conversations.info failed: {_slack_error(exc)}") from exc
-        if not (info.get("is_private") or info.get("is_mpim") or info.get("is_group")):
-            return None
+        if not (info.get("is_private") or info.get("is_mpim") or info.get("is_group") or info.get("is_ext_shared")):
+            return None  # public, and not shared with another organisation: open to every member of the workspace
         ids: list[str] = []
         cursor: str | None = None
         try:
@@ -456,7 +491,7 @@ class SlackAdapter:
                 user = await self.users.get(user_id)
             if user is None:
                 raise AudienceUnavailable(f"users.info failed for {user_id}")
-            return Member(f"slack:{user_id}", user.email, user.is_bot)
+            return Member(f"slack:{user_id}", user.email, user.is_bot, user.standing(self.team_id, self.enterprise_id).outsider)
 
         return list(await asyncio.gather(*(member(u) for u in dict.fromkeys(ids))))
 
@@ -553,14 +588,26 @@ class SlackAdapter:
         channel = command.get("channel_id") or ""
         team = command.get("team_id") or "T"
         user = await self.users.get(user_id) if user_id else None
-        is_admin = bool(user and user.is_admin) or self.settings.is_listed_admin(PLATFORM, user_id)
-        caller = admin.Caller(f"slack:{user_id}", is_admin,
+        # Workspace admins and owners of the installed team only: an external user's is_admin is about their own.
+        platform_admin = bool(user and trusted_admin(user.is_admin, user.standing(self.team_id, self.enterprise_id)))
+        listed = self.settings.is_listed_admin(PLATFORM, user_id)
+        caller = admin.Caller(f"slack:{user_id}", platform_admin or listed,
                               channel_key=None if channel.startswith("D") or not channel else f"slack:{team}:{channel}",
-                              workspace=f"slack:{team}:", resolve_person=self.person)
+                              workspace=f"slack:{team}:", resolve_person=self.person,
+                              email=user.email if user else None, operator=listed,
+                              reads_channel=lambda key: self._reads_channel(key, user_id))
         result = await self.flow.command(command.get("text") or "", caller)
         await ack(response_type="ephemeral", text=to_mrkdwn(result.text))
         if result.followup is not None:
             self._spawn(self._run_followup(result.followup, respond, channel, user_id))
+
+    async def _reads_channel(self, key: str, user_id: str) -> bool:
+        """Could this user read the channel `key` ("slack:T1:C2") as a member? Public: yes; private: if a member."""
+        prefix, _, channel = key.rpartition(":")
+        if not channel or prefix != f"slack:{self.team_id or prefix.partition(':')[2]}":
+            return False  # another workspace's channel
+        return await self.audiences.may_read(key, f"slack:{user_id}",
+                                             lambda limit: self._channel_members(channel, limit))
 
     async def _run_followup(self, job: Callable[[], Awaitable[str]], respond: Any, channel: str, user_id: str) -> None:
         text = await self.flow.followup(job)
@@ -608,8 +655,9 @@ class SlackAdapter:
         if not await self.flow.claim(f"slack:share:{answer_id}"):
             return
         where = Where(team, channel, thread_ts, thread_ts, user_id, private=False)
+        # Answered again as any question in this channel: its audience and its sources (`/kb channel sources`).
         ask = Ask(delivered.question, public_conversation(delivered.conversation_id), f"slack:{user_id}",
-                  lambda: self._audience(where))
+                  lambda: self._audience(where), channel_key=where.channel_key)
         await self.flow.answer(ask, SlackReply(self, where))
 
 

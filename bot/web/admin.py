@@ -8,8 +8,8 @@
   forbids scripts). No secrets are rendered: sources show their kind and location, never their configuration.
 
 Sections: sources with their last run and error, the sync history, questions per day and answer rate (SVG), gaps
-by topic (bot.chat.insights, as an operator sees them: a private conversation's questions without the asker), and
-recent feedback.
+by topic (bot.chat.insights, as an operator sees them: a private conversation's questions without the asker),
+recent feedback, and the audit log of access changes (identity mappings, channel grants).
 """
 
 from __future__ import annotations
@@ -191,6 +191,7 @@ async def render_page(kb: KnowledgeBase, state: BotState, now: datetime | None =
     runs = await kb.sync_runs(None, 50)
     report = await build_report(kb, state, timedelta(days=DAYS), Viewer(), now=now)
     feedback = await state.recent_feedback(30)
+    audit = await state.audit_entries(50)
     source_rows = []
     for s in sources:
         run = s.last_run
@@ -202,6 +203,8 @@ async def render_page(kb: KnowledgeBase, state: BotState, now: datetime | None =
                  f"+{r.added} ~{r.updated} -{r.deleted} ={r.unchanged} !{r.failed}", r.error or "") for r in runs]
     feedback_rows = [(_when(f.created_at), f.rating, f.platform, f.question)
                      for f in feedback]
+    audit_rows = [(_when(a.at), a.actor, a.actor_role, a.action, a.subject, a.principal or "", a.outcome)
+                  for a in audit]
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>ragbot admin</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><meta name="referrer" content="no-referrer">
@@ -210,7 +213,7 @@ async def render_page(kb: KnowledgeBase, state: BotState, now: datetime | None =
 <h1>ragbot admin</h1>
 <p class="meta">Read-only. Generated {_e(_when(now))} UTC; activity over the last {DAYS} days.</p>
 <nav><a href="#activity">Activity</a><a href="#sources">Sources</a><a href="#syncs">Sync history</a>
-<a href="#gaps">Gaps</a><a href="#documents">Documents</a><a href="#feedback">Feedback</a></nav>
+<a href="#gaps">Gaps</a><a href="#documents">Documents</a><a href="#feedback">Feedback</a><a href="#audit">Audit log</a></nav>
 <section id="activity"><h2>Activity</h2>{charts(report)}</section>
 <section id="sources"><h2>Sources</h2>
 {_table(["name", "kind", "location", "documents", "last run", "when", "error"], source_rows, "No sources yet.")}
@@ -223,4 +226,8 @@ topic. Questions from private conversations are shown without the asker.</p>{gap
 <section id="documents"><h2>Documents</h2>{documents_section(report)}</section>
 <section id="feedback"><h2>Feedback</h2>
 {_table(["when", "rating", "platform", "question"], feedback_rows, "No feedback yet.")}</section>
+<section id="audit"><h2>Audit log</h2><p class="meta">Who changed who may see what (identity mappings, channel
+grants), newest first, refused attempts included (`ragbot audit` shows more).</p>
+{_table(["when", "actor", "as", "action", "subject", "principal", "outcome"], audit_rows, "No access changes yet.")}
+</section>
 </body></html>"""

@@ -238,7 +238,7 @@ class Answerer:
         settings = self.settings
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        # Only turns whose cited documents this audience may still see (a revoked grant drops the earlier answers).
+        # Only turns whose prompts held nothing this audience may not see now (a narrower asker, a revoked grant).
         history = await self.memory.history(conversation_id, prior_messages, audience=principals)
         rewrite = await self.memory.standalone_query(question, history)
         query = rewrite.query
@@ -278,7 +278,8 @@ class Answerer:
         timings["generation_ms"] = (time.perf_counter() - started) * 1000
         answer.timings = timings
         answer.note = note or rewrite.note
-        return await self._remember(conversation_id, question, query, principals, asker, answer, cited, history)
+        return await self._remember(conversation_id, question, query, principals, asker, answer, cited, history,
+                                    [hit.chunk_id for hit in in_context])
 
     def _fit_prompt(
         self, question: str, history: History, hits: Sequence[SearchHit]
@@ -392,13 +393,15 @@ class Answerer:
 
     async def _remember(
         self, conversation_id: str, question: str, query: str, principals: Sequence[str], asker: str | None,
-        answer: Answer, cited_chunk_ids: Sequence[int], history: History,
+        answer: Answer, cited_chunk_ids: Sequence[int], history: History, context_chunk_ids: Sequence[int] = (),
     ) -> Answer:
-        """Keep the turn (follow-up rewriting and summaries build on it); the answer carries its id and query."""
+        """Keep the turn (follow-up rewriting and summaries build on it); the answer carries its id and query.
+        `context_chunk_ids`: every chunk the prompt held, cited or not (a model may restate what it did not cite):
+        a later asker who may not see all of them never gets this turn in their prompts."""
         answer.standalone_query = query
         answer.id = await self.memory.remember(
             conversation_id, question=question, standalone_query=query, answer=answer.text, principals=principals,
-            asker=asker, cited_chunk_ids=cited_chunk_ids, history=history,
+            asker=asker, cited_chunk_ids=cited_chunk_ids, history=history, context_chunk_ids=context_chunk_ids,
         )
         return answer
 

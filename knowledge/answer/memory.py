@@ -64,6 +64,10 @@ class History:
     messages: list[ChatMessage] = field(default_factory=list)
     from_thread: bool = False  # built from prior thread messages, not from stored turns
     searched: list[str] = field(default_factory=list)  # what each stored turn searched for, in user-message order
+    # The stored turns shown (their ids) and the last turn the shown summary folded (0: no summary shown): a turn
+    # answered with this history may restate what their prompts held, so it inherits their context (issue 38).
+    turn_ids: list[int] = field(default_factory=list)
+    summary_through: int = 0
 
     @property
     def empty(self) -> bool:
@@ -369,7 +373,9 @@ class ConversationMemory:
         messages: list[ChatMessage] = []
         for turn in turns:
             messages += [ChatMessage("user", turn.question), ChatMessage("assistant", plain_answer_text(turn.answer))]
-        history = self._trim(History(summary_text, messages, searched=[t.standalone_query for t in turns]))
+        history = self._trim(History(summary_text, messages, searched=[t.standalone_query for t in turns],
+                                     turn_ids=[t.id for t in turns],
+                                     summary_through=summary.through_turn_id if summary and summary_text else 0))
         kept = len(history.user_messages())  # trimming may have dropped the oldest turns
         history.searched = history.searched[len(history.searched) - kept:] if kept else []
         return history
@@ -487,9 +493,12 @@ class ConversationMemory:
     async def remember(
         self, conversation_id: str, *, question: str, standalone_query: str, answer: str, principals: Sequence[str],
         asker: str | None, cited_chunk_ids: Sequence[int], history: History | None = None,
+        context_chunk_ids: Sequence[int] = (),
     ) -> int:
         """Store the turn; returns its id (what feedback refers to). When the turn's history came from thread
-        messages the bot never saw, they are kept as the conversation's summary so later turns still see them."""
+        messages the bot never saw, they are kept as the conversation's summary so later turns still see them.
+        `context_chunk_ids`: every chunk the answer prompt held (cited or not); the context of the history's turns
+        is added to it, so a later, narrower audience never gets this turn (`turns_hidden_from`)."""
         async with self.engine.begin() as conn:
             if history is not None and history.from_thread and not history.empty:
                 carried = "\n".join(line for line in (history.summary, _thread_lines(history.messages)) if line)
@@ -498,4 +507,7 @@ class ConversationMemory:
             return await memory_store.record_turn(
                 conn, conversation_id, question=question, standalone_query=standalone_query, answer=answer,
                 principals=principals, asker=asker, cited_chunk_ids=cited_chunk_ids,
+                context_chunk_ids=context_chunk_ids,
+                history_turn_ids=history.turn_ids if history is not None else (),
+                summary_through=history.summary_through if history is not None else 0,
             )

@@ -28,15 +28,26 @@ class StoredSummary:
 async def record_turn(
     conn: AsyncConnection, conversation_id: str, *, question: str, standalone_query: str, answer: str,
     principals: Sequence[str], asker: str | None, cited_chunk_ids: Sequence[int],
+    context_chunk_ids: Sequence[int] = (), history_turn_ids: Sequence[int] = (), summary_through: int = 0,
 ) -> int:
+    """Store a turn. Its context is every chunk its prompt held (`context_chunk_ids`) plus, transitively, the
+    context of the earlier turns its history showed (`history_turn_ids`, and every turn up to `summary_through`
+    when a summary was shown): the answer may restate any of them, cited or not."""
     return int((
         await conn.execute(
             text(
                 "INSERT INTO conversation_turns (conversation_id, question, standalone_query, answer, principals, "
-                "asker, cited_chunk_ids) VALUES (:c, :q, :s, :a, :p, :asker, CAST(:chunks AS bigint[])) RETURNING id"
+                "asker, cited_chunk_ids, context_chunk_ids) VALUES (:c, :q, :s, :a, :p, :asker, "
+                "CAST(:chunks AS bigint[]), ARRAY("
+                "  SELECT DISTINCT x FROM ("
+                "    SELECT unnest(CAST(:context AS bigint[])) AS x UNION ALL SELECT unnest(CAST(:chunks AS bigint[]))"
+                "    UNION ALL SELECT unnest(coalesce(t.context_chunk_ids, t.cited_chunk_ids)) FROM conversation_turns t"
+                "    WHERE t.conversation_id = :c AND (t.id = ANY(CAST(:hist AS bigint[])) OR t.id <= :through)"
+                "  ) AS all_chunks WHERE x IS NOT NULL ORDER BY x)) RETURNING id"
             ),
             {"c": conversation_id, "q": question, "s": standalone_query, "a": answer, "p": list(principals),
-             "asker": asker, "chunks": list(cited_chunk_ids)},
+             "asker": asker, "chunks": list(cited_chunk_ids), "context": list(context_chunk_ids),
+             "hist": list(history_turn_ids), "through": summary_through},
         )
     ).scalar_one())
 
@@ -95,15 +106,19 @@ async def rarest_term_fraction(conn: AsyncConnection, text_: str, config: str) -
 
 
 async def turns_hidden_from(conn: AsyncConnection, conversation_id: str, principals: Sequence[str]) -> set[int]:
-    """Turns of the conversation that cite a chunk these principals may not see now, or one that no longer exists
-    (its document changed or was removed: what it said cannot be checked, so it counts as hidden). Turns citing
-    nothing (abstentions) are never hidden."""
+    """Turns of the conversation whose prompt held a chunk these principals may not see now, or one that no longer
+    exists (its document changed or was removed: what it said cannot be checked, so it counts as hidden). The
+    prompt's chunks (`context_chunk_ids`), not only the cited ones: an answer may restate a passage it did not cite.
+    Turns stored before that column existed fall back to their cited chunks, and are hidden as well from anyone
+    who does not hold every principal they were answered for (what else their prompt held is unknown). A turn
+    whose prompt held no chunk (an abstention before generation) is never hidden."""
     rows = await conn.execute(
         text(
-            "SELECT t.id FROM conversation_turns t WHERE t.conversation_id = :c "
-            "AND coalesce(cardinality(t.cited_chunk_ids), 0) > 0 "
-            "AND EXISTS (SELECT 1 FROM unnest(t.cited_chunk_ids) AS cited(id) LEFT JOIN chunks ch ON ch.id = cited.id "
-            "            WHERE ch.id IS NULL OR NOT (ch.access && CAST(:p AS text[])))"
+            "SELECT t.id FROM conversation_turns t WHERE t.conversation_id = :c AND ("
+            "  (t.context_chunk_ids IS NULL AND NOT (t.principals <@ CAST(:p AS text[])))"
+            "  OR EXISTS (SELECT 1 FROM unnest(coalesce(t.context_chunk_ids, t.cited_chunk_ids)) AS used(id) "
+            "             LEFT JOIN chunks ch ON ch.id = used.id "
+            "             WHERE ch.id IS NULL OR NOT (ch.access && CAST(:p AS text[]))))"
         ),
         {"c": conversation_id, "p": list(principals)},
     )

@@ -145,21 +145,35 @@ class DocumentAccess:
     access: tuple[str, ...]
 
 
-async def find_documents(conn: AsyncConnection, ref: str, limit: int = 10) -> list[DocumentAccess]:
+def like_literal(value: str) -> str:
+    """`value` matched literally inside a LIKE/ILIKE pattern (ESCAPE '\\'): `%`, `_` and `\\` lose their meaning, so
+    `/kb access @me %` names no document instead of every one."""
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+async def find_documents(
+    conn: AsyncConnection, ref: str, limit: int = 10, *, visible_to: Sequence[str] | None = None,
+) -> list[DocumentAccess]:
     """Documents named by `ref`: an exact external id, URL or `SOURCE:EXTERNAL_ID`, else an exact title, else a
-    title containing it (case-insensitive)."""
-    params = {"ref": ref, "n": limit}
+    title containing it (case-insensitive, `ref` taken literally). `visible_to`: only documents these principals
+    may see (a chat admin's own access): a title they may not read is never named to them, however they ask."""
+    params: dict[str, object] = {"ref": ref, "like": like_literal(ref), "n": limit}
+    visible = ""
+    if visible_to is not None:
+        visible = " AND d.access && CAST(:visible AS text[])"
+        params["visible"] = list(visible_to)
     queries = (
         "d.external_id = :ref OR d.url = :ref OR s.name || ':' || d.external_id = :ref",
         "lower(d.title) = lower(:ref)",
-        "d.title ILIKE '%' || :ref || '%'",
+        "d.title ILIKE '%' || :like || '%' ESCAPE '\\'",
     )
     for where in queries:
         rows = (
             await conn.execute(
                 text(
                     "SELECT s.name AS source, d.external_id, d.title, d.url, d.path, d.access FROM documents d "
-                    f"JOIN sources s ON s.id = d.source_id WHERE {where} ORDER BY s.name, d.external_id LIMIT :n"
+                    f"JOIN sources s ON s.id = d.source_id WHERE ({where}){visible} "
+                    "ORDER BY s.name, d.external_id LIMIT :n"
                 ),
                 params,
             )
