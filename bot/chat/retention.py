@@ -70,6 +70,10 @@ PERSON_COLUMNS: tuple[PersonColumn, ...] = (
     PersonColumn("documents", "author", "kept", "document metadata, re-synced from the source"),
     PersonColumn("documents", "access", "kept", "a document's sharing list, re-synced from the source"),
     PersonColumn("chunks", "access", "kept", "a copy of its document's sharing list"),
+    PersonColumn("audit_log", "actor", "kept",
+                 "the security record of who changed access: kept like the access it audits (docs/security.md)"),
+    PersonColumn("audit_log", "actor_role", "kept", "operator or platform admin: a role, not a person"),
+    PersonColumn("audit_log", "principal", "kept", "the principal an access change named (as actor)"),
 )
 
 
