@@ -114,12 +114,15 @@ def explain(
             {"source": v.source, "id": v.external_id, "title": v.title, "visible": v.visible,
              "matched": list(v.matched), "access": list(v.access)} for v in verdicts]})
         return
-    table = Table("principal", "why", "defined by")
+    table = Table("principal", "why")
     for principal in resolved.principals:
         why = "; ".join(o.describe() for o in resolved.origins.get(principal, ()))
-        table.add_row(shown(principal), shown(why), shown(describe_scope(principal) or ""))
+        table.add_row(shown(principal), shown(why))
     console.print(f"[bold]{shown(resolved.person)}[/] holds {len(resolved.principals)} principals:", highlight=False)
     console.print(table)
+    for principal in resolved.principals:  # a group is only ever the group of the directory that defines it
+        if (scope := describe_scope(principal)) is not None:
+            console.print(f"{shown(principal)} is defined by {shown(scope)}.", highlight=False, soft_wrap=True)
     if resolved.expired:
         console.print(f"[yellow]Not counted:[/] the group directory of {shown(', '.join(resolved.expired))} is past "
                       "its TTL (its groups grant nothing until a refresh succeeds).", highlight=False)
