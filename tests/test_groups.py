@@ -16,7 +16,7 @@ from test_gdrive import private_key_pem  # noqa: F401  (session fixture)
 
 from bot.chat.state import BotState
 from knowledge.access import AccessResolver
-from knowledge.errors import SourceUnavailable
+from knowledge.errors import SourceAuthError, SourceUnavailable
 from knowledge.search.retrieval import SearchFilters
 
 HR_PAGE = "<p>Salary bands are reviewed every April by the people team.</p>"
@@ -366,3 +366,143 @@ def test_cli_as_and_access_explain_show_the_scope(fresh_database, monkeypatch, d
     assert_usage_error(cli("access", "explain", "user:\uff41lice@acme.example"), "U+FF41")
     assert_usage_error(cli("search", "ledger", "--as", "user:@acme.example"), "no name before the @")
     assert_usage_error(cli("users", "map", "slack:U1", "group:drive/\u212aeys"), "U+212A")
+
+
+async def test_one_forbidden_google_group_is_skipped_and_only_it_expires(kb_factory, drive):
+    """A 403 on one group's members.list does not fail the refresh (nor blame domain-wide delegation): the other
+    groups are refreshed, that group is reported and keeps its last members until one TTL after they were listed,
+    then it alone stops granting."""
+    kb = await kb_factory(access_cache_seconds=0)
+    ids = workspace(drive)
+    await add_drive(kb, ids)
+    await kb.refresh_groups("drive")
+    (first,) = await kb.group_directories()
+    drive.directory.forbid("sales@acme.example")
+    drive.directory.remove_member("platform@acme.example", "gus@acme.example")
+    report = await kb.refresh_groups("drive")
+    assert list(report.skipped) == ["group:drive/sales@acme.example"]
+    assert "403" in report.skipped["group:drive/sales@acme.example"]
+    assert "delegation" not in report.skipped["group:drive/sales@acme.example"]
+    (state,) = await kb.group_directories()
+    assert state.error is None and state.refreshed_at > first.refreshed_at
+    assert state.skipped and "group:drive/sales@acme.example" in state.skipped[0]
+    # The others were refreshed (Gus left platform@), sales@ keeps its last members for now.
+    assert ids["arch"] not in await visible(kb, "how does billing talk to the ledger", "user:gus@acme.example")
+    assert ids["quota"] in await visible(kb, "sales quota per region", "user:sam@acme.example")
+
+    # One TTL after sales@ was last listed (but within the directory's own TTL): only sales@ stops granting.
+    ttl = 3600
+    now = [first.refreshed_at.timestamp() + ttl + (state.refreshed_at - first.refreshed_at).total_seconds() / 2]
+    resolver = AccessResolver(kb.search_engine, ttl_seconds=ttl, cache_seconds=30, clock=lambda: now[0])
+    sam = await resolver.principals_for("user:sam@acme.example")
+    assert "group:drive/sales@acme.example" not in sam.principals and not sam.expired
+    assert sam.expired_groups == ("group:drive/sales@acme.example",)
+    hits = await kb.search("sales quota per region", SearchFilters(sam.principals), k=5)
+    assert ids["quota"] not in [h.external_id for h in hits.hits]
+    dave = await resolver.principals_for("user:dave@acme.example")
+    assert "group:drive/eng@acme.example" in dave.principals  # the rest of the directory still grants
+
+    # Refused on every group: the whole refresh is refused and the last good membership kept.
+    for email in list(drive.directory.groups):
+        drive.directory.forbid(email)
+    with pytest.raises(SourceAuthError, match="every group"):
+        await kb.refresh_groups("drive")
+    drive.directory.forbid("sales@acme.example", False)
+    for email in list(drive.directory.groups):
+        drive.directory.forbid(email, False)
+    assert not (await kb.refresh_groups("drive")).skipped  # listed again: sales@ is fresh once more
+    assert "group:drive/sales@acme.example" in (await kb.principals_for("user:sam@acme.example")).principals
+
+
+async def test_look_alikes_never_fold_into_someone_elses_address(kb_factory, drive, tmp_path):
+    """Emails fold in ASCII only: a Kelvin sign (U+212A) stays itself, so `user:aliKe@…` with one is not Alike. A
+    CUSTOMER membership needs a real address: `user:@acme.example` (or a Confluence id that looks like an address)
+    is nobody in the Workspace. An `.access` line holding a look-alike grants nobody, with a clear reason."""
+    from conftest import write
+
+    from knowledge.sources.folder import FolderSource
+
+    kb = await kb_factory(access_cache_seconds=0)
+    ids = workspace(drive)
+    ids["alike"] = drive.add_doc("Review", ids["root"], html="<p>Alike's review is scheduled for Friday.</p>",
+                                 permissions=[drive.user("Alike@acme.example")])
+    await add_drive(kb, ids)
+    await kb.refresh_groups("drive")
+    assert ids["alike"] in await visible(kb, "when is the review scheduled", "user:ALIKE@acme.example")
+    kelvin = "user:ali\u212ae@acme.example"
+    resolved = await kb.principals_for(kelvin)
+    assert "user:alike@acme.example" not in resolved.principals
+    assert ids["alike"] not in await visible(kb, "when is the review scheduled", kelvin)
+
+    for nobody in ("user:@acme.example", "user:confluence:mallory@acme.example"):
+        held = (await kb.principals_for(nobody)).principals
+        assert "group:drive/all@acme.example" not in held, nobody
+        assert ids["party"] not in await visible(kb, "summer party rooftop", nobody)
+    assert "group:drive/all@acme.example" in (await kb.principals_for("user:sam@acme.example")).principals
+
+    write(tmp_path, "review/.access", "user:ali\u212ae@acme.example\n")
+    write(tmp_path, "review/notes.md", "# Review notes\n\nThe review notes are kept by the people team.\n")
+    report = await kb.sync(FolderSource(tmp_path, "notes"))
+    assert any("U+212A" in w and "nobody may see" in w for w in report.warnings), report.warnings
+    assert "review/notes.md" not in await visible(kb, "who keeps the review notes", kelvin, expand=False)
+
+
+async def test_an_index_from_before_scoped_groups_migrates_without_a_resync(kb_factory, fresh_database, drive,
+                                                                           monkeypatch):
+    """Migration 0014: an index whose documents, chunks and directories carry unscoped groups (as before issue 38)
+    is rewritten in place to exactly what a sync now writes, so no re-sync is needed and the cross-source grant is
+    gone at once; admin mappings to an unscoped group keep granting what they granted."""
+    from sqlalchemy import text as sql
+
+    from alembic import command
+    from db.migrate import alembic_config, upgrade_to_head
+
+    async def acl() -> dict[str, object]:
+        async with kb.engine.connect() as conn:
+            documents = (await conn.execute(sql(
+                "SELECT s.name || ':' || d.external_id AS id, d.access FROM documents d JOIN sources s "
+                "ON s.id = d.source_id ORDER BY 1"))).all()
+            chunks = (await conn.execute(sql(
+                "SELECT DISTINCT s.name || ':' || d.external_id AS id, c.access FROM chunks c JOIN documents d "
+                "ON d.id = c.document_id JOIN sources s ON s.id = d.source_id ORDER BY 1"))).all()
+            members = (await conn.execute(sql(
+                "SELECT s.name, m.group_principal, m.member FROM directory_members m JOIN sources s "
+                "ON s.id = m.source_id ORDER BY 1, 2, 3"))).all()
+        return {"documents": [tuple(r) for r in documents], "chunks": [tuple(r) for r in chunks],
+                "members": [tuple(r) for r in members]}
+
+    monkeypatch.setenv("CONFLUENCE_API_TOKEN", "good-token")
+    url = fresh_database()
+    kb = await kb_factory(url, access_cache_seconds=0)
+    with FakeConfluence(edition="cloud") as wiki:
+        ids = same_named_groups(wiki, drive)
+        await add_wiki(kb, wiki)
+    await add_drive(kb, ids)
+    await kb.refresh_groups("drive")
+    synced = await acl()
+    state = BotState(kb.engine)
+    await state.map_identity("slack:UM", "group:drive/eng@acme.example", "admin")
+
+    def downgrade(sync_connection) -> None:  # type: ignore[no-untyped-def]
+        config = alembic_config()
+        config.attributes["connection"] = sync_connection
+        command.downgrade(config, "0013_lease")
+
+    async with kb.engine.begin() as conn:
+        await conn.run_sync(downgrade)
+    before = await acl()  # the index as the code before issue 38 wrote it
+    flat = repr(before)
+    assert "group:eng@acme.example" in flat and "group:drive/" not in flat and "group:wiki/" not in flat
+    assert await state.identity_principals("slack:UM") == ["group:eng@acme.example"]
+
+    await upgrade_to_head(kb.engine)
+    kb.access.invalidate()
+    assert await acl() == synced  # exactly what a sync writes now: nothing left to re-sync
+    assert ids["arch"] not in await visible(kb, "how does billing talk to the ledger", "user:mallory@acme.example")
+    assert ids["arch"] in await visible(kb, "how does billing talk to the ledger", "user:dave@acme.example")
+    assert ids["launch"] in await visible(kb, "when is the falcon launch", "user:mallory@acme.example")
+    # The admin's mapping to `group:eng@acme.example` granted both sources' groups of that name; it still does.
+    assert set(await state.identity_principals("slack:UM")) == {
+        "group:eng@acme.example", "group:drive/eng@acme.example", "group:wiki/eng@acme.example"}
+    report = await kb.sync_source("drive")
+    assert not (report.added or report.updated or report.metadata_updated), report
