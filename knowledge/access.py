@@ -186,8 +186,12 @@ def normalise(principal: str) -> str:
     mappings and platform emails are matched exactly otherwise, so a look-alike matches nobody)."""
     principal = principal.strip()
     kind, _, value = principal.partition(":")
-    if kind in ("user", "group") and "@" in value:
-        return f"{kind}:{fold_ascii(value)}"
+    if kind == "user" and "@" in value:
+        return f"user:{fold_ascii(value)}"
+    if kind == "group":
+        scope, name = group_scope(principal)  # the source name keeps its case: only the email part folds
+        if "@" in name:
+            return scoped_group(scope, fold_ascii(name)) if scope is not None else f"group:{fold_ascii(name)}"
     if kind == "domain":
         return f"domain:{fold_ascii(value)}"
     return principal
