@@ -7,8 +7,9 @@ Who a person is, in principals: the one resolver every surface uses (CLI `--as`,
 chat flow), with where each principal came from.
 
 A person's principals = what they were given (`user:<email>`, or a platform identity's admin mappings from the
-identity map) + every group containing any of those, transitively, in every source's synced directory + `everyone`.
-Emails compare case-insensitively (lowercased here, as the sources lowercase them on documents).
+identity map) + every group containing any of those, transitively, in each source's synced directory, through that
+directory's own groups only (`group:<source>/<name>`: see "principals" below) + `everyone`. Emails compare
+case-insensitively in ASCII (folded here, as the sources fold them on documents; never `str.lower()`).
 
 Directories (knowledge.storage.directory) hold direct edges only; nesting is expanded here by walking up from the
 person's principals with a visited set, so a group cycle (a ∋ b ∋ a) terminates. A source's directory counts only
