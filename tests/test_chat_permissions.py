@@ -18,8 +18,8 @@ import discord
 import pytest
 import pytest_asyncio
 from conftest import write
-from fakes.discord_api import FakeDiscordAPI
 from fakes.confluence_api import FakeConfluence
+from fakes.discord_api import FakeDiscordAPI
 from fakes.discord_gateway import MANAGE_GUILD, MEMBER_PERMISSIONS, DiscordHarness, guild_payload
 from fakes.drive_api import FakeDrive
 from fakes.slack_api import FakeSlackAPI, Message
@@ -75,24 +75,24 @@ def may_see(members: tuple[str, ...], kind: str) -> bool:
     return all(kind in PEOPLE[m][3] for m in members)
 
 
-def same_named_groups(wiki: FakeConfluence, drive: FakeDrive) -> str:
+def same_named_groups(wiki: FakeConfluence, gdrive: FakeDrive) -> str:
     """Confluence's group finance@example.com ∋ wfin@ may read the FIN space; Google's finance@example.com ∋ fin@
     is shared the payroll file. Returns the Drive folder."""
     wiki.add_user("wfin", "Wfin", "wfin@example.com")
     wiki.set_group_members("finance@example.com", ["wfin"])
     wiki.add_space("FIN", "Finance", readers=[("group", "finance@example.com")])
     wiki.add_page("FIN", "Treasury", "<p>The treasury keeps 12 million in reserve for the next two years.</p>")
-    drive.directory.add_group("finance@example.com", ["fin@example.com"])
-    root = drive.add_folder("Finance")
-    drive.add_doc("Payroll bank", root, html="<p>From May, payroll is run by Northwind Bank instead of Contoso "
-                                             "Bank.</p>", permissions=[drive.group("finance@example.com")])
+    gdrive.directory.add_group("finance@example.com", ["fin@example.com"])
+    root = gdrive.add_folder("Finance")
+    gdrive.add_doc("Payroll bank", root, html="<p>From May, payroll is run by Northwind Bank instead of Contoso "
+                                              "Bank.</p>", permissions=[gdrive.group("finance@example.com")])
     return root
 
 
-async def open_world(kb_factory: Any, tmp_path: Path, drive: FakeDrive | None = None,
+async def open_world(kb_factory: Any, tmp_path: Path, gdrive: FakeDrive | None = None,
                      monkeypatch: pytest.MonkeyPatch | None = None) -> Any:
     """The corpus indexed, group:docs/finance ∋ fin@ in the source's directory, Lena's chat identities mapped. With
-    `drive`: also a Confluence site and a Google Drive, synced with their groups (issue 38's same-named groups)."""
+    `gdrive`: also a Confluence site and a Google Drive, synced with their groups (issue 38's same-named groups)."""
     docs = tmp_path / "docs"
     for relative, content in CORPUS.items():
         write(docs, relative, content)
@@ -102,10 +102,10 @@ async def open_world(kb_factory: Any, tmp_path: Path, drive: FakeDrive | None = 
     async with kb.engine.begin() as conn:
         source_id = (await conn.execute(text("SELECT id FROM sources WHERE name = 'docs'"))).scalar_one()
         await directory_store.replace_membership(conn, source_id, [("group:docs/finance", "user:fin@example.com")])
-    if drive is not None and monkeypatch is not None:
+    if gdrive is not None and monkeypatch is not None:
         monkeypatch.setenv("CONFLUENCE_API_TOKEN", "good-token")
         with FakeConfluence(edition="cloud") as wiki:
-            root = same_named_groups(wiki, drive)
+            root = same_named_groups(wiki, gdrive)
             await kb.add_source("wiki", "confluence", {"url": wiki.base_url, "spaces": ["FIN"], "email": wiki.email})
             await kb.sync_source("wiki")
             await kb.refresh_groups("wiki")
@@ -436,7 +436,7 @@ def cli_answer(question: str, person: str) -> str:
 
 @pytest.mark.parametrize("surface", SURFACES)
 async def test_no_document_reaches_anyone_who_may_not_see_it(surface, kb_factory, fresh_database, tmp_path,
-                                                            monkeypatch, slack, discord_api, drive):
+                                                            monkeypatch, slack, discord_api, drive):  # noqa: F811
     """For every principal kind (user, group via a synced directory, admin-mapped, and a Confluence group and a
     Google group of the same name) and every person: the document's words reach exactly the audiences that may see
     it. Leaks (shown to an audience that may not see it) must be 0; misses (withheld from one that may) too, so the
