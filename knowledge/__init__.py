@@ -24,6 +24,8 @@ _EXPORTS: dict[str, str] = {
     "DocumentVerdict": "knowledge.access",
     "check_principal": "knowledge.access",
     "normalise": "knowledge.access",
+    "parse_principal": "knowledge.access",
+    "describe_scope": "knowledge.access",
     # asking
     "Answer": "knowledge.answer.answering",
     "Citation": "knowledge.answer.answering",
@@ -73,7 +75,8 @@ __all__ = ["Answer", "ChatMessage", "Citation", "DocumentRef", "DocumentVerdict"
     "RecentlySynced", "Remedy", "ResolvedPrincipals", "SearchFilters", "SearchHit", "SearchResults", "SearchTuning",
     "SourceAuthError", "SourceBusy", "SourceConfigError", "SourceConflict", "SourceError", "SourceInfo",
     "SourceItem", "SourceSpec", "SourceStatus", "SourceUnavailable", "StaticSource", "SyncReport", "SyncRun", "SyncWarning",
-    "UnknownSource", "check_principal", "format_interval", "normalise", "parse_interval"]
+    "UnknownSource", "check_principal", "describe_scope", "format_interval", "normalise", "parse_interval",
+    "parse_principal"]
 
 
 def __getattr__(name: str) -> Any:
@@ -90,7 +93,16 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on first use
-    from knowledge.access import EVERYONE, DocumentVerdict, Person, ResolvedPrincipals, check_principal, normalise
+    from knowledge.access import (
+        EVERYONE,
+        DocumentVerdict,
+        Person,
+        ResolvedPrincipals,
+        check_principal,
+        describe_scope,
+        normalise,
+        parse_principal,
+    )
     from knowledge.answer.answering import Answer, Citation
     from knowledge.answer.memory import ChatMessage
     from knowledge.errors import (

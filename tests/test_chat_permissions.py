@@ -1,5 +1,6 @@
 """Who sees what in chat (issue 33, the chat half): one resolver for askers, channel audiences from real membership,
-private (ephemeral) answers with "Share in channel", `/kb access`, and the ACL leak suite across every surface.
+private (ephemeral) answers with "Share in channel", `/kb access`, and the ACL leak suite across every surface
+(issue 38: with a Confluence group and a Google group of the same name, each granting only its own source's pages).
 
 The real slack-bolt app and discord.py client against the fakes in tests/fakes/ (Slack: conversations.info,
 conversations.members paged, chat.postEphemeral, member_joined_channel/member_left_channel; Discord: List Guild
@@ -17,11 +18,14 @@ import discord
 import pytest
 import pytest_asyncio
 from conftest import write
+from fakes.confluence_api import FakeConfluence
 from fakes.discord_api import FakeDiscordAPI
 from fakes.discord_gateway import MANAGE_GUILD, MEMBER_PERMISSIONS, DiscordHarness, guild_payload
+from fakes.drive_api import FakeDrive
 from fakes.slack_api import FakeSlackAPI, Message
 from slack_harness import finished, mention, message, running_bot, wait_for
 from sqlalchemy import text
+from test_groups import drive, private_key_pem  # noqa: F401  (fixtures: the fake Drive with its Directory API)
 
 from bot.chat.state import BotState
 from bot.discord.adapter import RagbotDiscord, configure_api_url
@@ -37,7 +41,7 @@ CORPUS = {
     "board/.access": "user:cfo@example.com\n",  # a user principal
     "board/acquisition.md": "# Project Bluebird\n\nThe board approved the acquisition of Contoso for 40 million "
                             "dollars. The Contoso acquisition closes in March.\n",
-    "finance/.access": "group:finance\n",  # a group principal, whose members come from a synced directory
+    "finance/.access": "group:docs/finance\n",  # a group of a synced directory (the `docs` one, set up below)
     "finance/budget.md": "# Budget 2027\n\nThe marketing budget for 2027 is 4.2 million euros, approved by the "
                          "board in October.\n",
     "legal/.access": "user:confluence:lena\n",  # reachable only through an admin mapping
@@ -50,13 +54,18 @@ DOCUMENTS = {
     "user": ("Which company is the board acquiring in Project Bluebird?", "Contoso"),
     "group": ("What is the marketing budget for 2027?", "4.2 million"),
     "mapped": ("How does the Umbrella lawsuit settle?", "settles out of court"),
+    # Issue 38: a Confluence group and a Google group both named finance@example.com, with different members.
+    "wiki-group": ("How much does the treasury keep in reserve?", "12 million"),
+    "drive-group": ("Which bank will run payroll from May?", "Northwind Bank"),
 }
 # person -> (Slack user id, email, Discord user id, the documents they may see)
 PEOPLE = {
     "cfo": ("UCFO", "CFO@Example.com", 800000000000000001, {"user"}),  # emails compare case-insensitively
-    "fin": ("UFIN", "fin@example.com", 800000000000000002, {"group"}),  # in group:finance (directory)
+    # in group:docs/finance, and in the Google group finance@example.com
+    "fin": ("UFIN", "fin@example.com", 800000000000000002, {"group", "drive-group"}),
     "lena": ("ULENA", "lena@example.com", 800000000000000003, {"mapped"}),  # mapped to user:confluence:lena
     "out": ("UOUT", "out@example.com", 800000000000000004, set()),
+    "wfin": ("UWFIN", "wfin@example.com", 800000000000000005, {"wiki-group"}),  # in Confluence's finance@example.com
 }
 GUILD = 810000000000000001
 _channels = itertools.count(1)
@@ -66,8 +75,24 @@ def may_see(members: tuple[str, ...], kind: str) -> bool:
     return all(kind in PEOPLE[m][3] for m in members)
 
 
-async def open_world(kb_factory: Any, tmp_path: Path) -> Any:
-    """The corpus indexed, group:finance ∋ fin@ in the source's directory, Lena's chat identities mapped."""
+def same_named_groups(wiki: FakeConfluence, gdrive: FakeDrive) -> str:
+    """Confluence's group finance@example.com ∋ wfin@ may read the FIN space; Google's finance@example.com ∋ fin@
+    is shared the payroll file. Returns the Drive folder."""
+    wiki.add_user("wfin", "Wfin", "wfin@example.com")
+    wiki.set_group_members("finance@example.com", ["wfin"])
+    wiki.add_space("FIN", "Finance", readers=[("group", "finance@example.com")])
+    wiki.add_page("FIN", "Treasury", "<p>The treasury keeps 12 million in reserve for the next two years.</p>")
+    gdrive.directory.add_group("finance@example.com", ["fin@example.com"])
+    root = gdrive.add_folder("Finance")
+    gdrive.add_doc("Payroll bank", root, html="<p>From May, payroll is run by Northwind Bank instead of Contoso "
+                                              "Bank.</p>", permissions=[gdrive.group("finance@example.com")])
+    return root
+
+
+async def open_world(kb_factory: Any, tmp_path: Path, gdrive: FakeDrive | None = None,
+                     monkeypatch: pytest.MonkeyPatch | None = None) -> Any:
+    """The corpus indexed, group:docs/finance ∋ fin@ in the source's directory, Lena's chat identities mapped. With
+    `gdrive`: also a Confluence site and a Google Drive, synced with their groups (issue 38's same-named groups)."""
     docs = tmp_path / "docs"
     for relative, content in CORPUS.items():
         write(docs, relative, content)
@@ -76,10 +101,20 @@ async def open_world(kb_factory: Any, tmp_path: Path) -> Any:
     assert not report.failed, report.failed
     async with kb.engine.begin() as conn:
         source_id = (await conn.execute(text("SELECT id FROM sources WHERE name = 'docs'"))).scalar_one()
-        await directory_store.replace_membership(conn, source_id, [("group:finance", "user:fin@example.com")])
+        await directory_store.replace_membership(conn, source_id, [("group:docs/finance", "user:fin@example.com")])
+    if gdrive is not None and monkeypatch is not None:
+        monkeypatch.setenv("CONFLUENCE_API_TOKEN", "good-token")
+        with FakeConfluence(edition="cloud") as wiki:
+            root = same_named_groups(wiki, gdrive)
+            await kb.add_source("wiki", "confluence", {"url": wiki.base_url, "spaces": ["FIN"], "email": wiki.email})
+            await kb.sync_source("wiki")
+            await kb.refresh_groups("wiki")
+        await kb.add_source("drive", "gdrive", {"folders": [root], "admin_email": "admin@example.com"})
+        await kb.sync_source("drive")
+        await kb.refresh_groups("drive")
     kb.access.invalidate()
     await BotState(kb.engine).map_identity("slack:ULENA", "user:confluence:lena")
-    for name in ("cfo", "fin"):  # Discord has no email: an admin maps people to theirs
+    for name in ("cfo", "fin", "wfin"):  # Discord has no email: an admin maps people to theirs
         await BotState(kb.engine).map_identity(f"discord:{PEOPLE[name][2]}", f"user:{PEOPLE[name][1]}")
     await BotState(kb.engine).map_identity(f"discord:{PEOPLE['lena'][2]}", "user:confluence:lena")
     return kb
@@ -175,7 +210,7 @@ async def test_slack_uncomputable_audience_falls_back_to_everyone_and_grants_nev
         slack.add_channel(crowded, private=True, members=["UFIN", "UCFO", "ULENA"])
         assert secret not in await slack_answer(slack, bot, crowded, question, "UFIN")
         # The channel's grants still apply in the fallback.
-        await BotState(kb.engine).grant_channel(f"slack:T1:{crowded}", "group:finance")
+        await BotState(kb.engine).grant_channel(f"slack:T1:{crowded}", "group:docs/finance")
         assert secret in await slack_answer(slack, bot, crowded, question, "UCFO")
 
 
@@ -259,7 +294,7 @@ async def test_slack_kb_access_explains_a_person_to_admins_only(kb_factory, tmp_
         _, reply = await bot.slash("access <@UFIN|fin> \"Budget 2027\"", user="UADMIN")
     shown = reply["text"]
     assert reply["response_type"] == "ephemeral"
-    assert "group:finance" in shown and "docs directory: user:fin@example.com ∈ group:finance" in shown
+    assert "group:docs/finance" in shown and "docs directory: user:fin@example.com ∈ group:docs/finance" in shown
     assert "May see" in shown and "Budget 2027" in shown
 
 
@@ -383,7 +418,7 @@ async def test_discord_private_ask_carries_the_askers_access_and_share_re_answer
                                      | MANAGE_GUILD, resolved={"users": {str(fin): {
                                          "id": str(fin), "username": "fin", "discriminator": "0", "avatar": None}}})
         shown = " ".join(m.get("content") or "" for m in discord_api.interaction_messages(access["token"]))
-        assert "group:finance" in shown and f"admin mapping of discord:{fin}" in shown
+        assert "group:docs/finance" in shown and f"admin mapping of discord:{fin}" in shown
     finally:
         await bot.close()
 
@@ -403,16 +438,21 @@ def cli_answer(question: str, person: str) -> str:
 
 @pytest.mark.parametrize("surface", SURFACES)
 async def test_no_document_reaches_anyone_who_may_not_see_it(surface, kb_factory, fresh_database, tmp_path,
-                                                            monkeypatch, slack, discord_api):
-    """For every principal kind (user, group via a synced directory, admin-mapped) and every person: the
-    document's words reach exactly the audiences that may see it. Leaks (shown to an audience that may not see it)
-    must be 0; misses (withheld from one that may) too, so the test cannot pass by answering nothing."""
+                                                            monkeypatch, slack, discord_api, drive):  # noqa: F811
+    """For every principal kind (user, group via a synced directory, admin-mapped, and a Confluence group and a
+    Google group of the same name) and every person: the document's words reach exactly the audiences that may see
+    it. Leaks (shown to an audience that may not see it) must be 0; misses (withheld from one that may) too, so the
+    test cannot pass by answering nothing."""
     url = fresh_database()
-    kb = await open_world(lambda: kb_factory(url), tmp_path)
-    # Audiences: each person alone, and each reader together with the outsider (a private channel of two).
+    kb = await open_world(lambda: kb_factory(url), tmp_path, drive, monkeypatch)
+    # Audiences: each person alone, and each reader together with the outsider (a private channel of two), asked
+    # about the reader's own documents (what neither may see alone, the pair cannot see either: the singles cover it).
     audiences: list[tuple[str, ...]] = [(p,) for p in PEOPLE]
     if surface in ("slack_private_channel", "discord"):
-        audiences += [(p, "out") for p in ("cfo", "fin", "lena")]
+        audiences += [(p, "out") for p in ("cfo", "fin", "lena", "wfin")]
+
+    def kinds_for(members: tuple[str, ...]) -> list[str]:
+        return list(DOCUMENTS) if len(members) == 1 else [k for k in DOCUMENTS if k in PEOPLE[members[0]][3]]
     leaks: list[str] = []
     misses: list[str] = []
 
@@ -436,7 +476,7 @@ async def test_no_document_reaches_anyone_who_may_not_see_it(surface, kb_factory
                 for member in members:
                     discord_api.add_member(GUILD, PEOPLE[member][2], [role, *_roles_of(discord_api, member)])
             for (channel, _), members in zip(channels.items(), audiences, strict=False):
-                for kind in DOCUMENTS:
+                for kind in kinds_for(members):
                     question = DOCUMENTS[kind][0]
                     await check(members, kind, await discord_mention(harness, discord_api, channel, question,
                                                                      PEOPLE[members[0]][2]))
@@ -453,7 +493,7 @@ async def test_no_document_reaches_anyone_who_may_not_see_it(surface, kb_factory
             for members in audiences:
                 users = [PEOPLE[m][0] for m in members]
                 asker = users[0]
-                for kind in DOCUMENTS:
+                for kind in kinds_for(members):
                     question = DOCUMENTS[kind][0]
                     if surface == "slack_dm":
                         channel = new_channel("D")

@@ -7,13 +7,13 @@ one of these chunks (`knowledge.storage.conversations.turns_hidden_from`). Exist
 cited chunks stand in, and they are shown only to an audience holding every principal they were answered for.
 
 Revision ID: 0015_turn_context
-Revises: 0013_lease
+Revises: 0014_scoped_groups
 """
 
 from alembic import op
 
 revision = "0015_turn_context"
-down_revision = "0013_lease"
+down_revision = "0014_scoped_groups"
 branch_labels = None
 depends_on = None
 
