@@ -287,7 +287,7 @@ async def click(bot: Any, message: Message, button: dict[str, Any], *, user: str
 
 async def test_slack_kb_access_explains_a_person_to_admins_only(kb_factory, tmp_path, slack):
     kb = await open_world(kb_factory, tmp_path)
-    await BotState(kb.engine).map_identity("slack:UADMIN", "group:finance")  # the admin may see the budget
+    await BotState(kb.engine).map_identity("slack:UADMIN", "group:docs/finance")  # the admin may see the budget
     async with running_bot(kb, slack) as bot:
         _, refused = await bot.slash("access <@UFIN|fin>", user="UOUT")
         assert "needs an admin" in refused["text"]
