@@ -50,6 +50,22 @@ def check_principal(principal: str) -> str:
     return principal
 
 
+# The kinds a person can be asked as (`ragbot ask --as`, `.access` files): a typo such as `grp:eng` matches no
+# document, so it would answer from `everyone` alone without a word; it is refused instead, naming these.
+ASKABLE_KINDS = ("everyone", "user:", "group:", "domain:")
+
+
+def check_as_principal(principal: str) -> str:
+    """A principal someone asks or searches as: `everyone`, `user:…`, `group:…` or `domain:…`; anything else is
+    an error listing the known kinds (InvalidPrincipal)."""
+    principal = check_principal(principal)
+    if principal != EVERYONE and not principal.startswith(ASKABLE_KINDS[1:]):
+        kind = principal.partition(":")[0]
+        raise InvalidPrincipal(f"unknown principal kind {kind + ':'!r} in {principal!r}: the known kinds are "
+                               f"{', '.join(k if k == EVERYONE else k + '<name>' for k in ASKABLE_KINDS)}")
+    return principal
+
+
 MAX_CACHED_PEOPLE = 100_000
 CUSTOMER = "customer:"  # knowledge.sources.google_directory.CUSTOMER: a group holding the whole Workspace
 

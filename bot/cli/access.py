@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from bot.cli.common import fail, print_json, with_kb
-from bot.cli.terminal import console, err_console, shown
+from bot.cli.terminal import console, err_console, print_table, shown
 from knowledge import KnowledgeError
 
 if TYPE_CHECKING:
@@ -28,14 +28,20 @@ def register_access_commands(app: typer.Typer) -> None:
     app.add_typer(access_app, name="access")
 
 
+def checked_as(given: Sequence[str]) -> list[str]:
+    """The `--as` principals, each of a known kind (everyone, user:, group:, domain:): `--as grp:eng` is an error
+    listing them (InvalidPrincipal, a one-line message), never a search that silently matches nothing."""
+    from knowledge import check_as_principal  # here, not at the top: knowledge.access loads SQLAlchemy
+
+    return [check_as_principal(p) for p in given]
+
+
 async def as_principals(kb: KnowledgeBase, given: Sequence[str] | None, no_expand: bool) -> list[str]:
     """What `--as` searches with: exactly the principals given (`--no-expand`), or each person's principals
     expanded through every synced group directory (the resolver the chat bots use too). Nothing given: everyone."""
-    from knowledge import check_principal  # here, not at the top: knowledge.access loads SQLAlchemy
-
     if not given:
         return ["everyone"]
-    checked = [check_principal(p) for p in given]
+    checked = checked_as(given)
     if no_expand:
         return [*checked, "everyone"]
     resolved = await kb.principals_for(checked)
@@ -95,7 +101,7 @@ def explain(
         why = "; ".join(o.describe() for o in resolved.origins.get(principal, ()))
         table.add_row(shown(principal), shown(why))
     console.print(f"[bold]{shown(resolved.person)}[/] holds {len(resolved.principals)} principals:", highlight=False)
-    console.print(table)
+    print_table(table)
     if resolved.expired:
         console.print(f"[yellow]Not counted:[/] the group directory of {shown(', '.join(resolved.expired))} is past "
                       "its TTL (its groups grant nothing until a refresh succeeds).", highlight=False)
@@ -128,7 +134,7 @@ def groups(as_json: JsonOption = False) -> None:
         refreshed = f"{s.refreshed_at:%Y-%m-%d %H:%M:%S}" if s.refreshed_at else "never"
         table.add_row(shown(s.source), s.kind, refreshed, str(s.groups), str(s.memberships),
                       f"[red]{shown(s.error[:200])}[/]" if s.error else "")
-    console.print(table)
+    print_table(table)
 
 
 @access_app.command("refresh")

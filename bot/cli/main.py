@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from typer import _click as click
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from bot.cli.access import as_principals, register_access_commands
+from bot.cli.access import as_principals, checked_as, register_access_commands
 from bot.cli.admin import register as register_admin_commands
 from bot.cli.channel import register as register_channel_commands
 from bot.cli.common import fail, prepare_query_encoder, print_json, run_async, run_sync, with_kb
@@ -23,12 +23,14 @@ from bot.cli.terminal import (
     chat_session,
     console,
     err_console,
+    record_terminal_question,
     render_answer,
     render_hits,
     render_searched_for,
     render_status,
     render_sync_report,
     shown,
+    terminal_asker,
 )
 from bot.logs import configure_logging, secret_values
 from bot.settings import BotSettings
@@ -102,6 +104,10 @@ app.add_typer(db_app, name="db")
 if TYPE_CHECKING:
     from knowledge import Answer, KnowledgeBase, Mode, SearchResults
 
+# `ragbot ingest`'s exit status when a file could not be indexed (the others were): scripts and CI notice it.
+# 2 stays the status of a usage error (bot.cli.common.fail).
+INGEST_FAILED_EXIT = 3
+
 AsOption = Annotated[
     list[str] | None,
     typer.Option("--as", metavar="PRINCIPAL", help="Search as this principal (repeatable), e.g. user:alice@example.com or group:eng; the "
@@ -136,7 +142,8 @@ def ingest(
     source: Annotated[str | None, typer.Option("--source", metavar="NAME", help="Source name (default: the folder's name).")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Index folders of .md, .txt, .html, .pdf and .docx files (incremental: unchanged files are skipped)."""
+    """Index folders of .md, .txt, .html, .pdf, .docx, .csv and .xlsx files (incremental: unchanged files are
+    skipped; empty files are reported and left out). Exit status 3 when any file failed to index."""
     for path in paths:
         if not path.exists():
             fail(f"no such file or folder: {path}")
@@ -156,6 +163,8 @@ def ingest(
     reports = with_kb(sync_all)
     if as_json:
         print_json({"reports": reports})
+    if any(report["failed"] for report in reports):
+        raise typer.Exit(INGEST_FAILED_EXIT)  # the summary and each failed file were printed above
 
 
 @app.command()
@@ -212,9 +221,12 @@ def ask(
     conversation_id = conversation or f"cli:{uuid.uuid4()}"
 
     async def run_ask(kb: KnowledgeBase) -> Answer:
+        kb.check_question(question)
         await kb.check_sources(sources)
-        return await kb.answer(question, await as_principals(kb, principals, no_expand), conversation_id,
-                               sources=sources, asker="cli")
+        answer = await kb.answer(question, await as_principals(kb, principals, no_expand), conversation_id,
+                                 sources=sources, asker=terminal_asker())
+        await record_terminal_question(kb, conversation_id, question, answer)
+        return answer
 
     answer = with_kb(run_ask)
     if as_json:
@@ -233,7 +245,8 @@ def chat(principals: AsOption = None, sources: SourceOption = None) -> None:
     from knowledge import KnowledgeBase  # deferred: keeps `ragbot --help` fast
 
     def session() -> None:
-        chat_session(KnowledgeBase.open, principals or ["everyone"], sources, lambda kb: kb.check_sources(sources))
+        chat_session(KnowledgeBase.open, checked_as(principals) if principals else ["everyone"], sources,
+                     lambda kb: kb.check_sources(sources))
 
     run_sync(session)
 
