@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
+from rich.markup import escape
 from typer import _click as click
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
@@ -33,7 +34,7 @@ from bot.cli.terminal import (
     terminal_asker,
 )
 from bot.logs import configure_logging, secret_values
-from bot.settings import BotSettings
+from bot.settings import BotSettings, dotenv_warnings
 from db.embedded import stop_embedded
 from db.settings import DatabaseSettings
 from knowledge import KnowledgeSettings
@@ -134,6 +135,8 @@ def main() -> None:
     except ValueError:  # a bad setting is reported by the command that reads it, with its own clear message
         secrets = secret_values(settings)
     configure_logging(settings.log_level, settings.log_format, secrets)
+    for warning in dotenv_warnings():  # a misspelt setting in .env would otherwise do nothing, silently
+        err_console.print(f"[yellow]Warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -269,12 +272,27 @@ def remove_source(name: Annotated[str, typer.Argument(help="The source to forget
 
 
 @app.command()
-def run() -> None:
+def run(
+    headless: Annotated[bool, typer.Option(
+        "--headless", help="No terminal chat: serve /healthz, /metrics and /admin (with ADMIN_TOKEN) and run scheduled "
+                           "syncs until stopped, as TERMINAL_CHAT=false does. Chat platforms whose tokens are set "
+                           "still start.")] = False,
+    port: Annotated[int | None, typer.Option("--port", metavar="PORT", min=0, max=65535,
+                                             help="The HTTP port (default: the PORT setting, 3000).")] = None,
+    host: Annotated[str | None, typer.Option("--host", metavar="HOST",
+                                             help="The address to listen on (default: the HOST setting, 0.0.0.0).")] = None,
+) -> None:
     """Start the bots (Slack and/or Discord, per the tokens set) with /healthz and /metrics; with no chat tokens,
-    the terminal chat."""
+    the terminal chat, or with --headless the server alone."""
     from bot.app import run as run_bots  # deferred: keeps `ragbot --help` fast
 
-    run_bots(runner=run_async, terminal_chat=lambda: chat(principals=None, sources=None))
+    overrides: dict[str, object] = {"terminal_chat": False} if headless else {}
+    if port is not None:
+        overrides["port"] = port
+    if host is not None:
+        overrides["host"] = host
+    settings = BotSettings().model_copy(update=overrides)
+    run_bots(settings, runner=run_async, terminal_chat=lambda: chat(principals=None, sources=None))
 
 
 @app.command(name="eval")
