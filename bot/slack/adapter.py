@@ -272,8 +272,17 @@ class SlackAdapter:
             app_token = self.settings.slack_app_token
             assert app_token is not None  # socket_mode is set only when there is an app token
             self._socket_handler = AsyncSocketModeHandler(self.app, app_token.get_secret_value())
-            with slack_start_errors(self.settings.slack_api_url, "SLACK_APP_TOKEN"):
-                await self._socket_handler.connect_async()
+            socket = self._socket_handler.client
+            # The socket URL is asked for here, not by connect_async, which would log a refused app token and retry
+            # it for ever: a refusal is a one-line error naming SLACK_APP_TOKEN (connect uses the URL given).
+            try:
+                with slack_start_errors(self.settings.slack_api_url, "SLACK_APP_TOKEN"):
+                    opened = await socket.web_client.apps_connections_open(app_token=app_token.get_secret_value())
+            except SlackStartError:
+                await self.stop()  # not started, so `ragbot run` will not stop it: the sweeper and socket client
+                raise
+            socket.wss_uri = opened["url"]
+            await self._socket_handler.connect_async()
 
     async def stop(self) -> None:
         await stop_sweeper(self._sweeper)
