@@ -23,7 +23,7 @@ from bot.chat.flow import Ask, ChatFlow
 from bot.chat.state import BotState
 from bot.cli import terminal
 from bot.web.admin import render_page
-from knowledge import Answer, Citation
+from knowledge import Answer, Citation, FolderSource
 from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
 
 PAGES = {
@@ -57,11 +57,10 @@ def test_terminal_questions_count_in_insights_attributed_to_the_operator(docs_db
     assert any(d["citations"] for d in report["most_cited"])  # the answered ones cite documents ("never cited" no more)
 
 
-async def test_a_sync_run_with_a_failed_file_names_it_and_the_admin_page_names_its_counts(
-    tmp_path: Path, fresh_database: Callable[[], str], monkeypatch: pytest.MonkeyPatch, kb_factory
+def test_a_sync_run_with_a_failed_file_names_it(
+    tmp_path: Path, fresh_database: Callable[[], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = fresh_database()
-    monkeypatch.setenv("DATABASE_URL", url)
+    monkeypatch.setenv("DATABASE_URL", fresh_database())
     write(tmp_path / "docs", "good.md", "# Good\n\nA page that parses.\n")
     write(tmp_path / "docs", "broken.pdf", b"%PDF-1.7\nnot a pdf\n")
     ingest_with_failures(str(tmp_path / "docs"), "--source", "docs")
@@ -69,7 +68,12 @@ async def test_a_sync_run_with_a_failed_file_names_it_and_the_admin_page_names_i
     assert run["status"] == "ok" and run["failed"] == 1
     assert run["error"].startswith("1 file failed: broken.pdf: ")
 
-    kb = await kb_factory(url)
+
+async def test_the_admin_page_names_the_sync_counts_and_the_failed_file(tmp_path: Path, kb_factory) -> None:
+    write(tmp_path / "docs", "good.md", "# Good\n\nA page that parses.\n")
+    write(tmp_path / "docs", "broken.pdf", b"%PDF-1.7\nnot a pdf\n")
+    kb = await kb_factory()
+    assert (await kb.sync(FolderSource(tmp_path / "docs", "docs"))).failed
     page = await render_page(kb, BotState(kb.engine))
     history = page[page.index('id="syncs"'):page.index('id="gaps"')]
     for column in ("added", "updated", "deleted", "unchanged", "failed", "error"):

@@ -164,8 +164,8 @@ class ChatFlow:
                 await keeper.start(self.platform, ask, target)
                 if keeper.lost:  # taken over again before we began: the new holder answers
                     return None
+            self.kb.check_question(ask.question)  # MAX_QUESTION_CHARS: refused before any work
             try:
-                self.kb.check_question(ask.question)  # MAX_QUESTION_CHARS: refused before any work
                 await reply.begin()
                 channel = await self.channel_settings(ask.channel_key)
                 audience = await ask.audience()

@@ -143,7 +143,8 @@ def print_table(table: Table) -> None:
     for cells in [[column.header for column in columns], *rows]:
         plain = [(Text.from_markup(c) if isinstance(c, str) else c).plain if isinstance(c, str | Text) else str(c)
                  for c in cells]
-        console.print(Text("\t".join(" · ".join(p.split("\n")) for p in plain)), soft_wrap=True, highlight=False)
+        # Written as is: rich would expand the tabs into spaces. Cells were sanitised (shown) before markup.
+        print("\t".join(" · ".join(p.split("\n")) for p in plain), file=console.file)
 
 
 def render_hits(hits: Sequence[SearchHit]) -> None:
