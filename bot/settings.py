@@ -126,7 +126,7 @@ def settings_of(model: type[BaseSettings]) -> set[str]:
 def known_settings() -> set[str]:
     """Every setting ragbot reads (bot, knowledge core, database, Google sources) and the credential variables."""
     from db.settings import DatabaseSettings
-    from knowledge.settings import KnowledgeSettings
+    from knowledge import KnowledgeSettings
 
     return (settings_of(BotSettings) | settings_of(KnowledgeSettings) | settings_of(DatabaseSettings)
             | set(GOOGLE_SETTINGS) | set(CREDENTIAL_VARIABLES))

@@ -12,7 +12,6 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.markdown import Markdown
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -186,6 +185,8 @@ def render_answer(answer: Answer) -> None:
     if answer.outcome == "uncertain" and answer.mode != "extractive":
         console.print("[yellow]Closest passages: they may not answer the question.[/]")
     if console.is_terminal:
+        from rich.markdown import Markdown  # here, not at the top: markdown-it is only needed for an answer
+
         console.print(Markdown(quote_safe(answer.text), hyperlinks=False))
     else:
         console.print(Text(quote_safe(answer.text)), soft_wrap=plain_output())
