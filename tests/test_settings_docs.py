@@ -32,6 +32,8 @@ NOT_SETTINGS = {
     "PG_IMAGE": "tests/image/smoke.sh's variable",
     "DOCS_DIR": "compose.yaml's variable: the folder mounted at /docs",
     "TEST_WORKERS": "the Makefile's variable: pytest-xdist processes",
+    "PYTEST_XDIST_TESTRUNUID": "pytest-xdist's variable (docs/development.md: the shared test server)",
+    "SLOW_MODULES": "a constant of tests/conftest.py (docs/development.md)",
     "THREAD_PAGE_SIZE": "a constant of bot/slack (docs/connectors.md)",
     "THREAD_MAX_PAGES": "a constant of bot/slack (docs/connectors.md)",
     "PRIOR_MESSAGES_LIMIT": "a constant of bot/slack (docs/connectors.md)",
