@@ -107,7 +107,12 @@ def build_web_app(
     return app
 
 
-class PortUnavailable(ValueError):
+class StartupError(ValueError):
+    """`ragbot run` cannot start: a platform refused a token or is unreachable, a scope is missing, PORT is taken.
+    Its message is the one line shown (no traceback unless LOG_LEVEL=DEBUG) and names the setting and the fix."""
+
+
+class PortUnavailable(StartupError):
     """PORT cannot be bound (in use, or not allowed): the CLI prints this one line instead of a traceback."""
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr
@@ -101,3 +104,65 @@ class BotSettings(BaseSettings):
         """Is this user named in ADMIN_USER_IDS, bare ("U1") or platform-qualified ("slack:U1")?"""
         listed = {item.strip() for item in self.admin_user_ids.split(",") if item.strip()}
         return user_id in listed or f"{platform}:{user_id}" in listed
+
+
+# The Google settings (knowledge.sources.gdrive.GoogleDriveSettings, prefix GDRIVE_, and
+# knowledge.sources.google_directory.GoogleDirectorySettings, prefix GDRIVE_DIRECTORY_), named here because importing
+# those modules takes a second (googleapiclient): tests/test_settings_docs.py checks the list against their fields.
+GOOGLE_SETTINGS = (
+    "GDRIVE_EVERYONE_DOMAINS", "GDRIVE_MAX_FILE_MB", "GDRIVE_CONCURRENCY", "GDRIVE_MAX_RETRIES",
+    "GDRIVE_BACKOFF_SECONDS", "GDRIVE_MAX_BACKOFF_SECONDS", "GDRIVE_API_ENDPOINT",
+    "GDRIVE_DIRECTORY_API_ENDPOINT", "GDRIVE_DIRECTORY_PAGE_SIZE", "GDRIVE_DIRECTORY_CONCURRENCY",
+    "GDRIVE_DIRECTORY_MAX_RETRIES", "GDRIVE_DIRECTORY_BACKOFF_SECONDS", "GDRIVE_DIRECTORY_MAX_BACKOFF_SECONDS",
+)
+# Variables read by name rather than as settings: the credentials a source names by default (`--token-env`,
+# `--credentials-env`; a source may name any other variable) and Google's own key-file variable.
+CREDENTIAL_VARIABLES = ("CONFLUENCE_API_TOKEN", "GOOGLE_SERVICE_ACCOUNT_JSON", "GOOGLE_APPLICATION_CREDENTIALS")
+
+
+def settings_of(model: type[BaseSettings]) -> set[str]:
+    """The environment variables a pydantic-settings model reads: each field's name with the model's prefix, and
+    its validation aliases (DISCORD_TOKEN / DISCORD_BOT_TOKEN)."""
+    prefix = str(model.model_config.get("env_prefix") or "").upper()
+    names: set[str] = set()
+    for name, info in model.model_fields.items():
+        alias = info.validation_alias
+        if isinstance(alias, AliasChoices):
+            names.update(str(choice).upper() for choice in alias.choices if str(choice).isupper())
+        else:
+            names.add(prefix + name.upper())
+    return names
+
+
+def known_settings() -> set[str]:
+    """Every setting ragbot reads (bot, knowledge core, database, Google sources) and the credential variables."""
+    from db.settings import DatabaseSettings
+    from knowledge import KnowledgeSettings
+
+    return (settings_of(BotSettings) | settings_of(KnowledgeSettings) | settings_of(DatabaseSettings)
+            | set(GOOGLE_SETTINGS) | set(CREDENTIAL_VARIABLES))
+
+
+def unknown_settings(names: Iterable[str]) -> list[tuple[str, str]]:
+    """(name, closest real setting) for each name that is not a setting but looks like a misspelt one (difflib):
+    a setting that does nothing is found at once instead of being ignored. Names close to no setting (a token
+    variable a source names, say WIKI_PAT) are not reported."""
+    known = sorted(known_settings())
+    found = []
+    for name in names:
+        if name.upper() in known:
+            continue
+        close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.6)
+        if close:
+            found.append((name, close[0]))
+    return found
+
+
+def dotenv_warnings(path: Path = Path(".env")) -> list[str]:
+    """One warning line per variable in `.env` that ragbot does not read but that resembles a setting it does."""
+    if not path.is_file():
+        return []
+    from dotenv import dotenv_values  # python-dotenv, which pydantic-settings reads .env with
+
+    return [f"{path} sets {name}, which ragbot does not read: did you mean {closest}? (.env.example lists every "
+            "setting)" for name, closest in unknown_settings(dotenv_values(path))]

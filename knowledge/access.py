@@ -176,6 +176,21 @@ def parse_principal(value: str, kinds: Collection[str] | None = None) -> str:
     return principal
 
 
+# The kinds a person can be asked as (`ragbot ask --as`, `chat --as`): a typo such as `grp:eng` matches no document,
+# so it would answer from `everyone` alone without a word; it is refused instead, naming these.
+ASKABLE_KINDS = ("everyone", "user", "group", "domain")
+
+
+def check_as_principal(principal: str) -> str:
+    """A principal someone asks or searches as (`everyone`, `user:…`, `group:…`, `domain:…`), parsed by
+    `parse_principal`; any other kind is an error listing the known ones (InvalidPrincipal)."""
+    kind = principal.strip().partition(":")[0]
+    if principal.strip() != EVERYONE and ":" in principal and kind not in ASKABLE_KINDS:
+        raise InvalidPrincipal(f"unknown principal kind {kind + ':'!r} in {principal.strip()!r}: the known kinds are "
+                               f"{', '.join(k if k == EVERYONE else k + ':<name>' for k in ASKABLE_KINDS)}")
+    return parse_principal(principal, ASKABLE_KINDS)
+
+
 def check_principal(principal: str) -> str:
     """parse_principal under its older name (the chat commands call it)."""
     return parse_principal(principal)

@@ -21,7 +21,7 @@ from knowledge.access import AccessResolver, DocumentVerdict, Person, ResolvedPr
 from knowledge.answer.answering import Answer, Answerer, AnswerSettings, make_generator
 from knowledge.answer.memory import ChatMessage, ConversationMemory, MemorySettings
 from knowledge.embedding.encoder import Embedder, get_embedder
-from knowledge.errors import UnknownSource
+from knowledge.errors import QuestionTooLong, UnknownSource
 from knowledge.ingest.groups import DirectoryReport, refresh_directory
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.ingest.runs import SyncRunner
@@ -158,10 +158,18 @@ class KnowledgeBase:
           `Answer.citations` lists only the sources cited. Offline (excerpt) answers never call it; if the stream
           breaks off, the returned Answer (excerpts, with a note) replaces what was shown.
         """
+        self.check_question(question)
         return await self.answerer.answer(
             question, principals, conversation_id, sources=sources, asker=asker, prior_messages=prior_messages,
             on_text=on_text,
         )
+
+    def check_question(self, question: str) -> None:
+        """Raise QuestionTooLong for a question over MAX_QUESTION_CHARS: the chat flow and the terminal check first,
+        before they post a placeholder or read a thread (`answer` checks again)."""
+        limit = self.settings.max_question_chars
+        if len(question.strip()) > limit:
+            raise QuestionTooLong(len(question.strip()), limit)
 
     async def __aenter__(self) -> KnowledgeBase:
         return self

@@ -69,7 +69,8 @@ class KnowledgeSettings(BaseSettings):
     rerank_model: str | None = None  # a sentence-transformers CrossEncoder name or path; off by default
     rerank_candidates: int = 30
 
-    # Answers.
+    # Answers. A longer question is refused with one line, before any work (in the terminal and in chat).
+    max_question_chars: int = Field(default=4000, ge=100)
     anthropic_api_key: SecretStr | None = None
     anthropic_model: str = "claude-sonnet-5-5"
     anthropic_base_url: str | None = None

@@ -24,7 +24,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 HOSTILE = "<script>alert('x')</script> How do I expense a <b>boat</b>?"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed (make setup installs it)")
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no chromium for the admin page test: sudo apt-get install "
+                                "chromium (make test installs it when run as root)")
 
 
 async def _populated_kb(kb_factory, tmp_path: Path):

@@ -25,6 +25,7 @@ from bot.chat.channels import ChannelSettings, channel_settings
 from bot.chat.errors import apology, new_error_id
 from bot.chat.guests import OUTSIDER_REPLY
 from bot.chat.state import BotState
+from knowledge import QuestionTooLong
 
 if TYPE_CHECKING:
     from bot.chat.state import LeaseClaim, Rating
@@ -178,6 +179,7 @@ class ChatFlow:
                 await keeper.start(self.platform, ask, target)
                 if keeper.lost:  # taken over again before we began: the new holder answers
                     return None
+            self.kb.check_question(ask.question)  # MAX_QUESTION_CHARS: refused before any work
             try:
                 await reply.begin()
                 channel = await self.channel_settings(ask.channel_key)
@@ -228,6 +230,11 @@ class ChatFlow:
             if keeper is not None:
                 await keeper.delivered()
             return None
+        except QuestionTooLong as exc:  # the asker's to fix: its one line, not an apology with an error id
+            await reply.fail(str(exc))
+            if keeper is not None:
+                await keeper.delivered()
+            return None
         except Exception as exc:
             text = self.failure(stage, exc, where=ask.conversation_id)
             try:
@@ -247,6 +254,10 @@ class ChatFlow:
         """A help-channel question nobody addressed to the bot: answered without any placeholder or streaming, and
         posted only when the outcome is an answer. A decline, an uncertain answer or a failure stays silent (logged;
         the question still counts as a gap in `ragbot insights`)."""
+        try:
+            self.kb.check_question(ask.question)
+        except QuestionTooLong:
+            return None  # nobody asked the bot: a pasted log in a help channel is left alone
         try:
             channel = await self.channel_settings(ask.channel_key)
             if not channel.auto:

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from bot.cli.common import fail, print_json, with_kb
-from bot.cli.terminal import console, err_console, shown
+from bot.cli.terminal import console, err_console, print_table, shown
 from knowledge import KnowledgeError
 
 if TYPE_CHECKING:
@@ -29,17 +29,23 @@ def register_access_commands(app: typer.Typer) -> None:
     app.add_typer(access_app, name="access")
 
 
+def checked_as(given: Sequence[str]) -> list[str]:
+    """The `--as` principals, each of a known kind (everyone, user:, group:, domain:): `--as grp:eng` is an error
+    listing them (InvalidPrincipal, a one-line message), never a search that silently matches nothing."""
+    from knowledge import check_as_principal  # here, not at the top: knowledge.access loads SQLAlchemy
+
+    return [check_as_principal(p) for p in given]
+
+
 async def as_principals(kb: KnowledgeBase, given: Sequence[str] | None, no_expand: bool) -> list[str]:
     """What `--as` searches with: exactly the principals given (`--no-expand`), or each person's principals
     expanded through every synced group directory (the resolver the chat bots use too). Nothing given: everyone.
 
     `--as group:<source>/<name>` asks as a member of that source's group; an unscoped `--as group:<name>` is the
     local group folder `.access` files name (never a synced directory's group of the same name: a note says so)."""
-    from knowledge import parse_principal  # here, not at the top: knowledge.access loads SQLAlchemy
-
     if not given:
         return ["everyone"]
-    checked = [parse_principal(p) for p in given]
+    checked = checked_as(given)
     for principal in checked:
         synced = await kb.access.synced_groups_named(principal)
         if synced:
@@ -119,7 +125,7 @@ def explain(
         why = "; ".join(o.describe() for o in resolved.origins.get(principal, ()))
         table.add_row(shown(principal), shown(why))
     console.print(f"[bold]{shown(resolved.person)}[/] holds {len(resolved.principals)} principals:", highlight=False)
-    console.print(table)
+    print_table(table)
     for principal in resolved.principals:  # a group is only ever the group of the directory that defines it
         if (scope := describe_scope(principal)) is not None:
             console.print(f"{shown(principal)} is defined by {shown(scope)}.", highlight=False, soft_wrap=True)
@@ -160,7 +166,7 @@ def groups(as_json: JsonOption = False) -> None:
         problem = (f"[red]{shown(s.error[:200])}[/]" if s.error else
                    f"[yellow]skipped {shown('; '.join(s.skipped)[:300])}[/]" if s.skipped else "")
         table.add_row(shown(s.source), s.kind, refreshed, str(s.groups), str(s.memberships), problem)
-    console.print(table)
+    print_table(table)
 
 
 @access_app.command("refresh")

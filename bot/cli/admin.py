@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from bot.cli.common import with_state
-from bot.cli.terminal import console
+from bot.cli.terminal import console, print_table
 
 if TYPE_CHECKING:
     from bot.chat.state import BotState
@@ -124,7 +124,7 @@ def feedback(
         table.add_row(r.created_at.strftime("%Y-%m-%d %H:%M"), "👍" if r.rating == "up" else "👎",
                       escape(r.platform_user), escape(r.question), escape(r.standalone_query),
                       ", ".join(str(c) for c in r.chunk_ids))
-    console.print(table)
+    print_table(table)
 
 
 def audit(

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import aiohttp
 import discord
 import yarl
 from discord import app_commands
@@ -48,6 +49,7 @@ from bot.chat.guests import MEMBER, Standing, outsider_audience, trusted_admin
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import SourceEntry, sources_list, split_text
 from bot.chat.sanitize import quote_safe
+from bot.server import StartupError
 from bot.settings import BotSettings
 from knowledge import ChatMessage
 
@@ -360,6 +362,8 @@ class RagbotDiscord(discord.Client):
                  state: BotState | None = None) -> None:
         intents = discord.Intents.default()  # guilds, guild and DM messages; no members or presences
         intents.message_content = settings.discord_message_content
+        # The bot never joins a voice channel: no "PyNaCl / davey is not installed" warnings at every start.
+        discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False
         super().__init__(intents=intents, allowed_mentions=NO_PINGS)
         self.kb = kb
         self.settings = settings
@@ -946,7 +950,7 @@ def _register_commands(bot: RagbotDiscord) -> None:
 CONNECT_TIMEOUT_SECONDS = 60
 
 
-class DiscordStartError(ValueError):
+class DiscordStartError(StartupError):
     """Discord would not let the bot in (its message names the setting to fix). A ValueError, so `ragbot run`
     shows it as a one-line error."""
 
@@ -980,6 +984,13 @@ class DiscordAdapter:
             raise DiscordStartError(
                 "Discord refused DISCORD_TOKEN: copy the bot token again from the Developer Portal (Bot → Reset "
                 "Token) into DISCORD_TOKEN"
+            ) from exc
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            await self.client.close()
+            where = settings.discord_api_url or "https://discord.com/api"
+            raise DiscordStartError(
+                f"could not reach Discord at {where} ({type(exc).__name__}): check the network (a proxy, a firewall)"
+                f"{', or DISCORD_API_URL' if settings.discord_api_url else ''}"
             ) from exc
         self._connection = asyncio.create_task(self.client.connect(reconnect=True), name="ragbot-discord-gateway")
         connected = asyncio.create_task(self.client.wait_for("connect"), name="ragbot-discord-connected")

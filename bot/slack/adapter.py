@@ -27,10 +27,12 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.app.async_app import AsyncApp
@@ -54,6 +56,7 @@ from bot.chat.flow import Ask, ChatFlow, OnText
 from bot.chat.guests import MEMBER, Standing, outsider_audience, trusted_admin
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import sources_list
+from bot.server import StartupError
 from bot.slack.format import (
     BLOCKS_PER_MESSAGE,
     FEEDBACK_ACTION_ID,
@@ -179,6 +182,57 @@ class Where:
         return f"slack:{self.team}:{self.channel}"
 
 
+class SlackStartError(StartupError):
+    """Slack would not let the bot in, or could not be reached: the message names the setting and the fix."""
+
+
+# Slack's answers to a refused token (auth.test's documented errors, https://api.slack.com/methods/auth.test, and
+# the errors every Web API method may return, https://api.slack.com/web#errors).
+_REFUSED_TOKEN = {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired",
+                  "not_allowed_token_type", "invalid_token"}
+
+
+@contextmanager
+def slack_start_errors(api_url: str, setting: str) -> Iterator[None]:
+    """Turn what Slack answers at start-up into SlackStartError: a refused token names `setting`, a missing scope
+    names the scope (`needed`, per https://api.slack.com/web#errors), an unreachable host names SLACK_API_URL."""
+    try:
+        yield
+    except SlackApiError as exc:
+        error = str(exc.response.get("error", "")) if exc.response is not None else ""
+        if error == "missing_scope":
+            needed = exc.response.get("needed") or "a scope"
+            raise SlackStartError(
+                f"Slack: {setting} lacks the scope {needed}: add it to the app (OAuth & Permissions → Scopes, or "
+                "from slack-manifest.yml), reinstall the app to the workspace and copy the new token into "
+                f"{setting}") from None
+        if error in _REFUSED_TOKEN:
+            kind = "app-level token (xapp-…, Basic Information → App-Level Tokens, with connections:write)" if \
+                setting == "SLACK_APP_TOKEN" else "Bot User OAuth Token (xoxb-…, OAuth & Permissions)"
+            raise SlackStartError(f"Slack refused {setting} ({error}): copy the app's {kind} into {setting}") \
+                from None
+        raise SlackStartError(f"Slack answered {error or 'an error'} at start-up: check {setting} and the app's "
+                              "settings at https://api.slack.com/apps") from None
+    except (TimeoutError, SlackClientError, aiohttp.ClientError, OSError) as exc:
+        raise SlackStartError(f"could not reach Slack at {api_url} ({type(exc).__name__}): check the network (a "
+                              "proxy, a firewall), or SLACK_API_URL") from None
+
+
+def _bolt_logger() -> logging.Logger:
+    """slack-bolt's logger, without the warning it logs at every start when SLACK_BOT_TOKEN is in the environment
+    ("As you gave `client` as well, `token` will be unused": it reads the variable itself although we hand it the
+    client built from the same token), a line before any real error that would only confuse."""
+    bolt = logging.getLogger("slack_bolt")
+    if not any(isinstance(f, _TokenUnusedFilter) for f in bolt.filters):
+        bolt.addFilter(_TokenUnusedFilter())
+    return bolt
+
+
+class _TokenUnusedFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`token` will be unused" not in record.getMessage()
+
+
 class SlackAdapter:
     name = PLATFORM
 
@@ -204,12 +258,13 @@ class SlackAdapter:
         self.socket_mode = bool(self.settings.slack_app_token and self.settings.slack_app_token.get_secret_value())
         signing_secret = self.settings.slack_signing_secret.get_secret_value() if self.settings.slack_signing_secret else ""
         if not self.socket_mode and not signing_secret:
-            raise ValueError("SLACK_SIGNING_SECRET is required in HTTP mode (or set SLACK_APP_TOKEN for Socket Mode)")
+            raise SlackStartError("SLACK_SIGNING_SECRET is required in HTTP mode: copy the Signing Secret from your "
+                                  "app's Basic Information page (or set SLACK_APP_TOKEN for Socket Mode)")
         self.app = AsyncApp(
             client=self.client,
             signing_secret=signing_secret or "socket-mode-has-no-signatures",
             request_verification_enabled=not self.socket_mode,
-            logger=logging.getLogger("slack_bolt"),
+            logger=_bolt_logger(),
         )
         self.users = UserDirectory(self.client, self.settings.user_cache_seconds)
         self.audiences = ChannelAudiences(self.kb, self.flow.state, ttl_seconds=self.settings.channel_audience_ttl,
@@ -229,7 +284,10 @@ class SlackAdapter:
         return [] if self.socket_mode else [web.post(EVENTS_PATH, self.handle_http)]
 
     async def start(self) -> None:
-        identity = await self.client.auth_test()
+        """Check the token (auth.test), then connect (Socket Mode). A refusal or an unreachable Slack raises
+        SlackStartError, one line naming the setting to fix (`ragbot run` shows it without a traceback)."""
+        with slack_start_errors(self.settings.slack_api_url, "SLACK_BOT_TOKEN"):
+            identity = await self.client.auth_test()
         self.bot_user_id = identity.get("user_id")
         self.bot_id = identity.get("bot_id")
         self.team_id = identity.get("team_id") or None
@@ -244,6 +302,16 @@ class SlackAdapter:
             app_token = self.settings.slack_app_token
             assert app_token is not None  # socket_mode is set only when there is an app token
             self._socket_handler = AsyncSocketModeHandler(self.app, app_token.get_secret_value())
+            socket = self._socket_handler.client
+            # The socket URL is asked for here, not by connect_async, which would log a refused app token and retry
+            # it for ever: a refusal is a one-line error naming SLACK_APP_TOKEN (connect uses the URL given).
+            try:
+                with slack_start_errors(self.settings.slack_api_url, "SLACK_APP_TOKEN"):
+                    opened = await socket.web_client.apps_connections_open(app_token=app_token.get_secret_value())
+            except SlackStartError:
+                await self.stop()  # not started, so `ragbot run` will not stop it: the sweeper and socket client
+                raise
+            socket.wss_uri = opened["url"]
             await self._socket_handler.connect_async()
 
     async def stop(self) -> None:

@@ -38,7 +38,7 @@ from knowledge.answer.prompts import (
     renumber_citations,
 )
 from knowledge.embedding.encoder import Embedder
-from knowledge.errors import EmptyQuestion, GenerationError
+from knowledge.errors import EmptyQuestion, GenerationError, QuestionTooLong
 from knowledge.search.retrieval import Retriever, SearchFilters, SearchHit
 from knowledge.settings import KnowledgeSettings
 from knowledge.storage import conversations as memory_store
@@ -92,6 +92,7 @@ class AnswerSettings:
     prompt_token_budget: int = 6000  # the whole prompt: system + conversation + sources + question
     evidence: EvidenceSettings = EvidenceSettings()  # where answer / uncertain / decline split
     text_search_config: str = "english"
+    max_question_chars: int = 4000  # longer questions are refused (QuestionTooLong) before any work
 
     @classmethod
     def from_settings(cls, settings: KnowledgeSettings) -> AnswerSettings:
@@ -102,7 +103,7 @@ class AnswerSettings:
             strong_support=settings.answer_strong_support, strong_margin=settings.answer_strong_margin,
         )
         return cls(settings.context_chunks, settings.context_token_budget, settings.prompt_token_budget, evidence,
-                   settings.text_search_config)
+                   settings.text_search_config, max_question_chars=settings.max_question_chars)
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,8 @@ class Answerer:
         question = question.strip()
         if not question:
             raise EmptyQuestion()
+        if len(question) > self.settings.max_question_chars:
+            raise QuestionTooLong(len(question), self.settings.max_question_chars)
         settings = self.settings
         timings: dict[str, float] = {}
         started = time.perf_counter()

@@ -31,6 +31,16 @@ logger = logging.getLogger(__name__)
 DEFAULT_PRUNE_SECONDS = 24 * 3600
 
 
+def failed_files_line(failed: list[tuple[str, str]], shown: int = 3) -> str | None:
+    """A run that finished but could not index some files records which, and why, as its error: a run listed "ok"
+    with an empty error column while a file failed hid the failure (issue 41). None when nothing failed."""
+    if not failed:
+        return None
+    named = "; ".join(f"{item}: {reason}" for item, reason in failed[:shown])
+    more = f"; and {len(failed) - shown} more" if len(failed) > shown else ""
+    return f"{len(failed)} {'file' if len(failed) == 1 else 'files'} failed: {named}{more}"
+
+
 @dataclass
 class SyncRunner:
     engine: AsyncEngine
@@ -106,6 +116,7 @@ class SyncRunner:
                         async with self.engine.begin() as conn:
                             await sources_store.mark_pruned(conn, source_id)
                     status = "ok"
+                    error = failed_files_line(report.failed)
                 except SourceError as exc:
                     error = str(exc)
                     raise
@@ -128,7 +139,8 @@ class SyncRunner:
         return {
             "added": len(report.added), "updated": len(report.updated),
             "metadata_updated": len(report.metadata_updated), "deleted": len(report.deleted),
-            "unchanged": report.unchanged, "skipped": len(report.skipped) + len(report.over_limit),
+            "unchanged": report.unchanged,
+            "skipped": len(report.skipped) + len(report.over_limit) + len(report.empty),
             "failed": len(report.failed),
         }
 
@@ -146,7 +158,8 @@ class SyncRunner:
         if report.run_id is None:
             return
         counts = self._counts(report)
-        details = {"skipped": report.skipped[:200], "failed": report.failed[:200], "warnings": report.warnings,
+        details = {"skipped": report.skipped[:200], "failed": report.failed[:200], "empty": report.empty[:200],
+                   "warnings": report.warnings,
                    "over_limit": report.over_limit[:200]}
         try:
             async with self.engine.begin() as conn:

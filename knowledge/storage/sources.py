@@ -160,11 +160,14 @@ async def unlock_source(conn: AsyncConnection, source_id: int) -> None:
 
 
 async def locked_source_ids(conn: AsyncConnection) -> set[int]:
-    """Sources some process is syncing right now (its lock is held)."""
+    """Sources some process is syncing right now (its lock is held). Advisory locks belong to a database, but
+    pg_locks lists the whole server's: only this database's count (another ragbot on the same server, or another
+    test worker, syncing its own source 1 is not a sync of ours)."""
     rows = await conn.execute(
         text(
             "SELECT objid::bigint AS source_id FROM pg_locks "
-            "WHERE locktype = 'advisory' AND classid = CAST(:k AS bigint)::oid AND objsubid = 2 AND granted"
+            "WHERE locktype = 'advisory' AND classid = CAST(:k AS bigint)::oid AND objsubid = 2 AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         ),
         {"k": SYNC_LOCK_CLASS},
     )
