@@ -199,8 +199,9 @@ class SyncRunner:
             for r in rows
         ]
 
-    async def runs(self, name: str | None = None, limit: int = 20) -> list[SyncRun]:
-        async with self.engine.connect() as conn:
+    async def runs(self, name: str | None = None, limit: int = 20, engine: AsyncEngine | None = None) -> list[SyncRun]:
+        """Recorded runs, newest first; `engine` is where to read them (a standby's read engine)."""
+        async with (engine or self.engine).connect() as conn:
             if name is not None and await sources_store.get_source(conn, name) is None:
                 raise UnknownSource(f"unknown source {name!r}")
             return await sources_store.list_runs(conn, name, limit)
