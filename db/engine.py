@@ -147,7 +147,7 @@ async def _read_rows_pooled(
     try:
         async with driver.transaction(), driver.cursor(row_factory=namedtuple_row) as cursor:
             await cursor.execute(
-                "SELECT " + ", ".join("set_config(%s, %s, true)" for _ in wanted),
+                "SELECT " + ", ".join(f"set_config(%s, %s, true) AS s{n}" for n in range(len(wanted))),
                 [item for pair in wanted.items() for item in pair],
             )
             await cursor.execute(_driver_sql(statement, conn.dialect), params)

@@ -150,10 +150,20 @@ def wait_for_replay(primary: Server, standby: Server, database: str = "postgres"
     raise AssertionError(f"the standby did not replay {lsn} within {timeout} s")
 
 
-class Bouncer:
-    """Debian's pgbouncer in transaction pooling mode in front of `server`, on a port of its own."""
+def backend_of(url: str) -> str:
+    """The "host=... port=..." pgbouncer needs for a SQLAlchemy URL (the embedded server's is a socket folder)."""
+    from sqlalchemy.engine import make_url
 
-    def __init__(self, server: Server, root: Path, user: str | None, pool_size: int = 4) -> None:
+    parsed = make_url(url)
+    host = parsed.query.get("host") or parsed.host or "127.0.0.1"
+    return f"host={host} port={parsed.port or 5432}"
+
+
+class Bouncer:
+    """Debian's pgbouncer in transaction pooling mode in front of a server, on a port of its own."""
+
+    def __init__(self, backend: str, root: Path, user: str | None, pool_size: int = 4) -> None:
+        """`backend`: libpq-style "host=... port=..." of the server behind it (a socket folder works as host)."""
         binary = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None)
         if binary is None:
             pytest.skip("pgbouncer is not installed (apt-get install -y pgbouncer): no real pooler to test behind")
@@ -164,14 +174,13 @@ class Bouncer:
         (self.dir / "users.txt").write_text('"postgres" ""\n')
         (self.dir / "pgbouncer.ini").write_text(
             "[databases]\n"
-            f"* = host=127.0.0.1 port={server.port}\n"
+            f"* = {backend}\n"
             "[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
             "auth_type = trust\n"
             f"auth_file = {self.dir / 'users.txt'}\n"
             "pool_mode = transaction\n"
             f"default_pool_size = {pool_size}\nmax_client_conn = 200\n"
-            "max_prepared_statements = 0\n"
             "ignore_startup_parameters = extra_float_digits,options\n"
             f"logfile = {self.dir / 'pgbouncer.log'}\n"
         )
