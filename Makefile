@@ -75,7 +75,9 @@ image-test:
 	tests/image/smoke.sh
 
 compose-config:
-	@if command -v podman-compose >/dev/null; then podman-compose -f compose.yaml -f compose.local.yaml config >/dev/null; \
-	elif docker compose version >/dev/null 2>&1; then docker compose -f compose.yaml -f compose.local.yaml config -q; \
+	@if command -v podman-compose >/dev/null; then podman-compose -f compose.yaml -f compose.local.yaml config >/dev/null \
+		&& podman-compose -f compose.scale.yaml config >/dev/null; \
+	elif docker compose version >/dev/null 2>&1; then docker compose -f compose.yaml -f compose.local.yaml config -q \
+		&& docker compose -f compose.scale.yaml config -q; \
 	else echo "error: install podman-compose (pip install podman-compose) or Docker's compose plugin" >&2; exit 1; fi
 	@echo "compose.yaml + compose.local.yaml: valid"
