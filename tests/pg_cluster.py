@@ -162,7 +162,8 @@ def backend_of(url: str) -> str:
 class Bouncer:
     """Debian's pgbouncer in transaction pooling mode in front of a server, on a port of its own."""
 
-    def __init__(self, backend: str, root: Path, user: str | None, pool_size: int = 4) -> None:
+    def __init__(self, backend: str, root: Path, user: str | None, pool_size: int = 4,
+                 server_lifetime: int = 3600) -> None:
         """`backend`: libpq-style "host=... port=..." of the server behind it (a socket folder works as host)."""
         binary = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None)
         if binary is None:
@@ -181,6 +182,9 @@ class Bouncer:
             f"auth_file = {self.dir / 'users.txt'}\n"
             "pool_mode = transaction\n"
             f"default_pool_size = {pool_size}\nmax_client_conn = 200\n"
+            # Server connections are replaced after this (PgBouncer's default: an hour): a new one has nothing
+            # prepared on it, whatever its clients prepared on the one before.
+            f"server_lifetime = {server_lifetime}\n"
             "ignore_startup_parameters = extra_float_digits,options\n"
             f"logfile = {self.dir / 'pgbouncer.log'}\n"
         )
