@@ -4,7 +4,7 @@ mode, on this machine (tests/pg_cluster.py starts them from the embedded server'
     .venv/bin/python bench/scale.py [--rounds 2]
 
 The example handbook is synced into the primary; then the eval set's questions (examples/handbook/eval.jsonl, 76)
-are searched (hybrid, k=10, as everyone) `--rounds` times through each path: the primary directly, the standby
+are searched (hybrid, k=10, as everyone) `--rounds` times through each path, interleaved: the primary directly, the standby
 (DATABASE_REPLICA_URLS) and PgBouncer (DATABASE_POOLER=transaction); every path must return the same hits. Also how
 long a synced document takes to reach the standby (from the end of the sync to the row being visible there).
 Results go to bench/results/scale.json.
@@ -77,17 +77,17 @@ async def main() -> None:
                     await kb.search(question, SearchFilters(), k=10)
             figures: dict[str, object] = {"chunks": (await direct.status()).chunks, "documents": len(report.added),
                                           "questions": len(questions), "rounds": args.rounds}
-            hits: dict[str, list[list[int]]] = {}
-            for name, kb in paths.items():
-                samples, found = [], []
-                for _ in range(args.rounds):
-                    for question in questions:
+            hits: dict[str, list[list[int]]] = {name: [] for name in paths}
+            samples: dict[str, list[float]] = {name: [] for name in paths}
+            for _ in range(args.rounds):
+                for question in questions:  # the paths interleaved, so a busy moment of the machine hits all three
+                    for name, kb in paths.items():
                         started = time.perf_counter()
                         results = await kb.search(question, SearchFilters(), k=10)
-                        samples.append((time.perf_counter() - started) * 1000)
-                        found.append([h.chunk_id for h in results.hits])
-                hits[name] = found
-                figures[f"hybrid_ms_{name}"] = summary(samples)
+                        samples[name].append((time.perf_counter() - started) * 1000)
+                        hits[name].append([h.chunk_id for h in results.hits])
+            for name in paths:
+                figures[f"hybrid_ms_{name}"] = summary(samples[name])
             figures["same_hits_on_every_path"] = hits["primary"] == hits["standby"] == hits["pgbouncer"]
             figures["standby_served_reads"] = replicated.replicas.replicas[0].reads > 0 and \
                 replicated.replicas.primary_reads == 0

@@ -145,13 +145,16 @@ async def _read_rows_pooled(
     the statement; nothing is prepared (prepare_threshold=None), so generic plans are not used."""
     wanted = {**SESSION_SETTINGS, **(settings or {})}
     try:
-        async with driver.transaction(), driver.cursor(row_factory=namedtuple_row) as cursor:
+        # In pipeline mode BEGIN, the settings, the statement and COMMIT travel together: one round trip through
+        # the pooler instead of four.
+        async with driver.pipeline(), driver.transaction(), driver.cursor(row_factory=namedtuple_row) as cursor:
             await cursor.execute(
                 "SELECT " + ", ".join(f"set_config(%s, %s, true) AS s{n}" for n in range(len(wanted))),
                 [item for pair in wanted.items() for item in pair],
             )
             await cursor.execute(_driver_sql(statement, conn.dialect), params)
-            return await cursor.fetchall()
+            rows = await cursor.fetchall()
+        return rows
     except psycopg.Error as exc:
         await conn.invalidate()
         raise DBAPIError.instance(
