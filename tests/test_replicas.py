@@ -177,3 +177,17 @@ async def test_stopping_the_standby_mid_run_loses_no_question(cluster):
     finally:
         await on_primary.close()
         await with_standby.close()
+
+
+def test_a_malformed_replica_url_gets_one_line_naming_the_setting():
+    from db.engine import database_url
+    from db.errors import DatabaseUnavailable
+
+    for bad, expected in (("mysql://u:secret@h/db", "DATABASE_REPLICA_URLS uses 'mysql'"),
+                          ("standby:5432", "DATABASE_REPLICA_URLS is not a URL")):
+        try:
+            database_url(settings_for("postgresql://u@h/db", bad), bad)
+        except DatabaseUnavailable as error:
+            assert str(error).startswith(expected) and "secret" not in str(error) and "\n" not in str(error)
+        else:
+            raise AssertionError(f"{bad!r} was accepted")
