@@ -9,7 +9,7 @@ TEST_STAMP := $(VENV)/.test-stamp
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup setup-run setup-test chromium run test test-fast bench clean-db image image-base image-local image-test \
+.PHONY: setup setup-run setup-test chromium test-tools run test test-fast bench clean-db image image-base image-local image-test \
 	compose-config
 
 $(RUN_STAMP): pyproject.toml
@@ -36,6 +36,13 @@ setup-run: $(RUN_STAMP)
 setup-test: $(TEST_STAMP) chromium
 setup: setup-test
 
+# --- Tools only the tests use (issue 43): PgBouncer for tests/test_pooler.py. Installed when root with apt; without
+# it those tests skip with a one-line reason. (The standby tests need nothing more: the embedded server's binaries.)
+test-tools:
+	@command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y pgbouncer; } || \
+		echo "pgbouncer not installed (needs root and apt): tests/test_pooler.py will skip"
+
 run: setup-run
 	$(BIN)/ragbot db upgrade
 	$(BIN)/ragbot ingest examples/handbook --source handbook
@@ -45,7 +52,7 @@ run: setup-run
 # file stays in one process (--dist loadfile), so module fixtures are built once.
 TEST_WORKERS ?= 2
 
-test: setup-test
+test: setup-test test-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
@@ -87,8 +94,10 @@ image-test:
 	tests/image/smoke.sh
 
 compose-config:
-	@if command -v podman-compose >/dev/null; then podman-compose -f compose.yaml -f compose.local.yaml config >/dev/null; \
-	elif docker compose version >/dev/null 2>&1; then docker compose -f compose.yaml -f compose.local.yaml config -q; \
+	@if command -v podman-compose >/dev/null; then podman-compose -f compose.yaml -f compose.local.yaml config >/dev/null \
+		&& podman-compose -f compose.scale.yaml config >/dev/null; \
+	elif docker compose version >/dev/null 2>&1; then docker compose -f compose.yaml -f compose.local.yaml config -q \
+		&& docker compose -f compose.scale.yaml config -q; \
 	else echo "error: install podman-compose (pip install podman-compose) or Docker's compose plugin" >&2; exit 1; fi
 	@echo "compose.yaml + compose.local.yaml: valid"
 

@@ -56,6 +56,9 @@ class KnowledgeSettings(BaseSettings):
     # VACUUM the chunks table after a sync or a source removal deleted at least this many chunks (dead rows blind
     # a filtered HNSW scan until they are cleaned out).
     vacuum_after_deleted_chunks: int = Field(default=1000, ge=1)
+    # A sync holds its source by a lease it renews every third of this (db.leases); a worker that dies mid-sync hands
+    # the source to another scheduler once it expires.
+    sync_lease_seconds: float = Field(default=60.0, ge=1.0)
 
     # Retrieval.
     fusion: Literal["adaptive", "convex", "rrf"] = "adaptive"

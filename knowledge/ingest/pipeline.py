@@ -438,7 +438,7 @@ class Indexer:
 
         # Into an empty index, chunks are written without the HNSW graph, which is built once at the end (see
         # store.bulk_load): about ten times less work than inserting them into it one by one.
-        async with store.bulk_load(self.engine):
+        async with store.bulk_load(self.engine, self.settings.sync_lease_seconds):
             await run_stages(read_and_prepare(), embed(), write())
         if source_failed:
             raise source_failed[0]

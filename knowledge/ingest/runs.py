@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from db import leases
 from knowledge.errors import RecentlySynced, Remedy, SourceBusy, SourceConfigError, SourceError, UnknownSource
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.sources.base import Source, SourceInfo, as_source, build_source
@@ -170,24 +171,17 @@ class SyncRunner:
 
     @asynccontextmanager
     async def source_lock(self, source_id: int, name: str, wait: bool = False) -> AsyncIterator[None]:
-        """Hold the source's sync lock. Raises SourceBusy if another run holds it, unless `wait` (a one-off
-        `ragbot ingest` queues behind a scheduled run of the same folder instead of failing)."""
-        conn = await self.engine.connect()
+        """Hold the source's sync lease (db.leases: a row, renewed while the run goes on, so it works behind a
+        transaction-mode pooler and hands the source over SYNC_LEASE_SECONDS after its holder died). Raises
+        SourceBusy if another run holds it, unless `wait` (a one-off `ragbot ingest` queues behind a scheduled run
+        of the same folder instead of failing)."""
         try:
-            if wait:
-                await sources_store.lock_source(conn, source_id)
-            elif not await sources_store.try_lock_source(conn, source_id):
-                raise SourceBusy(f"source {name!r} is being synced right now (by this or another process); "
-                                 "try again when that run finishes", remedy=Remedy.SHOW_STATUS, source=name)
-            try:
+            async with leases.hold(self.engine, f"{leases.SOURCE_SYNC}{source_id}",
+                                   self.indexer.settings.sync_lease_seconds, wait=wait):
                 yield
-            finally:
-                try:
-                    await sources_store.unlock_source(conn, source_id)
-                except Exception:  # a broken connection: dropping it releases the lock
-                    await conn.invalidate()
-        finally:
-            await conn.close()
+        except leases.LeaseBusy:
+            raise SourceBusy(f"source {name!r} is being synced right now (by this or another process); "
+                             "try again when that run finishes", remedy=Remedy.SHOW_STATUS, source=name) from None
 
     def _prune_due(self, row: sources_store.StoredSource) -> bool:
         if not row.prune_seconds:
@@ -204,7 +198,7 @@ class SyncRunner:
         async with self.engine.connect() as conn:
             rows = await sources_store.list_sources(conn)
             last = await sources_store.last_runs(conn)
-            running = await sources_store.locked_source_ids(conn)
+            running = await sources_store.syncing_source_ids(conn)
             documents = await sources_store.document_counts(conn)
         return [
             SourceInfo(r.name, r.kind, r.location, dict(r.config), r.schedule_seconds, r.prune_seconds,
@@ -212,8 +206,9 @@ class SyncRunner:
             for r in rows
         ]
 
-    async def runs(self, name: str | None = None, limit: int = 20) -> list[SyncRun]:
-        async with self.engine.connect() as conn:
+    async def runs(self, name: str | None = None, limit: int = 20, engine: AsyncEngine | None = None) -> list[SyncRun]:
+        """Recorded runs, newest first; `engine` is where to read them (a standby's read engine)."""
+        async with (engine or self.engine).connect() as conn:
             if name is not None and await sources_store.get_source(conn, name) is None:
                 raise UnknownSource(f"unknown source {name!r}")
             return await sources_store.list_runs(conn, name, limit)
