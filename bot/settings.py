@@ -136,11 +136,12 @@ def settings_of(model: type[BaseSettings]) -> set[str]:
 
 def known_settings() -> set[str]:
     """Every setting ragbot reads (bot, knowledge core, database, Google sources) and the credential variables."""
+    from bot.teams.settings import TeamsSettings
     from db.settings import DatabaseSettings
     from knowledge import KnowledgeSettings
 
     return (settings_of(BotSettings) | settings_of(KnowledgeSettings) | settings_of(DatabaseSettings)
-            | set(GOOGLE_SETTINGS) | set(CREDENTIAL_VARIABLES))
+            | settings_of(TeamsSettings) | set(GOOGLE_SETTINGS) | set(CREDENTIAL_VARIABLES))
 
 
 def unknown_settings(names: Iterable[str]) -> list[tuple[str, str]]:

@@ -24,6 +24,8 @@ NOT_SETTINGS = {
     "TRANSFORMERS_OFFLINE": "Hugging Face's own variable",
     "SSL_CERT_FILE": "OpenSSL's CA bundle variable (docs/operations.md, image builds)",
     "REQUESTS_CA_BUNDLE": "requests' CA bundle variable",
+    "HTTPS_PROXY": "the standard proxy variable the Teams SDK honours (docs/teams.md)",
+    "PERSON_COLUMNS": "a constant of bot/chat/retention.py: the columns forget-user handles (docs/security.md)",
     "PIP_CERT": "pip's CA bundle variable (image builds)",
     "TORCH_VERSION": "a Dockerfile build argument",
     "TORCH_INDEX_URL": "a Dockerfile build argument",
