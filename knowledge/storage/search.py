@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from db.engine import read_rows
 from db.models import BM25_SPARSE_DIM
+from knowledge.storage.words import lexical_text
 
 # The posting budget (SearchTuning.candidate_postings) counts postings in every chunk, also ones the asker may not
 # see, so a reader of few documents can find fewer than k candidates among the rarest terms' chunks although more of
@@ -398,7 +399,9 @@ def _dense_statement(dimension: int, *, exact: bool = False) -> TextClause:
 
 async def lexical_rows(conn: AsyncConnection, params: Mapping[str, Any], *, among_permitted: bool = False) -> list[Any]:
     """BM25's candidates, best first, each with what its hit shows and the full-match score. `among_permitted`: the
-    statement with the asker's filters open to the indexes (LEXICAL_SQL_AMONG_PERMITTED)."""
+    statement with the asker's filters open to the indexes (LEXICAL_SQL_AMONG_PERMITTED). The question is tokenised
+    as the chunks were (`lexical_text`: Chinese and Japanese split into words and bigrams)."""
+    params = {**params, "query": lexical_text(str(params["query"]))}
     if among_permitted:
         return await read_rows(conn, _LEXICAL_AMONG_PERMITTED, params)
     # Its plan cannot use the question (its terms are found while it runs) and barely the asker: the same rows

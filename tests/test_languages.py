@@ -1,0 +1,63 @@
+"""Chinese and Japanese text in the lexical index, the evidence and the quotes; a mixed corpus keeps one BM25 model
+(issue 40). The documents are examples/lanting (written before any tuning)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from conftest import REPO
+from sqlalchemy import text
+from test_bm25 import assert_statistics_match_chunks
+
+from knowledge.ingest.chunking import split_sentences
+from knowledge.search.retrieval import SearchFilters
+from knowledge.sources.folder import FolderSource
+from knowledge.storage.words import lexical_text, tokens
+
+LANTING = REPO / "examples" / "lanting"
+
+
+def test_chinese_and_japanese_runs_become_words_and_bigrams_and_latin_text_stays_as_it_is():
+    assert lexical_text("Carry over unused days.") == "Carry over unused days."
+    words = lexical_text("未使用的年假最多可结转5天。Leave carried over expires.").split()
+    assert "结转" in words and "年假" in words  # a word, and a bigram where the dictionary split otherwise
+    assert "carried" in " ".join(words) and "。" not in " ".join(words)
+    assert "繰り越" in "".join(tokens("有給休暇は繰り越すことができます")) and "有給" in tokens("有給休暇")
+
+
+def test_quote_units_split_chinese_sentences_on_their_own_punctuation():
+    assert split_sentences("当年未使用的年假最多可结转5天到下一年。结转的年假须在次年3月31日前使用完毕！是吗？") == [
+        "当年未使用的年假最多可结转5天到下一年。", "结转的年假须在次年3月31日前使用完毕！", "是吗？"]
+
+
+async def test_a_chinese_document_is_found_lexically_and_quoted_at_the_right_sentence(fresh_kb):
+    report = await fresh_kb.sync(FolderSource(LANTING / "zh", "lanting"))
+    assert not report.failed
+    found = await fresh_kb.search("结转的年假什么时候过期？", SearchFilters(), k=3, mode="lexical")
+    assert found.hits and found.hits[0].external_id == "leave.md"
+    answer = await fresh_kb.answer("没用完的年假可以结转几天？", ["everyone"], "zh-1")
+    assert answer.outcome == "answer", answer.text
+    assert "最多可结转5天" in answer.text
+    assert "158天" not in answer.text  # the sentence that answers, not the whole policy
+    assert answer.citations[0].external_id == "leave.md"
+
+
+async def test_a_japanese_page_is_found_lexically(fresh_kb):
+    await fresh_kb.sync(FolderSource(LANTING / "ja", "lanting-ja"))
+    found = await fresh_kb.search("入館カードをなくしたらどうすればいいですか？", SearchFilters(), k=2, mode="lexical")
+    assert found.hits and found.hits[0].external_id == "office.md"
+
+
+async def test_a_mixed_english_and_chinese_corpus_keeps_one_bm25_model(fresh_kb, tmp_path: Path):
+    shutil.copytree(LANTING / "zh", tmp_path / "zh")
+    shutil.copytree(LANTING / "en", tmp_path / "en")
+    await fresh_kb.sync(FolderSource(tmp_path, "mixed"))
+    await assert_statistics_match_chunks(fresh_kb)  # one statistics table: df, N, lengths over both languages
+    english = await fresh_kb.search("carrying over unused annual leave", SearchFilters(), k=3, mode="lexical")
+    assert english.hits[0].external_id == "en/leave.md"  # English stemming still applies ("carrying" ~ "carried")
+    chinese = await fresh_kb.search("每周值班补贴多少钱？", SearchFilters(), k=3, mode="lexical")
+    assert chinese.hits[0].external_id == "zh/oncall.md"
+    async with fresh_kb.engine.connect() as conn:
+        configs = (await conn.execute(text("SELECT count(*) FROM corpus_stats"))).scalar_one()
+    assert configs == 1
