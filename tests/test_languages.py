@@ -61,3 +61,30 @@ async def test_a_mixed_english_and_chinese_corpus_keeps_one_bm25_model(fresh_kb,
     async with fresh_kb.engine.connect() as conn:
         configs = (await conn.execute(text("SELECT count(*) FROM corpus_stats"))).scalar_one()
     assert configs == 1
+
+
+async def test_migration_0017_reindexes_chinese_chunks_indexed_before_it(kb_factory, fresh_database):
+    """A Chinese document indexed the old way (downgrade: one lexeme per sentence) is found by BM25 after the
+    upgrade, and the statistics still match the chunks."""
+    from alembic import command
+
+    from db.migrate import alembic_config, upgrade_to_head
+
+    url = fresh_database()
+    kb = await kb_factory(url)
+    await kb.sync(FolderSource(LANTING / "zh", "lanting"))
+
+    def downgrade_to_0013(sync_connection) -> None:  # type: ignore[no-untyped-def]
+        config = alembic_config()
+        config.attributes["connection"] = sync_connection
+        command.downgrade(config, "0013_lease")
+
+    async with kb.engine.begin() as conn:
+        await conn.run_sync(downgrade_to_0013)
+    question = "每周值班补贴多少钱？"
+    before = await kb.search(question, SearchFilters(), k=3, mode="lexical")
+    assert not before.hits or before.hits[0].external_id != "oncall.md"
+    await upgrade_to_head(kb.engine)
+    await assert_statistics_match_chunks(kb)
+    after = await kb.search(question, SearchFilters(), k=3, mode="lexical")
+    assert after.hits[0].external_id == "oncall.md"
