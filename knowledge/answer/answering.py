@@ -245,7 +245,7 @@ class Answerer:
         timings["memory_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
         filters = SearchFilters(tuple(principals), tuple(sources) if sources else None)
-        results = await self.retriever.search(query, filters, k=settings.context_chunks)
+        results = await self.retriever.search_readings(rewrite.searches(), filters, k=settings.context_chunks)
         timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
         if not results.hits or results.best_similarity is None:
             answer = Answer(ABSTAIN_MESSAGE, self.mode, True, [], results.hits, timings, rewrite.note)

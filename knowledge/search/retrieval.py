@@ -31,13 +31,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.engine import HNSW_EF_SEARCH
 from knowledge.access import EVERYONE
 from knowledge.embedding.encoder import Embedder, resolve_model_path
-from knowledge.search.fusion import Candidate, Fused, Fusion, LexicalCandidates
+from knowledge.search.fusion import Candidate, Fused, Fusion, LexicalCandidates, Reading, fuse_readings
 from knowledge.settings import KnowledgeSettings
 from knowledge.storage import search as search_store
 from knowledge.storage.documents import as_vector
 from knowledge.storage.search import EVERY_TERM, SearchTuning
 
-__all__ = ["MODES", "Mode", "Retriever", "SearchFilters", "SearchHit", "SearchResults", "SearchTuning",
+__all__ = ["MODES", "Mode", "Reading", "Retriever", "SearchFilters", "SearchHit", "SearchResults", "SearchTuning",
            "collapse_near_duplicates", "ef_search_for", "rerank"]
 
 Mode = Literal["hybrid", "dense", "lexical"]
@@ -228,6 +228,46 @@ class Retriever:
             timings["rerank_ms"] = (time.perf_counter() - started) * 1000
         hits = [replace(hit, rank=i + 1) for i, hit in enumerate(collapse_near_duplicates(hits, limit=k))]
         return SearchResults(hits, best, timings)
+
+    async def search_readings(
+        self, readings: Sequence[Reading], filters: SearchFilters, *, k: int = 10, mode: Mode = "hybrid",
+        max_per_document: int | None = None,
+    ) -> SearchResults:
+        """Multi-query retrieval: each reading of a question (a follow-up alone, with the turn before, rewritten,
+        translated) searched, and the rankings fused by weighted reciprocal rank (`fuse_readings`), so a conversation
+        no longer bets on one rewrite. One reading is a plain `search`. A fused hit keeps its best score of any
+        reading (the evidence's margin reads scores on the fusion's 0..1 scale); the abstention signal is the best
+        similarity of any reading."""
+        if len(readings) == 1:
+            return await self.search(readings[0].query, filters, k=k, mode=mode, max_per_document=max_per_document)
+        each = await asyncio.gather(*(
+            self.search(r.query, filters, k=max(k, 20), mode=mode, max_per_document=max_per_document) for r in readings
+        ))
+        best: dict[int, SearchHit] = {}
+        for found in each:
+            for hit in found.hits:
+                kept = best.get(hit.chunk_id)
+                if kept is None or hit.score > kept.score:
+                    best[hit.chunk_id] = hit
+        per_document_limit = max_per_document or self.settings.max_chunks_per_document
+        fused = fuse_readings([(r.weight, [h.chunk_id for h in found.hits]) for r, found in zip(readings, each, strict=True)],
+                              self.settings.rrf_k, len(best))
+        hits: list[SearchHit] = []
+        per_document: dict[int, int] = {}
+        for chunk_id, _ in fused:
+            hit = best[chunk_id]
+            if per_document.get(hit.document_id, 0) >= per_document_limit:
+                continue
+            per_document[hit.document_id] = per_document.get(hit.document_id, 0) + 1
+            hits.append(replace(hit, rank=len(hits) + 1))
+            if len(hits) == k:
+                break
+        similarities = [found.best_similarity for found in each if found.best_similarity is not None]
+        timings: dict[str, float] = {}
+        for found in each:
+            for key, value in found.timings.items():
+                timings[key] = timings.get(key, 0.0) + value
+        return SearchResults(hits, max(similarities) if similarities else None, timings)
 
 
 _WORD = re.compile(r"\w+")

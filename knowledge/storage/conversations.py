@@ -200,3 +200,20 @@ async def best_chunk_coverage(conn: AsyncConnection, question: str, config: str,
         )
     ).scalar()
     return float(value or 0.0)
+
+
+async def cited_titles(conn: AsyncConnection, chunk_ids: Sequence[int]) -> list[str]:
+    """The titles of the documents these chunks belong to, in the order first cited (what "that document" or "there"
+    in the next question may mean)."""
+    if not chunk_ids:
+        return []
+    rows = await conn.execute(
+        text("SELECT d.title FROM unnest(CAST(:ids AS bigint[])) WITH ORDINALITY AS x(id, i) "
+             "JOIN chunks c ON c.id = x.id JOIN documents d ON d.id = c.document_id ORDER BY x.i"),
+        {"ids": list(chunk_ids)},
+    )
+    titles: list[str] = []
+    for row in rows:
+        if row.title not in titles:
+            titles.append(row.title)
+    return titles
