@@ -88,3 +88,37 @@ async def test_migration_0017_reindexes_chinese_chunks_indexed_before_it(kb_fact
     await assert_statistics_match_chunks(kb)
     after = await kb.search(question, SearchFilters(), k=3, mode="lexical")
     assert after.hits[0].external_id == "oncall.md"
+
+
+async def test_a_question_in_a_language_the_knowledge_base_does_not_hold_is_told_so(kb_factory):
+    """Offline: never a confident answer from documents in another language; the reply names the languages held."""
+    kb = await kb_factory()
+    await kb.sync(FolderSource(LANTING / "zh", "lanting"))
+    answer = await kb.answer("How many unused annual leave days can be carried over?", ["everyone"], "en-over-zh")
+    assert answer.outcome != "answer"
+    assert "Chinese" in answer.text and "English" in answer.text
+    german = await kb.answer("Wie viele Urlaubstage kann ich ins nächste Jahr übertragen?", ["everyone"], "de")
+    assert german.outcome != "answer" and "German" in german.text
+    chinese = await kb.answer("没用完的年假可以结转几天？", ["everyone"], "zh-2")  # the language it holds: no note
+    assert chinese.outcome == "answer" and "Chinese" not in chinese.text
+
+
+async def test_with_claude_a_cross_language_question_searches_its_translation_and_is_answered_in_its_language(
+        kb_factory):
+    from fakes.anthropic_api import FakeAnthropicAPI, sources_sent
+
+    with FakeAnthropicAPI() as fake:
+        # https://docs.anthropic.com/en/api/messages: a text reply per request; the translation call is told apart
+        # by its system prompt.
+        fake.default = lambda request: ("没用完的年假可以结转几天？" if "translate" in request.system_text.lower()
+                                        else "Up to 5 unused days can be carried over [1].")
+        kb = await kb_factory(anthropic_api_key="sk-test", anthropic_base_url=fake.url, anthropic_max_retries=0,
+                              anthropic_citations=False)
+        await kb.sync(FolderSource(LANTING / "zh", "lanting"))
+        answer = await kb.answer("How many unused annual leave days can be carried over?", ["everyone"], "x-lang")
+        translate, answering = fake.requests
+    assert "Chinese" in translate.system_text and "carried over" in translate.user_text
+    assert "language of the question" in answering.system_text
+    assert any(s["path"] == "leave.md" for s in sources_sent(answering).values())
+    assert answer.outcome == "answer" and answer.citations[0].external_id == "leave.md"
+    assert "Up to 5 unused days" in answer.text

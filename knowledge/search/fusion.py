@@ -128,6 +128,12 @@ class Reading:
     weight: float = 1.0
 
 
+# Reciprocal rank fusion's k for readings: small, so a reading's first hit counts clearly more than its second (with
+# the usual 60, a generic passage second in every reading outranked the answer first in two of three; chosen on
+# examples/handbook/conversations.jsonl).
+READINGS_RRF_K = 5
+
+
 def fuse_readings(rankings: Sequence[tuple[float, Sequence[int]]], rrf_k: int, limit: int) -> list[tuple[int, float]]:
     """Reciprocal rank fusion of several readings' rankings (chunk ids, best first), each with its weight: a chunk
     scores the weighted sum of 1 / (rrf_k + rank) over the readings that found it. Ranks, not scores, because the

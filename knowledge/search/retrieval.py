@@ -31,7 +31,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.engine import HNSW_EF_SEARCH
 from knowledge.access import EVERYONE
 from knowledge.embedding.encoder import Embedder, resolve_model_path
-from knowledge.search.fusion import Candidate, Fused, Fusion, LexicalCandidates, Reading, fuse_readings
+from knowledge.search.fusion import (
+    READINGS_RRF_K,
+    Candidate,
+    Fused,
+    Fusion,
+    LexicalCandidates,
+    Reading,
+    fuse_readings,
+)
 from knowledge.settings import KnowledgeSettings
 from knowledge.storage import search as search_store
 from knowledge.storage.documents import as_vector
@@ -240,28 +248,32 @@ class Retriever:
         similarity of any reading."""
         if len(readings) == 1:
             return await self.search(readings[0].query, filters, k=k, mode=mode, max_per_document=max_per_document)
-        each = await asyncio.gather(*(
-            self.search(r.query, filters, k=max(k, 20), mode=mode, max_per_document=max_per_document) for r in readings
-        ))
+        # One after the other: each search already overlaps its own embedding and SQL.
+        each = [await self.search(r.query, filters, k=max(k, 20), mode=mode, max_per_document=max_per_document)
+                for r in readings]
         best: dict[int, SearchHit] = {}
         for found in each:
             for hit in found.hits:
                 kept = best.get(hit.chunk_id)
                 if kept is None or hit.score > kept.score:
                     best[hit.chunk_id] = hit
+        # Documents are fused on their own rankings (a document ranks where its best chunk ranks in each reading), so
+        # two readings that find one document through different chunks both vote for it; its chunks follow in
+        # their own fused order.
+        weights = [r.weight for r in readings]
+        documents = fuse_readings([(w, list(dict.fromkeys(h.document_id for h in found.hits)))
+                                   for w, found in zip(weights, each, strict=True)], READINGS_RRF_K, len(best))
+        chunk_scores = dict(fuse_readings([(w, [h.chunk_id for h in found.hits])
+                                           for w, found in zip(weights, each, strict=True)], READINGS_RRF_K, len(best)))
         per_document_limit = max_per_document or self.settings.max_chunks_per_document
-        fused = fuse_readings([(r.weight, [h.chunk_id for h in found.hits]) for r, found in zip(readings, each, strict=True)],
-                              self.settings.rrf_k, len(best))
+        by_document: dict[int, list[SearchHit]] = {}
+        for hit in sorted(best.values(), key=lambda h: (-chunk_scores[h.chunk_id], h.chunk_id)):
+            by_document.setdefault(hit.document_id, []).append(hit)
         hits: list[SearchHit] = []
-        per_document: dict[int, int] = {}
-        for chunk_id, _ in fused:
-            hit = best[chunk_id]
-            if per_document.get(hit.document_id, 0) >= per_document_limit:
-                continue
-            per_document[hit.document_id] = per_document.get(hit.document_id, 0) + 1
-            hits.append(replace(hit, rank=len(hits) + 1))
-            if len(hits) == k:
-                break
+        for document_id, _ in documents:
+            for hit in by_document[document_id][:per_document_limit]:
+                if len(hits) < k:
+                    hits.append(replace(hit, rank=len(hits) + 1))
         similarities = [found.best_similarity for found in each if found.best_similarity is not None]
         timings: dict[str, float] = {}
         for found in each:

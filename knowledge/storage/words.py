@@ -103,3 +103,50 @@ def tokens(text: str) -> list[str]:
         else:
             out.extend(_LATIN.findall(piece))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which language a question is in, and which languages the index holds (a question in a language the knowledge base
+# does not contain is told so)
+
+LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "zh": "Chinese", "ja": "Japanese",
+                  "ko": "Korean", "ru": "Russian"}
+# Function words that mark a language in a question (several are needed when they are shared).
+_MARKERS = {
+    "en": "the is are was what how do does can i my for of to when who where which should we our you your".split(),
+    "de": "der die das ist sind wie was ich und nicht kann für wann mein meine wir viele welche gibt es muss".split(),
+    "fr": "le la les est sont que quoi comment je pour des combien quand mon ma nous puis-je quel quelle une".split(),
+    "es": "el la los las es son qué cómo cuántos cuántas para mi cuándo puedo una nosotros cuál hay".split(),
+}
+_SCRIPTS = (("ja", re.compile(f"[{_KANA}]")), ("ko", re.compile("[\uac00-\ud7af]")), ("zh", re.compile(f"[{_HAN}]")),
+            ("ru", re.compile("[\u0400-\u04ff]")))
+_LATIN_WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)?", re.UNICODE)
+
+
+def detect_language(text: str) -> str | None:
+    """The language of a short text (a question), or None when it cannot be told: by script (kana: Japanese, Han
+    alone: Chinese, Hangul, Cyrillic), else by its function words (English, German, French, Spanish)."""
+    for language, script in _SCRIPTS:
+        if script.search(text):
+            return language
+    words = [w.lower() for w in _LATIN_WORD.findall(text)]
+    hits = {language: sum(w in markers for w in words) for language, markers in _MARKERS.items()}
+    best = max(hits.values(), default=0)
+    if best == 0:
+        return None
+    leaders = [language for language, n in hits.items() if n == best]
+    return leaders[0] if len(leaders) == 1 else None
+
+
+# Words that show the index holds documents in a language: at least two of them must be in its vocabulary. Function
+# words where the English configuration keeps them (it drops English ones, so English is known by common stems).
+INDEX_MARKERS = {
+    "en": "employees company policy please days use manager team time work need must request access",
+    "de": "und nicht oder werden sind wird auch eine",
+    "fr": "les des est pour dans une avec sont",
+    "es": "los las para por una con está son",
+    "zh": "没有 这个 进行 员工 时间 需要 如果 可以 公司",
+}
+# Languages known in the index by their script alone: any word in it.
+INDEX_SCRIPTS = {"ja": f"[{_KANA}]", "ko": "[\uac00-\ud7af]", "ru": "[\u0400-\u04ff]"}
+
