@@ -105,7 +105,8 @@ async def test_a_question_in_a_language_the_knowledge_base_does_not_hold_is_told
 
 async def test_with_claude_a_cross_language_question_searches_its_translation_and_is_answered_in_its_language(
         kb_factory):
-    from fakes.anthropic_api import FakeAnthropicAPI, sources_sent
+    from fakes.anthropic_api import FakeAnthropicAPI
+    from test_answer_llm import sources_sent
 
     with FakeAnthropicAPI() as fake:
         # https://docs.anthropic.com/en/api/messages: a text reply per request; the translation call is told apart
@@ -119,6 +120,6 @@ async def test_with_claude_a_cross_language_question_searches_its_translation_an
         translate, answering = fake.requests
     assert "Chinese" in translate.system_text and "carried over" in translate.user_text
     assert "language of the question" in answering.system_text
-    assert any(s["path"] == "leave.md" for s in sources_sent(answering).values())
+    assert any(s["title"] == "年假与请假制度" for s in sources_sent(answering).values())  # zh/leave.md, found
     assert answer.outcome == "answer" and answer.citations[0].external_id == "leave.md"
     assert "Up to 5 unused days" in answer.text

@@ -148,11 +148,23 @@ def content_words(text: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(text) if w.lower() not in _STOP and len(w) > 1]
 
 
+# Phrases with pointing words that point at nothing: "is it OK to…", "which one of the 2025 holidays…".
+_NOT_POINTING = re.compile(
+    r"\b(?:is|was|will|would|isn't)\s+it\s+(?:ok|okay|possible|allowed|required|necessary|true|fine|safe|mandatory|"
+    r"acceptable|appropriate|legal|free)\b|\b(?:which|any|each|one)\s+ones?\s+of\s+(?:the|our|your|my)\b",
+    re.IGNORECASE,
+)
+
+
+def _pointing_part(question: str) -> str:
+    return _NOT_POINTING.sub(" ", question)
+
+
 def points_back(question: str) -> bool:
     """Pointing words ("it", "those", "the second one") or an opener ("and for contractors?", "what about…")."""
     if _FOLLOW_UP_OPENERS.match(question):
         return True
-    return any(w.lower() in _ANAPHORA for w in _WORD.findall(question))
+    return any(w.lower() in _ANAPHORA for w in _WORD.findall(_pointing_part(question)))
 
 
 def looks_like_follow_up(question: str, min_content_words: int = STANDALONE_CONTENT_WORDS) -> bool:
@@ -238,9 +250,9 @@ def _expand_with(question: str, context: str, limit: int = 8) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Multi-query readings and what a follow-up points at in the previous answer
 
-# A question with at least this many content words of its own, sharing none with the thread, stands alone (as many
-# as STANDALONE_CONTENT_WORDS: "What happens if I started recently?" still follows up).
-OFF_THREAD_CONTENT_WORDS = STANDALONE_CONTENT_WORDS
+# A question with at least this many content words of its own, sharing none with the thread, stands alone when its
+# words find a confident hit ("When is it OK to use @channel in Slack?"); with one more, whatever it finds.
+OFF_THREAD_CONTENT_WORDS = 3
 # How many words of a pointed-at item (and then of its turn) the offline rewrite adds.
 ITEM_WORDS = 8
 # The weight of each reading in the fusion (reciprocal rank, knowledge.search.fusion.fuse_readings): the rewrite and
@@ -565,14 +577,20 @@ class ConversationMemory:
         match?" after a card question is searched as asked, and a change of topic drops the old one."""
         if _FOLLOW_UP_OPENERS.match(question) or refers_to_item(question):
             return False
-        if any(w.lower() in _PRONOUNS for w in _WORD.findall(question)) or _ONE_OF_THEM.search(question):
+        pointing = _pointing_part(question)
+        if any(w.lower() in _PRONOUNS for w in _WORD.findall(pointing)) or _ONE_OF_THEM.search(pointing):
             return False
         own = content_words(question)
+        off_thread = False
         if history is not None and not points_back(question) and len(own) >= OFF_THREAD_CONTENT_WORDS:
             thread = " ".join([*history.user_messages(), history.summary])
-            if not {_stem(w) for w in own} & {_stem(w) for w in content_words(thread)}:
-                return True
+            off_thread = not {_stem(w) for w in own} & {_stem(w) for w in content_words(thread)}
         async with self.engine.connect() as conn:
+            if off_thread and len(own) >= OFF_THREAD_CONTENT_WORDS + 1:
+                return True
+            if off_thread and await memory_store.best_chunk_coverage(
+                    conn, question, self.text_search_config) >= CONFIDENT_HIT:
+                return True  # nothing in common with the thread, and its own words find a confident hit
             stats = await memory_store.term_statistics(conn, question, [], self.text_search_config)
             if len(stats) >= 2 and sum(s.df == 0 for s in stats) * 2 >= len(stats) and not points_back(question):
                 return True  # half its words or more are nowhere in the index: a new (off-topic) question

@@ -73,10 +73,15 @@ def segment(run: str) -> list[str]:
     return kept
 
 
+# Single-character Chinese function words: a bigram holding one ("有多", "假有") is grammar glued to a word, not topic.
+_CHINESE_FUNCTION_CHARS = frozenset("的了是在和与及或也都就而把被对从向给让这那个之其我你他她它们吗呢吧啊么几有要会能请为以于所等")
+
+
 def bigrams(run: str) -> list[str]:
-    """Overlapping character pairs of a run (a pair of hiragana alone is grammar, not topic, and is left out)."""
+    """Overlapping character pairs of a run, without pairs that hold a function word (a pair of hiragana alone, or a
+    Chinese function character: grammar, not topic)."""
     pairs = [run[i:i + 2] for i in range(len(run) - 1)]
-    return [p for p in pairs if not _HIRAGANA_ONLY.match(p)]
+    return [p for p in pairs if not _HIRAGANA_ONLY.match(p) and not (set(p) & _CHINESE_FUNCTION_CHARS)]
 
 
 def run_terms(run: str) -> list[str]:
