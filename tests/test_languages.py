@@ -111,7 +111,7 @@ async def test_with_claude_a_cross_language_question_searches_its_translation_an
     with FakeAnthropicAPI() as fake:
         # https://docs.anthropic.com/en/api/messages: a text reply per request; the translation call is told apart
         # by its system prompt.
-        fake.default = lambda request: ("没用完的年假可以结转几天？" if "translate" in request.system_text.lower()
+        fake.default = lambda request: ("没用完的年假可以结转几天？" if request.system_text.startswith("You translate a question")
                                         else "Up to 5 unused days can be carried over [1].")
         kb = await kb_factory(anthropic_api_key="sk-test", anthropic_base_url=fake.url, anthropic_max_retries=0,
                               anthropic_citations=False)

@@ -588,10 +588,11 @@ class ConversationMemory:
         async with self.engine.connect() as conn:
             if off_thread and len(own) >= OFF_THREAD_CONTENT_WORDS + 1:
                 return True
-            if off_thread and await memory_store.best_chunk_coverage(
-                    conn, question, self.text_search_config) >= CONFIDENT_HIT:
-                return True  # nothing in common with the thread, and its own words find a confident hit
             stats = await memory_store.term_statistics(conn, question, [], self.text_search_config)
+            if off_thread and (any(0 < s.df <= SPECIFIC_TERM_FRACTION * max(1, s.n_chunks) for s in stats)
+                               or await memory_store.best_chunk_coverage(
+                                   conn, question, self.text_search_config) >= CONFIDENT_HIT):
+                return True  # nothing in common with the thread, and its own words find focused or confident hits
             if len(stats) >= 2 and sum(s.df == 0 for s in stats) * 2 >= len(stats) and not points_back(question):
                 return True  # half its words or more are nowhere in the index: a new (off-topic) question
             if len(stats) >= 3 and sum(s.df == 0 for s in stats) * 2 > len(stats):
