@@ -67,7 +67,6 @@ async def test_migration_0017_reindexes_chinese_chunks_indexed_before_it(kb_fact
     """A Chinese document indexed the old way (downgrade: one lexeme per sentence) is found by BM25 after the
     upgrade, and the statistics still match the chunks."""
     from alembic import command
-
     from db.migrate import alembic_config, upgrade_to_head
 
     url = fresh_database()
