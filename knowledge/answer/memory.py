@@ -276,6 +276,10 @@ _CJK_NUMERALS = {"一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "�
 _CJK_ITEM_REFERENCE = re.compile(r"第([一二两三四五六七八九十]|\d+)(?:个|项|条|种|行|步|点|级)|最后一(?:个|项|条|种)")
 
 
+# "that", "there", "this": what the previous answer's documents said (not "it", which is usually its topic).
+_POINTS_AT_A_PLACE = re.compile(r"\b(?:that|there|this)\b", re.IGNORECASE)
+
+
 def refers_to_item(question: str) -> int | None:
     """Which item of the previous answer the question points at ("the second one": 1, "the last one": -1,
     "第二个": 1), or None."""
@@ -308,7 +312,7 @@ def pointed_item(question: str, history: History) -> str | None:
         if items and -len(items) <= index < len(items):
             return items[index]
         return None
-    if history.cited and points_back(question):
+    if history.cited and _POINTS_AT_A_PLACE.search(question):
         return " ".join(history.cited[:2])
     return None
 
@@ -320,8 +324,9 @@ def readings_of(question: str, rewrite: str, history: History, pointed: str | No
     candidates = [Reading(rewrite, REWRITE_WEIGHT)]
     if previous:
         candidates.append(Reading(f"{previous[-1]} {question}", WITH_PREVIOUS_WEIGHT))
-    if pointed:
-        candidates.append(Reading(f"{question} {pointed}", POINTED_WEIGHT))
+    if pointed:  # an item named by its place counts fully; the documents cited before, as the previous turn does
+        weight = POINTED_WEIGHT if refers_to_item(question) is not None else WITH_PREVIOUS_WEIGHT
+        candidates.append(Reading(f"{question} {pointed}", weight))
     candidates.append(Reading(question, ALONE_WEIGHT))
     readings: list[Reading] = []
     for reading in candidates:
@@ -632,7 +637,7 @@ class ConversationMemory:
         return replace(rewrite, readings=readings_of(question, rewrite.query, history, pointed))
 
     async def _rewrite_offline(self, question: str, history: History, pointed: str | None) -> str:
-        if pointed:  # "the second one": the item first, then the turn it came from
+        if pointed and refers_to_item(question) is not None:  # "the second one": the item, then the turn it came from
             return _expand_with(_expand_with(question, pointed, ITEM_WORDS), rewrite_offline(question, history,
                                 stands_alone=False), ITEM_WORDS)
         return rewrite_offline(question, history, stands_alone=False)
