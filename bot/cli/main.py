@@ -311,6 +311,10 @@ def evaluate(
     last_two: Annotated[
         bool, typer.Option("--last-two", help="Search the last two user turns together (the other baseline).")
     ] = False,
+    compare_memory: Annotated[
+        bool, typer.Option("--compare-memory", help="Follow-ups only: conversation memory against the last question "
+                                                    "alone and the last two user turns, nDCG@10 and answer facts.")
+    ] = False,
     mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense, lexical, or all.")] = "all",
     principals: AsOption = None,
     sources: SourceOption = None,
@@ -332,6 +336,18 @@ def evaluate(
     for target in (file, beir, corpus):
         if target is not None and not target.exists():
             fail(f"no such file or folder: {target}")
+    if compare_memory:
+        if file is None:
+            fail("--compare-memory needs an eval FILE.jsonl of conversations")
+        from bot.cli.evaluate import render_memory_comparison, run_memory_comparison  # deferred: keeps --help fast
+
+        table = with_kb(lambda kb: run_memory_comparison(kb, file, principals or ["everyone"], sources or [],
+                                                         corpus=corpus))
+        if as_json:
+            print_json(table)
+        else:
+            render_memory_comparison(table)
+        return
     if answers:
         if file is None:
             fail("--answers needs an eval FILE.jsonl with expected facts")

@@ -26,7 +26,14 @@ from knowledge.answer.generators.anthropic_client import (
     Span,
 )
 from knowledge.answer.generators.passages import section_path
-from knowledge.answer.memory import ChatMessage, ConversationMemory, CountTokens, History, format_conversation
+from knowledge.answer.memory import (
+    ChatMessage,
+    ConversationMemory,
+    CountTokens,
+    History,
+    LanguageGap,
+    format_conversation,
+)
 from knowledge.answer.prompts import (
     CITED_SYSTEM_PROMPT,
     NO_ANSWER,
@@ -245,13 +252,20 @@ class Answerer:
         history = await self.memory.history(conversation_id, prior_messages, audience=principals)
         rewrite = await self.memory.standalone_query(question, history)
         query = rewrite.query
+        # A question in a language the documents are not in: with Claude, its translation is searched too; the
+        # reply says which languages the knowledge base holds (offline, at most `uncertain`: see below).
+        gap = await self.memory.language_gap(question)
+        readings = rewrite.searches()
+        translated = await self.memory.translation(question, gap) if gap is not None else None
+        if translated is not None:
+            readings = (*readings, translated)
         timings["memory_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
         filters = SearchFilters(tuple(principals), tuple(sources) if sources else None)
-        results = await self.retriever.search(query, filters, k=settings.context_chunks)
+        results = await self.retriever.search_readings(readings, filters, k=settings.context_chunks)
         timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
         if not results.hits or results.best_similarity is None:
-            answer = Answer(ABSTAIN_MESSAGE, self.mode, True, [], results.hits, timings, rewrite.note)
+            answer = Answer(_noted(ABSTAIN_MESSAGE, gap), self.mode, True, [], results.hits, timings, rewrite.note)
             return await self._remember(conversation_id, question, query, principals, asker, answer, [], history)
 
         conversation, groups = self._fit_prompt(question, history, results.hits)
@@ -259,9 +273,11 @@ class Answerer:
         started = time.perf_counter()
         evidence, scored = await self._evidence(query, results.best_similarity, results.hits, groups)
         outcome = decide(evidence, settings.evidence)
+        if gap is not None and translated is None and outcome == "answer":
+            outcome = "uncertain"  # offline, a passage in another language is the closest one, never a sure answer
         timings["evidence_ms"] = (time.perf_counter() - started) * 1000
         if outcome == "decline" or not groups:
-            answer = Answer(ABSTAIN_MESSAGE, self.mode, True, [], results.hits, timings, rewrite.note,
+            answer = Answer(_noted(ABSTAIN_MESSAGE, gap), self.mode, True, [], results.hits, timings, rewrite.note,
                             # related documents only when the nearest one shares a term with the question
                             related=related_documents(groups) if evidence.coverage > 0 else [], evidence=evidence)
             return await self._remember(conversation_id, question, query, principals, asker, answer, [], history)
@@ -278,6 +294,7 @@ class Answerer:
         else:
             answer, cited = await self._extract(query, groups, in_context, outcome, scored)
         answer.evidence = evidence
+        answer.text = _noted(answer.text, gap)
         timings["generation_ms"] = (time.perf_counter() - started) * 1000
         answer.timings = timings
         answer.note = note or rewrite.note
@@ -407,6 +424,11 @@ class Answerer:
             asker=asker, cited_chunk_ids=cited_chunk_ids, history=history, context_chunk_ids=context_chunk_ids,
         )
         return answer
+
+
+def _noted(text: str, gap: LanguageGap | None) -> str:
+    """The reply, with a line saying which languages the knowledge base holds when the question is in another."""
+    return text if gap is None else f"{gap.note()}\n\n{text}"
 
 
 def _plain_dict(citation: Citation, fields: Sequence[str]) -> dict[str, object]:

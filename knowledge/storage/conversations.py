@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from knowledge.storage.words import lexical_text
+
 
 @dataclass(frozen=True)
 class StoredTurn:
@@ -100,7 +102,7 @@ async def rarest_term_fraction(conn: AsyncConnection, text_: str, config: str) -
                 "WHERE s.id = 1 AND l.df > 0 "
                 "AND l.lexeme = ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :text)))"
             ),
-            {"config": config, "text": text_},
+            {"config": config, "text": lexical_text(text_)},
         )
     ).scalar()
 
@@ -214,7 +216,7 @@ async def term_statistics(conn: AsyncConnection, question: str, passages: Sequen
                 "FROM unnest(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :question))) AS q(lexeme) "
                 "CROSS JOIN corpus_stats s LEFT JOIN lexemes l ON l.lexeme = q.lexeme WHERE s.id = 1"
             ),
-            {"config": config, "question": question, "passages": list(passages)},
+            {"config": config, "question": lexical_text(question), "passages": [lexical_text(p) for p in passages]},
         )
     ).all()
     return [TermStat(row[0], int(row[1]), int(row[2]), tuple(row[3])) for row in rows]
@@ -237,7 +239,24 @@ async def best_chunk_coverage(conn: AsyncConnection, question: str, config: str,
                 "SELECT coalesce(max((SELECT sum(idf) FROM w WHERE w.lexeme = ANY(cand.lex))), 0) "
                 "       / nullif((SELECT sum(idf) FROM w), 0) FROM cand"
             ),
-            {"config": config, "question": question, "scan": scan},
+            {"config": config, "question": lexical_text(question), "scan": scan},
         )
     ).scalar()
     return float(value or 0.0)
+
+
+async def cited_titles(conn: AsyncConnection, chunk_ids: Sequence[int]) -> list[str]:
+    """The titles of the documents these chunks belong to, in the order first cited (what "that document" or "there"
+    in the next question may mean)."""
+    if not chunk_ids:
+        return []
+    rows = await conn.execute(
+        text("SELECT d.title FROM unnest(CAST(:ids AS bigint[])) WITH ORDINALITY AS x(id, i) "
+             "JOIN chunks c ON c.id = x.id JOIN documents d ON d.id = c.document_id ORDER BY x.i"),
+        {"ids": list(chunk_ids)},
+    )
+    titles: list[str] = []
+    for row in rows:
+        if row.title not in titles:
+            titles.append(row.title)
+    return titles

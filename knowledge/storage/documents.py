@@ -23,6 +23,7 @@ from db.engine import BinaryArray
 from db.models import BM25_SPARSE_DIM
 from knowledge.errors import SourceConflict
 from knowledge.storage.sources import SyncRun
+from knowledge.storage.words import lexical_text
 
 __all__ = ["SourceConflict"]  # re-exported: raised by ensure_source
 
@@ -309,7 +310,8 @@ async def _tokenise_adding_new_words(
 ) -> list[str]:
     await conn.execute(text("SET LOCAL work_mem = '64MB'"))
     rows = await conn.execute(text(_TOKENISE_ADDING_NEW_WORDS),
-                              {"texts": BinaryArray(search_texts), "config": text_search_config})
+                              {"texts": BinaryArray([lexical_text(t) for t in search_texts]),
+                               "config": text_search_config})
     return list(rows.scalars())
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from knowledge.answer.generators.passages import Unit, breadcrumb, render_units, units_of
 from knowledge.embedding.encoder import Embedder
+from knowledge.storage.words import tokens
 
 OFFLINE_NOTE = "_Quoted from your documents as written (offline mode: set ANTHROPIC_API_KEY for composed answers)._"
 
@@ -33,7 +34,6 @@ SAME_DOCUMENT_GAP = 0.25
 SECOND_SOURCE_RATIO = 0.95
 MAX_UNITS_PER_DOCUMENT = 4
 
-_WORD = re.compile(r"[a-z0-9]+")
 _STOP = frozenset(
     "a an the is are was were be been to of in on for and or with at by from do does did i my me we our you your "
     "how what when where who which can could should would will it this that there as if about get many much".split()
@@ -68,7 +68,8 @@ class OfflineAnswer:
 
 
 def _terms(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+    """Lower-cased words (Chinese and Japanese: words and character bigrams, knowledge.storage.words)."""
+    return {w for w in tokens(text) if w not in _STOP}
 
 
 def score_units(question: str, passages: Sequence[Passage], embedder: Embedder) -> list[ScoredUnit]:
