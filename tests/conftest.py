@@ -32,6 +32,7 @@ os.environ["RAGBOT_HOME"] = str(_HOME)
 os.environ["DATABASE_URL"] = ""
 os.environ["ANTHROPIC_API_KEY"] = ""
 os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # ONNX Runtime sends usage reports unless told not to (tests import it)
 # Questions are embedded by the NumPy encoder, whose vectors equal sentence-transformers' (the answer floors were
 # measured with them), so no test depends on whether an earlier one built an ONNX file; the ONNX encoders (the
 # default, fp32, gives the same vectors) are tested, and built once, in tests/test_query_encoder.py.
