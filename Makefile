@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup chromium run test bench clean-db image image-base image-local image-test compose-config
+.PHONY: setup chromium run test bench calibrate clean-db image image-base image-local image-test compose-config
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,13 @@ bench: setup
 	$(BIN)/python bench/ingest.py --store-repeats 3
 	$(BIN)/python bench/bot_bench.py
 	$(BIN)/python bench/report.py
+
+# Fit the answer / `uncertain` / decline decision on SQuAD 2.0 articles and report it on held-out ones
+# (docs/answers.md); writes knowledge/answer/calibration.json. The evidence is cached in .ragbot/calibration
+# (delete it, or pass ARGS=--refresh, after changing how evidence is computed). About 15 minutes on 2 cores.
+CALIBRATION_DATA ?= ../shared/data/squad2-calibration
+calibrate: setup
+	$(BIN)/python scripts/calibrate.py --data $(CALIBRATION_DATA) $(ARGS)
 
 clean-db:
 	-$(BIN)/ragbot db stop

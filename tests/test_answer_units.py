@@ -18,7 +18,7 @@ PASSWORD = """# Accounts
 
 ## How do I reset my password?
 
-Open the self-service portal and choose Forgot password, then:
+Open the self-service portal and choose Forgot password. A reset takes about five minutes.
 
 1. Enter your work email address.
 2. Type the six-digit code sent to your phone.

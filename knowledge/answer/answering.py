@@ -388,10 +388,12 @@ class Answerer:
         by_number = {g.n: g for g in groups}
         answering = by_number.get(scored[0].source_n, groups[0]) if scored else groups[0]
         heading = scored[0].passage.heading if scored else answering.first.heading
+        unit_text = scored[0].unit.scoring_text() if scored else answering.first.text
         passages = [
             _document_text(groups[0]),  # the top document
             " ".join([answering.first.title, heading] + [h.text for h in answering.hits if h.heading == heading]),
             _document_text(answering),  # the document the answer quotes first
+            unit_text,  # the unit it quotes first
         ]
         specific = extractive.specific_words(query)
         async with self.retriever.engine.connect() as conn:
@@ -400,7 +402,8 @@ class Answerer:
             named = await memory_store.term_statistics(conn, " ".join(specific), passages, config) if specific else []
         not_found = tuple(_surface(lexeme, specific) for lexeme in absent_specific(named, 2))
         return Evidence(best_similarity, support, coverage(stats), margin, agreement, coverage(stats, 1),
-                        missing_rare(stats, 1), not_found), scored
+                        missing_rare(stats, 1), not_found, coverage(stats, 3), missing_rare(stats, 3),
+                        extractive.negation_mismatch(query, unit_text), extractive.answer_type(query, unit_text)), scored
 
     async def _extract(
         self, query: str, groups: list[_SourceGroup], hits: list[SearchHit], outcome: Outcome = "answer",

@@ -16,7 +16,13 @@ and stored as data in `calibration.json` next to this module, with its report (d
 - `missing_rare`: the normalised idf (0..1, 1 = no chunk holds it) of the rarest question term the best unit's
   section lacks: a name, place, year or code the answer does not mention;
 - `margin`: the top document's fused score minus the next document's (fused scores are normalised, 0..1);
-- `agreement`: on how many sides (dense, lexical) the top document is also the best one (0..2).
+- `agreement`: on how many sides (dense, lexical) the top document is also the best one (0..2);
+- `unit_coverage`, `unit_missing_rare`: `section_coverage` and `missing_rare` for the best unit alone (the sentence,
+  row or list item that would be quoted first): a near miss often borrows its terms from different sentences;
+- `negation`: 1 when exactly one of the question and the best unit is negated ("not", "never", "no longer"): "Which
+  offices are not open on Saturday?" against "Munich is open on Saturday";
+- `answer_type`: whether the best unit holds what the question's form asks for (a year or date for "when", a number
+  for "how many/much", a name for "who"): 1 yes, 0 no, 0.5 when the question's form asks for nothing in particular.
 
 `decide` turns the model's probability into three outcomes with two fitted cut points: `answer` at or above
 `answer_at`, `decline` below `decline_below`, `uncertain` (the closest passages, labelled as such and cited) in
@@ -39,7 +45,8 @@ from knowledge.storage.conversations import TermStat
 Outcome = Literal["answer", "uncertain", "decline"]
 OUTCOMES: tuple[Outcome, ...] = ("answer", "uncertain", "decline")
 
-FEATURES = ("dense", "support", "coverage", "section_coverage", "missing_rare", "margin", "agreement")
+FEATURES = ("dense", "support", "coverage", "section_coverage", "missing_rare", "margin", "agreement",
+            "unit_coverage", "unit_missing_rare", "negation", "answer_type")
 DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
 
 
@@ -54,11 +61,17 @@ class Evidence:
     missing_rare: float = 0.0
     # The question's specific words (names, years, numbers, codes) that the answering document does not hold.
     not_found: tuple[str, ...] = ()
+    unit_coverage: float = 1.0
+    unit_missing_rare: float = 0.0
+    negation: float = 0.0
+    answer_type: float = 0.5
 
     def features(self) -> dict[str, float]:
         return {"dense": self.dense, "support": self.support, "coverage": self.coverage,
                 "section_coverage": self.section_coverage, "missing_rare": self.missing_rare,
-                "margin": self.margin, "agreement": float(self.agreement)}
+                "margin": self.margin, "agreement": float(self.agreement), "unit_coverage": self.unit_coverage,
+                "unit_missing_rare": self.unit_missing_rare, "negation": self.negation,
+                "answer_type": self.answer_type}
 
     def to_dict(self) -> dict[str, object]:
         values: dict[str, object] = {name: round(value, 4) for name, value in self.features().items()}

@@ -8,9 +8,10 @@ was written against was seen by the fit.
 
 The model (`fit`): a logistic regression of "answerable" on the standardised evidence features
 (knowledge.answer.evidence.FEATURES), with a small L2 penalty, by Newton's method (numpy). Its two cut points are
-read off the fit articles' own probabilities, by the targets they serve: `answer_at` is the lowest probability at
-which at most `MAX_UNANSWERABLE_ANSWERED` of the fit set's unanswerable questions are answered, `decline_below` the
-highest at which at most `MAX_ANSWERABLE_DECLINED` of its answerable questions are declined. Between them the reply
+read off the fit articles' own probabilities, by the targets they serve, on every fit article separately:
+`answer_at` is the lowest probability at which at most `MAX_UNANSWERABLE_ANSWERED` of each fit article's
+unanswerable questions are answered, `decline_below` the highest at which at most `MAX_ANSWERABLE_DECLINED` of each
+one's answerable questions are declined. Between them the reply
 is `uncertain`. The script that runs it all is scripts/calibrate.py (`make calibrate`).
 """
 
@@ -87,8 +88,11 @@ def fit(examples: Sequence[Example], *, fitted_on: str = "") -> Calibration:
                         {n: round(float(m), 6) for n, m in zip(FEATURES, mean, strict=True)},
                         {n: round(float(s), 6) for n, s in zip(FEATURES, scale, strict=True)}, 1.0, 0.0, fitted_on)
     probabilities = np.array([model.probability(_evidence(e)) for e in examples])
-    answer_at = _answer_cut(probabilities[y == 0])
-    decline_below = _decline_cut(probabilities[y == 1])
+    articles = np.array([e.article for e in examples])
+    # Each cut must hold on every fit article, not only on their pool: articles differ (one article's questions
+    # share more words with its paragraphs than another's), and so will the next knowledge base.
+    answer_at = max(_answer_cut(probabilities[(y == 0) & (articles == a)]) for a in sorted(set(articles)))
+    decline_below = min(_decline_cut(probabilities[(y == 1) & (articles == a)]) for a in sorted(set(articles)))
     return Calibration(model.weights, model.bias, model.mean, model.scale, round(answer_at, 6),
                        round(min(decline_below, answer_at), 6), fitted_on)
 
@@ -110,7 +114,8 @@ def _decline_cut(answerable: NDArray[np.float64]) -> float:
 def _evidence(example: Example) -> Evidence:
     f = example.features
     return Evidence(f["dense"], f["support"], f["coverage"], f["margin"], int(f["agreement"]),
-                    f["section_coverage"], f["missing_rare"], ())
+                    f["section_coverage"], f["missing_rare"], (), f["unit_coverage"], f["unit_missing_rare"],
+                    f["negation"], f["answer_type"])
 
 
 def decisions(model: Calibration, examples: Sequence[Example],

@@ -92,6 +92,37 @@ def specific_words(question: str) -> list[str]:
     return found
 
 
+_NEGATION = re.compile(r"\b(?:not|no|never|none|nobody|nothing|neither|nor|cannot|without)\b|n't\b", re.IGNORECASE)
+_ASKS_TIME = re.compile(r"^\s*(?:when|what\s+(?:year|date|day|month|time|century|decade))\b|\bin\s+what\s+year\b",
+                        re.IGNORECASE)
+_ASKS_NUMBER = re.compile(r"\bhow\s+(?:many|much|long|old|far|often|big|large|high)\b|\bwhat\s+(?:percentage|"
+                          r"number|amount|share|price|rate)\b", re.IGNORECASE)
+_ASKS_NAME = re.compile(r"^\s*(?:who|whom|whose)\b", re.IGNORECASE)
+_MONTH = re.compile(r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b|\b(?:19|20|1[0-8])\d\d\b|"
+                    r"\b\d{1,2}(?:st|nd|rd|th)?\s+century\b|\b\d{1,4}s?\b", re.IGNORECASE)
+
+
+def negation_mismatch(question: str, unit_text: str) -> float:
+    """1.0 when exactly one of the question and the unit is negated ("not", "never", "n't"), else 0.0."""
+    return float(bool(_NEGATION.search(question)) != bool(_NEGATION.search(unit_text)))
+
+
+def answer_type(question: str, unit_text: str) -> float:
+    """Whether the unit holds what the question's form asks for: a year, date or century for "when", a number for
+    "how many/much", a capitalised name the question does not already hold for "who". 1.0 yes, 0.0 no, 0.5 when
+    the question asks for nothing in particular."""
+    if _ASKS_TIME.search(question):
+        return float(bool(_MONTH.search(unit_text)))
+    if _ASKS_NUMBER.search(question):
+        return float(any(ch.isdigit() for ch in unit_text) or bool(re.search(
+            r"\b(?:one|two|three|four|five|six|seven|eight|nine|ten|twelve|twenty|hundred|thousand|million|billion|"
+            r"dozen|half|several|few)\b", unit_text, re.IGNORECASE)))
+    if _ASKS_NAME.search(question):
+        asked = {w.lower() for w in _CASED_WORD.findall(question)}
+        return float(any(w[0].isupper() and w.lower() not in asked for w in _CASED_WORD.findall(unit_text)[1:]))
+    return 0.5
+
+
 def score_units(question: str, passages: Sequence[Passage], embedder: Embedder) -> list[ScoredUnit]:
     """Every unit of the passages, scored against the question, best first."""
     candidates: list[tuple[Passage, Unit]] = []
