@@ -4,8 +4,10 @@
 
 1. Indexes the calibration corpus (320 paragraphs) as an eval-only source in its own home
    (RAGBOT_HOME, default .ragbot/calibration: BM25's statistics are the corpus's alone).
-2. Computes every question's evidence exactly as an answer does (`Answerer.evidence_for`) and caches it
-   (.ragbot/calibration/features.jsonl; embeddings in embeddings.pkl), so refitting costs no embedding.
+2. Computes every question's evidence exactly as an answer does (`Answerer.evidence_for`), asked of the whole corpus
+   and again with its own article left out (each article is shared with a group of its own: an off-topic question
+   for the "related at all" model), and caches it (.ragbot/calibration/features.jsonl, off_topic.jsonl; embeddings
+   in embeddings.pkl), so refitting costs no embedding.
 3. Fits the decision on the questions of FIT_ARTICLES (knowledge/eval/calibration.py) and writes it, with its report,
    to knowledge/answer/calibration.json.
 4. Unless --no-answers: answers every question of HELD_OUT_ARTICLES through the whole offline pipeline with the
@@ -35,6 +37,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from knowledge import KnowledgeBase  # noqa: E402  (RAGBOT_HOME must be set first)
 from knowledge.answer.evidence import DEFAULT_CALIBRATION  # noqa: E402
 from knowledge.eval.calibration import (  # noqa: E402
+    ARTICLES,
     FIT_ARTICLES,
     HELD_OUT_ARTICLES,
     MAX_ANSWERABLE_DECLINED,
@@ -45,7 +48,7 @@ from knowledge.eval.calibration import (  # noqa: E402
     decisions,
     fit,
 )
-from knowledge.eval.evaluation import EVAL_PRINCIPAL, evaluate_answers, load_corpus, load_jsonl_questions  # noqa: E402
+from knowledge.eval.evaluation import evaluate_answers, load_corpus, load_jsonl_questions  # noqa: E402
 from knowledge.settings import KnowledgeSettings  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "squad2-calibration"
@@ -78,13 +81,25 @@ def save_embeddings(kb: KnowledgeBase) -> None:
         path.write_bytes(pickle.dumps(_EMBEDDINGS))
 
 
-async def extract(kb: KnowledgeBase, records: list[dict[str, Any]], sources: list[str], path: Path) -> list[dict[str, Any]]:
+def group_of(article: str) -> str:
+    """Each article is shared with its own group: a question can then be asked with its article left out."""
+    return f"group:ragbot-eval-squad-{article}"
+
+
+ALL_GROUPS = [group_of(a) for a in ARTICLES]
+
+
+async def extract(kb: KnowledgeBase, records: list[dict[str, Any]], sources: list[str], path: Path, *,
+                  off_topic: bool = False) -> list[dict[str, Any]]:
+    """Every question's evidence, asked of the whole corpus, or (`off_topic`) of every article but its own."""
     rows = []
     started = time.perf_counter()
     for number, record in enumerate(records):
-        evidence, hits = await kb.answerer.evidence_for(record["question"], [EVAL_PRINCIPAL], sources)
+        article = article_of(record)
+        principals = [g for g in ALL_GROUPS if g != group_of(article)] if off_topic else ALL_GROUPS
+        evidence, hits = await kb.answerer.evidence_for(record["question"], principals, sources)
         rows.append({
-            "id": record["id"], "article": article_of(record), "answerable": bool(record["relevant"]),
+            "id": record["id"], "article": article, "answerable": bool(record["relevant"]), "off_topic": off_topic,
             "features": evidence.features() if evidence else None,
             "not_found": list(evidence.not_found) if evidence else [],
             "top": hits[0].external_id if hits else None,
@@ -100,7 +115,8 @@ async def extract(kb: KnowledgeBase, records: list[dict[str, Any]], sources: lis
 
 def examples_of(rows: list[dict[str, Any]], articles: Sequence[str]) -> tuple[list[Example], list[bool]]:
     chosen = [r for r in rows if r["article"] in articles and r["features"] is not None]
-    return [Example(r["article"], r["answerable"], r["features"]) for r in chosen], [bool(r["not_found"]) for r in chosen]
+    return ([Example(r["article"], r["answerable"], r["features"], r.get("off_topic", False)) for r in chosen],
+            [bool(r["not_found"]) for r in chosen])
 
 
 async def main() -> None:
@@ -118,22 +134,26 @@ async def main() -> None:
     kb = await KnowledgeBase.open(KnowledgeSettings(answer_calibration=args.out if args.out.exists() else None))
     try:
         await kb.ensure_embedding_space()
-        source = load_corpus(args.data / "corpus.jsonl")
+        corpus = load_corpus(args.data / "corpus.jsonl")
+        source = replace(corpus, item_list=[replace(item, access=(group_of(item.external_id.split("#", 1)[0]),))
+                                            for item in corpus.item_list])
         report = await kb.sync(source)
         print(f"{source.spec.name}: {len(report.added) + len(report.updated)} indexed, {report.unchanged} cached",
               file=sys.stderr)
         sources = [source.spec.name]
         cache_embeddings(kb, work / "embeddings.pkl")
-        features = work / "features.jsonl"
-        if features.exists() and not args.refresh:
-            rows = [json.loads(line) for line in features.read_text().splitlines() if line.strip()]
-        else:
-            rows = await extract(kb, records, sources, features)
+        rows = []
+        for name, off_topic in (("features.jsonl", False), ("off_topic.jsonl", True)):
+            cached = work / name
+            if cached.exists() and not args.refresh:
+                rows += [json.loads(line) for line in cached.read_text().splitlines() if line.strip()]
+            else:
+                rows += await extract(kb, records, sources, cached, off_topic=off_topic)
 
-        fit_set, _ = examples_of(rows, FIT_ARTICLES)
+        fit_set, fit_flags = examples_of(rows, FIT_ARTICLES)
         held_out, held_flags = examples_of(rows, HELD_OUT_ARTICLES)
-        _, fit_flags = examples_of(rows, FIT_ARTICLES)
-        model = fit(fit_set, fitted_on="SQuAD 2.0 articles " + ", ".join(FIT_ARTICLES))
+        model = fit([e for e in fit_set if not e.off_topic], [e for e in fit_set if e.off_topic],
+                    fitted_on="SQuAD 2.0 articles " + ", ".join(FIT_ARTICLES))
         report_data: dict[str, object] = {
             "data": "SQuAD 2.0 dev (CC BY-SA 4.0), 8 articles as split by CS224n: ../shared/data/squad2-calibration",
             "split": {"fit": list(FIT_ARTICLES), "held_out": list(HELD_OUT_ARTICLES),
@@ -153,7 +173,7 @@ async def main() -> None:
             by_id = dict(zip((q.id for q in questions), records, strict=True))
             chosen = [q for q in questions if article_of(by_id[q.id]) in HELD_OUT_ARTICLES]
             started = time.perf_counter()
-            summary, _ = await evaluate_answers(kb, chosen, [EVAL_PRINCIPAL], sources)
+            summary, _ = await evaluate_answers(kb, chosen, ALL_GROUPS, sources)
             save_embeddings(kb)
             print(f"answered {len(chosen)} held-out questions in {time.perf_counter() - started:.0f} s",
                   file=sys.stderr)

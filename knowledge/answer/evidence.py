@@ -24,9 +24,10 @@ and stored as data in `calibration.json` next to this module, with its report (d
 - `answer_type`: whether the best unit holds what the question's form asks for (a year or date for "when", a number
   for "how many/much", a name for "who"): 1 yes, 0 no, 0.5 when the question's form asks for nothing in particular.
 
-`decide` turns the model's probability into three outcomes with two fitted cut points: `answer` at or above
-`answer_at`, `decline` below `decline_below`, `uncertain` (the closest passages, labelled as such and cited) in
-between. One rule stands beside the model (issue 39, item 4): a question naming something specific (a capitalised
+`decide` reads two fitted models, each with its cut point: `decline` when the "related" model's probability (what
+was found is on the question's topic at all; fitted on questions asked of the benchmark with their own article left
+out) is below `decline_below`; else `answer` when the "answerable" model's probability is at or above `answer_at`;
+else `uncertain` (the closest passages, labelled as such and cited). One rule stands beside the model (issue 39, item 4): a question naming something specific (a capitalised
 name, a year, a number, a code) that the answer's document does not hold is `uncertain` at best, and the reply says
 which part was not found (`Evidence.not_found`).
 """
@@ -93,18 +94,33 @@ class Calibration:
     decline_below: float
     fitted_on: str = ""
     report: dict[str, object] = field(default_factory=dict)
+    # The second model, "related at all": what was found is about the question's topic (answerable or a near miss)
+    # rather than about something else (the question's topic is not in the knowledge base). Declines read it.
+    related_weights: dict[str, float] = field(default_factory=dict)
+    related_bias: float = 0.0
 
     def probability(self, evidence: Evidence) -> float:
         """The model's probability that the question is answerable from what was found."""
+        return self._logistic(evidence, self.weights, self.bias)
+
+    def related_probability(self, evidence: Evidence) -> float:
+        """The probability that what was found is on the question's topic (the answer model's, without a second
+        model)."""
+        if not self.related_weights:
+            return self.probability(evidence)
+        return self._logistic(evidence, self.related_weights, self.related_bias)
+
+    def _logistic(self, evidence: Evidence, weights: dict[str, float], bias: float) -> float:
         values = evidence.features()
-        z = self.bias + sum(
+        z = bias + sum(
             weight * (values[name] - self.mean.get(name, 0.0)) / (self.scale.get(name, 1.0) or 1.0)
-            for name, weight in self.weights.items()
+            for name, weight in weights.items()
         )
         return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
 
     def to_dict(self) -> dict[str, object]:
-        return {"features": list(self.weights), "weights": self.weights, "bias": self.bias, "mean": self.mean,
+        return {"features": list(self.weights), "weights": self.weights, "bias": self.bias,
+                "related_weights": self.related_weights, "related_bias": self.related_bias, "mean": self.mean,
                 "scale": self.scale, "answer_at": self.answer_at, "decline_below": self.decline_below,
                 "fitted_on": self.fitted_on, "report": self.report}
 
@@ -122,7 +138,9 @@ class Calibration:
         report = data.get("report", {})
         return cls(numbers("weights"), float(str(data["bias"])), numbers("mean"), numbers("scale"),
                    float(str(data["answer_at"])), float(str(data["decline_below"])), str(data.get("fitted_on", "")),
-                   report if isinstance(report, dict) else {})
+                   report if isinstance(report, dict) else {},
+                   numbers("related_weights") if "related_weights" in data else {},
+                   float(str(data.get("related_bias", 0.0))))
 
     @classmethod
     def load(cls, path: Path | None = None) -> Calibration:
@@ -175,9 +193,8 @@ def absent_specific(stats: Sequence[TermStat], passage: int) -> list[str]:
 
 
 def decide(evidence: Evidence, calibration: Calibration) -> Outcome:
-    p = calibration.probability(evidence)
-    if p < calibration.decline_below:
+    if calibration.related_probability(evidence) < calibration.decline_below:
         return "decline"
-    if p >= calibration.answer_at and not evidence.not_found:
+    if calibration.probability(evidence) >= calibration.answer_at and not evidence.not_found:
         return "answer"
     return "uncertain"

@@ -44,6 +44,7 @@ class Example:
     article: str
     answerable: bool
     features: Mapping[str, float]
+    off_topic: bool = False  # asked with its own article left out of what may be searched
 
 
 def article_of(record: Mapping[str, object]) -> str:
@@ -78,23 +79,35 @@ def logistic_regression(x: NDArray[np.float64], y: NDArray[np.float64], l2: floa
     return theta[:-1], float(theta[-1])
 
 
-def fit(examples: Sequence[Example], *, fitted_on: str = "") -> Calibration:
-    """The decision fitted on `examples` (see the module's docstring)."""
+def fit(examples: Sequence[Example], off_topic: Sequence[Example] = (), *, fitted_on: str = "") -> Calibration:
+    """The decision fitted on `examples` (questions asked of the whole benchmark) and `off_topic` (the same
+    questions asked with their own article left out); see the module's docstring."""
     x, y = _matrix(examples)
     mean, scale = x.mean(axis=0), x.std(axis=0)
     scale[scale == 0] = 1.0
     weights, bias = logistic_regression((x - mean) / scale, y)
+    related_weights: dict[str, float] = {}
+    related_bias = 0.0
+    if off_topic:
+        x_off, _ = _matrix(off_topic)
+        both = np.vstack([x, x_off])
+        labels = np.concatenate([np.ones(len(x)), np.zeros(len(x_off))])
+        r_weights, r_bias = logistic_regression((both - mean) / scale, labels)
+        related_weights = {n: round(float(w), 6) for n, w in zip(FEATURES, r_weights, strict=True)}
+        related_bias = round(r_bias, 6)
     model = Calibration({n: round(float(w), 6) for n, w in zip(FEATURES, weights, strict=True)}, round(bias, 6),
                         {n: round(float(m), 6) for n, m in zip(FEATURES, mean, strict=True)},
-                        {n: round(float(s), 6) for n, s in zip(FEATURES, scale, strict=True)}, 1.0, 0.0, fitted_on)
+                        {n: round(float(s), 6) for n, s in zip(FEATURES, scale, strict=True)}, 1.0, 0.0, fitted_on,
+                        {}, related_weights, related_bias)
     probabilities = np.array([model.probability(_evidence(e)) for e in examples])
+    related = np.array([model.related_probability(_evidence(e)) for e in examples])
     articles = np.array([e.article for e in examples])
     # Each cut must hold on every fit article, not only on their pool: articles differ (one article's questions
     # share more words with its paragraphs than another's), and so will the next knowledge base.
     answer_at = max(_answer_cut(probabilities[(y == 0) & (articles == a)]) for a in sorted(set(articles)))
-    decline_below = min(_decline_cut(probabilities[(y == 1) & (articles == a)]) for a in sorted(set(articles)))
+    decline_below = min(_decline_cut(related[(y == 1) & (articles == a)]) for a in sorted(set(articles)))
     return Calibration(model.weights, model.bias, model.mean, model.scale, round(answer_at, 6),
-                       round(min(decline_below, answer_at), 6), fitted_on)
+                       round(decline_below, 6), fitted_on, {}, related_weights, related_bias)
 
 
 def _answer_cut(unanswerable: NDArray[np.float64]) -> float:
@@ -120,12 +133,16 @@ def _evidence(example: Example) -> Evidence:
 
 def decisions(model: Calibration, examples: Sequence[Example],
               not_found: Sequence[bool] | None = None) -> dict[str, dict[str, float]]:
-    """Outcome shares on each side (answerable, unanswerable) of `examples`, as the model decides them from the
-    cached evidence; `not_found` marks the questions the specific-words rule caps at `uncertain`."""
+    """Outcome shares on each side (answerable, unanswerable, off_topic) of `examples`, as the model decides them
+    from the cached evidence; `not_found` marks the questions the specific-words rule caps at `uncertain`."""
     flags = list(not_found) if not_found is not None else [False] * len(examples)
     report: dict[str, dict[str, float]] = {}
-    for side, answerable in (("answerable", True), ("unanswerable", False)):
-        chosen = [(e, flag) for e, flag in zip(examples, flags, strict=True) if e.answerable == answerable]
+    sides = (("answerable", lambda e: e.answerable and not e.off_topic),
+             ("unanswerable", lambda e: not e.answerable and not e.off_topic), ("off_topic", lambda e: e.off_topic))
+    for side, belongs in sides:
+        chosen = [(e, flag) for e, flag in zip(examples, flags, strict=True) if belongs(e)]
+        if not chosen:
+            continue
         outcomes = [decide(_evidence(e), model) for e, _ in chosen]
         outcomes = ["uncertain" if flag and o == "answer" else o for o, (_, flag) in zip(outcomes, chosen, strict=True)]
         total = len(outcomes) or 1
@@ -137,6 +154,7 @@ def decisions(model: Calibration, examples: Sequence[Example],
 
 def auc(model: Calibration, examples: Sequence[Example]) -> float:
     """The probability that an answerable question scores above an unanswerable one (ties count half)."""
+    examples = [e for e in examples if not e.off_topic]
     p = np.array([model.probability(_evidence(e)) for e in examples])
     y = np.array([e.answerable for e in examples])
     positive, negative = p[y], p[~y]

@@ -32,6 +32,9 @@ SAME_DOCUMENT_GAP = 0.25
 # A second document is quoted when its best unit scores at least this fraction of the best unit.
 SECOND_SOURCE_RATIO = 0.95
 MAX_UNITS_PER_DOCUMENT = 4
+# When the best unit is not in the document retrieval ranked first, that document's best unit is quoted too (after
+# the lead) if it scores at least this fraction of the best unit: retrieval's ranking reads the whole chunk.
+TOP_DOCUMENT_RATIO = 0.8
 
 _WORD = re.compile(r"[a-z0-9]+")
 _STOP = frozenset(
@@ -186,6 +189,9 @@ def compose(
             and candidate.score >= SECOND_SOURCE_RATIO * best.score and candidate.similarity >= MIN_UNIT_SIMILARITY
         ):
             chosen[candidate.source_n] = [candidate]
+    first = next((s for s in scored if s.source_n == 1), None)  # sources are numbered in retrieval's order
+    if first is not None and 1 not in chosen and first.score >= TOP_DOCUMENT_RATIO * best.score:
+        chosen[1] = [first]  # retrieval's first document is quoted too when its best unit is nearly as good
     stale = _older_version(scored, best, chosen)
     if stale is not None:
         current, older = stale
