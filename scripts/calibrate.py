@@ -177,7 +177,7 @@ async def main() -> None:
             save_embeddings(kb)
             print(f"answered {len(chosen)} held-out questions in {time.perf_counter() - started:.0f} s",
                   file=sys.stderr)
-            answers = {k: summary[k] for k in ("by_side", "by_category", "quote_length") if k in summary}
+            answers: dict[str, object] = {k: summary[k] for k in ("by_side", "by_category", "quote_length") if k in summary}
             report_data["held_out_answers"] = {
                 "command": "make calibrate (scripts/calibrate.py): the held-out articles' questions through "
                            "KnowledgeBase.answer, offline, scored as `ragbot eval --answers` scores them",
