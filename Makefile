@@ -2,44 +2,70 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-stamp
+# Two installs, two stamps: `make run` installs what running needs (no root, no browser, no dev tools); `make test`
+# adds the dev extras (pytest, mypy, ruff, playwright, scipy...) on top.
+RUN_STAMP := $(VENV)/.run-stamp
+TEST_STAMP := $(VENV)/.test-stamp
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup chromium run test bench calibrate clean-db image image-base image-local image-test compose-config
+.PHONY: setup setup-run setup-test chromium test-tools run test test-fast bench calibrate clean-db image image-base \
+	image-local image-test compose-config
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: this CPU build comes from the machine's wheel folder; an unpinned torch pulls CUDA (GBs).
 	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+$(TEST_STAMP): $(RUN_STAMP) pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
 # The admin page's browser test drives Debian's chromium (Playwright with executable_path; never `playwright install`).
+# Installed only by `make test`, only as root with apt; otherwise one line says how, and that test reports itself
+# skipped (pytest's summary) while the rest runs.
 chromium:
-	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium chromium-driver)
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update && apt-get install -y chromium chromium-driver; \
+	else echo "note: no chromium, so the admin page's browser test is skipped; to run it: sudo apt-get install chromium"; fi
 
-setup: $(STAMP) chromium
+setup-run: $(RUN_STAMP)
+setup-test: $(TEST_STAMP) chromium
+setup: setup-test
 
-run: setup
+# --- Tools only the tests use (issue 43): PgBouncer for tests/test_pooler.py. Installed when root with apt; without
+# it those tests skip with a one-line reason. (The standby tests need nothing more: the embedded server's binaries.)
+test-tools:
+	@command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y pgbouncer; } || \
+		echo "pgbouncer not installed (needs root and apt): tests/test_pooler.py will skip"
+
+run: setup-run
 	$(BIN)/ragbot db upgrade
 	$(BIN)/ragbot ingest examples/handbook --source handbook
 	$(BIN)/ragbot run
 
-# Tests run in TEST_WORKERS processes (pytest-xdist), each with its own embedded Postgres and model; a test file
-# stays in one process (--dist loadfile), so module fixtures are built once. On 2 cores: about 9 minutes, against
-# 15 in one process (much of a test's time is waiting on subprocesses, servers and Postgres, not on the CPU).
+# Tests run in TEST_WORKERS processes (pytest-xdist) sharing one embedded Postgres (a database per worker) and a
+# file stays in one process (--dist loadfile), so module fixtures are built once.
 TEST_WORKERS ?= 2
 
-test: setup
+test: setup-test test-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
+# The quick tier for development: the flow and unit tests, no servers or subprocesses (tests marked `slow` are left
+# out; see docs/development.md). One process.
+test-fast: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
 # The quick set (< 5 minutes on 2 cores): search at 10k chunks, a small ingest, the Slack bot's overhead, ack and
 # RSS (about a minute); then BENCHMARKS.md from the results.
 # Larger sizes by flag: $(BIN)/python bench/search.py --chunks 10k,100k,1M (see BENCHMARKS.md).
-bench: setup
+bench: setup-test
 	$(BIN)/python bench/search.py --chunks 10k --queries 100 --recall-queries 30
 	$(BIN)/python bench/ingest.py --store-repeats 3
 	$(BIN)/python bench/bot_bench.py
@@ -49,7 +75,7 @@ bench: setup
 # (docs/answers.md); writes knowledge/answer/calibration.json. The evidence is cached in .ragbot/calibration
 # (delete it, or pass ARGS=--refresh, after changing how evidence is computed). About 15 minutes on 2 cores.
 CALIBRATION_DATA ?= ../shared/data/squad2-calibration
-calibrate: setup
+calibrate: setup-run
 	$(BIN)/python scripts/calibrate.py --data $(CALIBRATION_DATA) $(ARGS)
 
 clean-db:
@@ -75,7 +101,25 @@ image-test:
 	tests/image/smoke.sh
 
 compose-config:
-	@if command -v podman-compose >/dev/null; then podman-compose -f compose.yaml -f compose.local.yaml config >/dev/null; \
-	elif docker compose version >/dev/null 2>&1; then docker compose -f compose.yaml -f compose.local.yaml config -q; \
+	@if command -v podman-compose >/dev/null; then podman-compose -f compose.yaml -f compose.local.yaml config >/dev/null \
+		&& podman-compose -f compose.scale.yaml config >/dev/null; \
+	elif docker compose version >/dev/null 2>&1; then docker compose -f compose.yaml -f compose.local.yaml config -q \
+		&& docker compose -f compose.scale.yaml config -q; \
 	else echo "error: install podman-compose (pip install podman-compose) or Docker's compose plugin" >&2; exit 1; fi
 	@echo "compose.yaml + compose.local.yaml: valid"
+
+# --- Microsoft Teams (teams) ---------------------------------------------------------------------------------------
+# `make teams-app`: the app package to side-load in Teams (docs/teams.md): teams-manifest/ with TEAMS_APP_ID (the
+# Azure Bot's Microsoft App ID, from the environment or .env) filled in, zipped into build/ragbot-teams.zip.
+# Redraw the icons with `python scripts/teams_icons.py`.
+.PHONY: teams-app
+TEAMS_APP_ID ?= $(shell sed -n 's/^TEAMS_APP_ID=//p' .env 2>/dev/null)
+TEAMS_APP_ZIP := build/ragbot-teams.zip
+
+teams-app:
+	@test -n "$(TEAMS_APP_ID)" || { echo "error: set TEAMS_APP_ID (the Azure Bot's Microsoft App ID) in .env or the environment" >&2; exit 1; }
+	@rm -rf build/teams-app && mkdir -p build/teams-app
+	sed 's/{{TEAMS_APP_ID}}/$(TEAMS_APP_ID)/g' teams-manifest/manifest.json > build/teams-app/manifest.json
+	cp teams-manifest/color.png teams-manifest/outline.png build/teams-app/
+	rm -f $(TEAMS_APP_ZIP) && cd build/teams-app && $(PYTHON) -m zipfile -c ../ragbot-teams.zip manifest.json color.png outline.png
+	@echo "$(TEAMS_APP_ZIP): upload it in Teams (Apps → Manage your apps → Upload an app)"

@@ -277,6 +277,34 @@ def targets_section(results: dict[str, dict | None]) -> str:  # type: ignore[typ
     return "\n".join(lines) + "\n"
 
 
+def scale_section(scale: dict | None, workers: dict | None) -> str:  # type: ignore[type-arg]
+    """Past one machine: a real standby and PgBouncer (bench/scale.py), several sync workers (bench/sync_workers.py)."""
+    lines = ["## Past one machine (`bench/scale.py`, `bench/sync_workers.py`)", ""]
+    if scale:
+        lines += [_machine(scale), "",
+                  f"A primary, a streaming hot standby (`pg_basebackup -R`) and PgBouncer 1.18 (transaction mode) on "
+                  f"this machine; the handbook ({scale.get('chunks')} chunks); the eval set's {scale.get('questions')} "
+                  f"questions searched (hybrid, k=10) {scale.get('rounds')} times through each path, after a warm-up. "
+                  f"Same hits on every path: {scale.get('same_hits_on_every_path')}; the standby served the reads: "
+                  f"{scale.get('standby_served_reads')}.", "",
+                  "| path | p50 (ms) | p95 (ms) | p99 (ms) |", "|---|---|---|---|"]
+        for name in ("primary", "standby", "pgbouncer"):
+            row = scale.get(f"hybrid_ms_{name}", {})
+            lines.append(f"| {name} | {row.get('p50')} | {row.get('p95')} | {row.get('p99')} |")
+        visible = scale.get("standby_visible_after_sync_ms", {})
+        lines += ["", f"A synced document visible on the standby after the sync returned: p50 {visible.get('p50')} ms, "
+                  f"max of {visible.get('n')} trials {visible.get('p99')} ms.", ""]
+    if workers:
+        lines += [_machine(workers), "", "Real `ragbot scheduler` processes over four folder sources (each a copy of "
+                  "the handbook's Markdown pages), from the first run's start to the last run's end:", "",
+                  "| workers | documents | all sources synced (s) | each source's run (s) |", "|---|---|---|---|"]
+        for key in sorted(k for k in workers if k.endswith("_workers")):
+            row = workers[key]
+            lines.append(f"| {row.get('workers')} | {row.get('documents')} | {row.get('all_sources_synced_s')} | "
+                         f"{', '.join(str(x) for x in row.get('per_source_s', []))} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parts = [HEADER]
     search = _load("search")
@@ -291,6 +319,8 @@ def main() -> None:
     bot = _load("bot")
     if bot:
         parts.append(bot_section(bot))
+    if _load("scale") or _load("sync_workers"):
+        parts.append(scale_section(_load("scale"), _load("sync_workers")))
     notes = HERE / "NOTES.md"
     if notes.exists():
         parts.append(notes.read_text())

@@ -30,7 +30,7 @@ from aiohttp import web
 from bot.chat.retention import RetentionService
 from bot.chat.state import BotState
 from bot.context import BotContext
-from bot.server import BotMetrics, build_web_app, start_web_server
+from bot.server import BotMetrics, StartupError, build_web_app, start_web_server
 from bot.settings import BotSettings
 from bot.web.admin import admin_routes
 from db.settings import DatabaseSettings
@@ -140,9 +140,14 @@ class BotApp:
             self.kb = None
 
     async def serve_forever(self) -> None:
-        """Run until SIGINT/SIGTERM (a container's stop), then shut down cleanly."""
+        """Run until SIGINT/SIGTERM (a container's stop), then shut down cleanly. A failed start stops what had
+        started (the database, the HTTP server, connected adapters) before the error goes on."""
         stop = stop_on_signals()
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
         try:
             await stop.wait()
         finally:
@@ -186,11 +191,24 @@ def run(settings: BotSettings | None = None, runner: Callable[..., object] | Non
     app = build_app(settings, KnowledgeSettings(), DatabaseSettings())
     what = " and ".join(settings.chat_platforms) or "without a chat platform (no SLACK_BOT_TOKEN or DISCORD_TOKEN)"
     print(f"ragbot: starting {what} (health and metrics on port {settings.port})", flush=True)
-    if runner is None:
-        asyncio.run(app.serve_forever())
-    else:
-        runner(app.serve_forever)
-    exit_after_clean_stop()
+
+    async def serve() -> int:
+        try:
+            await app.serve_forever()
+        except StartupError as exc:
+            return startup_failed(exc)
+        return 0
+
+    status = asyncio.run(serve()) if runner is None else runner(serve)
+    exit_after_clean_stop(status if isinstance(status, int) else 0)
+
+
+def startup_failed(exc: StartupError) -> int:
+    """One line on stderr naming the setting and the fix, and exit status 2 (as every CLI error); the traceback
+    only with LOG_LEVEL=DEBUG (a wrong token is a setting to change, not a bug to report)."""
+    logger.debug("ragbot run could not start", exc_info=exc)
+    print(f"Error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+    return 2
 
 
 def exit_after_clean_stop(status: int = 0) -> None:

@@ -10,15 +10,19 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from sqlalchemy import text
 
 if TYPE_CHECKING:
+    from db.replicas import ReadRouter
     from knowledge import Answer, KnowledgeBase
 
 logger = logging.getLogger(__name__)
@@ -32,6 +36,7 @@ class BotMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.replicas_watched = False  # the standbys' collector is registered (build_web_app)
         r = self.registry
         self.questions = Counter("ragbot_questions", "Questions received.", ["platform"], registry=r)
         self.answers = Counter("ragbot_answers", "Answers posted, by mode (llm, extractive).",
@@ -83,7 +88,33 @@ async def check_health(kb: KnowledgeBase, timeout: float = 3.0) -> Health:
         checks["database"] = f"unreachable ({type(exc).__name__})"
     # Embedder.model is a cached_property: present in __dict__ once the weights are loaded.
     checks["model"] = "ok" if "model" in vars(kb.embedder) else "not loaded"
-    return Health(all(v == "ok" for v in checks.values()), checks)
+    ok = all(v == "ok" for v in checks.values())
+    # Standbys (DATABASE_REPLICA_URLS) are shown, but a skipped one leaves the bot healthy: the primary serves.
+    if kb.replicas is not None:
+        checks.update({f"replica {name}": state for name, state in kb.replicas.states().items()})
+    return Health(ok, checks)
+
+
+class ReplicaCollector(Collector):
+    """The standbys' state at each scrape (db.replicas.ReadRouter): lag, whether each serves reads, and read
+    connections opened per server."""
+
+    def __init__(self, replicas: ReadRouter) -> None:
+        self.replicas = replicas
+
+    def collect(self) -> Iterator[Metric]:
+        lag = GaugeMetricFamily("ragbot_replica_lag_seconds", "How far each standby is behind the primary (NaN: not "
+                                "answering).", labels=["replica"])
+        serving = GaugeMetricFamily("ragbot_replica_serving", "1 when the standby serves reads, 0 when it is skipped "
+                                    "(lagging past REPLICA_MAX_LAG_SECONDS or not answering).", labels=["replica"])
+        connections = CounterMetricFamily("ragbot_read_connections", "Read connections opened, per server.",
+                                          labels=["server"])
+        for replica in self.replicas.replicas:
+            lag.add_metric([replica.name], math.nan if replica.lag_seconds is None else replica.lag_seconds)
+            serving.add_metric([replica.name], 1.0 if self.replicas.usable(replica) else 0.0)
+            connections.add_metric([replica.name], replica.reads)
+        connections.add_metric(["primary"], self.replicas.primary_reads)
+        yield from (lag, serving, connections)
 
 
 def build_web_app(
@@ -102,12 +133,20 @@ def build_web_app(
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
+    if kb.replicas is not None and not metrics.replicas_watched:
+        metrics.registry.register(ReplicaCollector(kb.replicas))
+        metrics.replicas_watched = True  # one collector per registry
     app = web.Application(client_max_size=1024 * 1024)
     app.add_routes([web.get("/healthz", healthz), web.get("/metrics", metrics_endpoint), *routes])
     return app
 
 
-class PortUnavailable(ValueError):
+class StartupError(ValueError):
+    """`ragbot run` cannot start: a platform refused a token or is unreachable, a scope is missing, PORT is taken.
+    Its message is the one line shown (no traceback unless LOG_LEVEL=DEBUG) and names the setting and the fix."""
+
+
+class PortUnavailable(StartupError):
     """PORT cannot be bound (in use, or not allowed): the CLI prints this one line instead of a traceback."""
 
 

@@ -8,7 +8,7 @@ parameter) instead of text that both sides format and parse.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import cache
 from typing import Any
 
@@ -33,17 +33,19 @@ HNSW_EF_SEARCH = 200
 HNSW_MAX_SCAN_TUPLES = 20_000
 
 
-def database_url(settings: DatabaseSettings | None = None) -> str:
-    """DATABASE_URL if set (normalised to the psycopg 3 driver), else the embedded server's URL."""
+def database_url(settings: DatabaseSettings | None = None, url: str | None = None) -> str:
+    """DATABASE_URL if set (normalised to the psycopg 3 driver), else the embedded server's URL. Given `url` (one
+    of DATABASE_REPLICA_URLS), that one, checked and normalised the same way."""
     settings = settings or DatabaseSettings()
-    if not settings.database_url:
+    if url is None and not settings.database_url:
         return embedded_database_url(settings.home)
-    url = settings.database_url.strip()
-    check_database_url(url)
+    setting = "DATABASE_URL" if url is None else "DATABASE_REPLICA_URLS"
+    url = (url or settings.database_url or "").strip()
+    check_database_url(url, setting)
     authority = url.partition("://")[2].partition("/")[0]
     if authority.count("@") > 1:
         raise DatabaseUnavailable(
-            "DATABASE_URL has more than one '@' before the host: URL-encode special characters in the password "
+            f"{setting} has more than one '@' before the host: URL-encode special characters in the password "
             "('@' is %40, '#' is %23, '/' is %2F)"
         )
     for prefix in ("postgres://", "postgresql://", "postgresql+psycopg2://", "postgresql+asyncpg://"):
@@ -56,22 +58,22 @@ _POSTGRES_SCHEMES = ("postgres", "postgresql", "postgresql+psycopg", "postgresql
 _URL_EXAMPLE = "postgresql://USER:PASSWORD@HOST:5432/DATABASE"
 
 
-def check_database_url(url: str) -> None:
+def check_database_url(url: str, setting: str = "DATABASE_URL") -> None:
     """A malformed DATABASE_URL gets one line naming the fix (never a traceback, never the password)."""
     scheme, separator, rest = url.partition("://")
     if not separator:
         raise DatabaseUnavailable(
-            f"DATABASE_URL is not a URL (no '://' after the scheme): it should look like {_URL_EXAMPLE}"
+            f"{setting} is not a URL (no '://' after the scheme): it should look like {_URL_EXAMPLE}"
         )
     if scheme.lower() not in _POSTGRES_SCHEMES:
         raise DatabaseUnavailable(
-            f"DATABASE_URL uses {scheme[:30]!r}, but ragbot needs PostgreSQL with pgvector: use a URL like "
-            f"{_URL_EXAMPLE}, or unset DATABASE_URL for the embedded database"
+            f"{setting} uses {scheme[:30]!r}, but ragbot needs PostgreSQL with pgvector: use a URL like "
+            f"{_URL_EXAMPLE}, or unset {setting}" + (" for the embedded database" if setting == "DATABASE_URL" else "")
         )
     try:
         make_url(url)
     except (ArgumentError, ValueError):
-        raise DatabaseUnavailable(f"DATABASE_URL could not be parsed: it should look like {_URL_EXAMPLE}") from None
+        raise DatabaseUnavailable(f"{setting} could not be parsed: it should look like {_URL_EXAMPLE}") from None
 
 
 CUSTOM_PLANS = "force_custom_plan"
@@ -105,6 +107,8 @@ async def read_rows(
     with it or keep the generic setting."""
     driver = (await conn.get_raw_connection()).driver_connection
     assert driver is not None, "a pooled connection that is checked out has its driver connection"
+    if conn.info.get(TRANSACTION_POOLER):
+        return await _read_rows_pooled(conn, driver, statement, params, settings)
     try:
         async with driver.cursor(row_factory=namedtuple_row) as cursor:
             for name, value in (settings or {}).items():
@@ -131,24 +135,90 @@ async def read_rows(
         raise
 
 
+async def _read_rows_pooled(
+    conn: AsyncConnection, driver: Any, statement: TextClause, params: Mapping[str, Any],
+    settings: Mapping[str, str] | None,
+) -> list[Any]:
+    """read_rows behind a pooler in transaction mode (DATABASE_POOLER=transaction): each statement may run on
+    another server connection, so nothing is left on one. The settings a search needs (the connection defaults of
+    create_engine and `settings`) are set for one transaction (set_config's is_local), in the same round trips as
+    the statement; nothing is prepared (prepare_threshold=None), so generic plans are not used."""
+    wanted = {**SESSION_SETTINGS, **(settings or {})}
+    try:
+        # In pipeline mode BEGIN, the settings, the statement and COMMIT travel together: one round trip through
+        # the pooler instead of four.
+        async with driver.pipeline(), driver.transaction(), driver.cursor(row_factory=namedtuple_row) as cursor:
+            await cursor.execute(
+                "SELECT " + ", ".join(f"set_config(%s, %s, true) AS s{n}" for n in range(len(wanted))),
+                [item for pair in wanted.items() for item in pair],
+            )
+            await cursor.execute(_driver_sql(statement, conn.dialect), params)
+            rows = await cursor.fetchall()
+        return rows
+    except psycopg.Error as exc:
+        await conn.invalidate()
+        raise DBAPIError.instance(
+            str(statement), None, exc, psycopg.Error, hide_parameters=True, connection_invalidated=True,
+            dialect=conn.dialect,
+        ) from exc
+    except BaseException:
+        await conn.invalidate()
+        raise
+
+
+def connection_lost(error: DBAPIError) -> bool:
+    """Whether a statement failed because its connection went away (the server stopped, failed over or restarted,
+    a pooler restarted), so that running it again on a new connection can succeed; a cancelled statement (a timeout)
+    is not."""
+    return isinstance(error.orig, psycopg.OperationalError) and not isinstance(error.orig, psycopg.errors.QueryCanceled)
+
+
 @cache
 def _driver_sql(statement: TextClause, dialect: Dialect) -> str:
     """`statement` as psycopg takes it (`:name` → `%(name)s`, a literal % doubled), compiled once."""
     return str(statement.compile(dialect=dialect))
 
 
-def create_engine(url: str, *, autocommit: bool = False) -> AsyncEngine:
+# What create_engine's connect hook sets on each connection (below, where each is explained); behind a pooler in
+# transaction mode they are set per transaction instead (_read_rows_pooled).
+SESSION_SETTINGS = {
+    "hnsw.iterative_scan": "relaxed_order",
+    "hnsw.ef_search": str(HNSW_EF_SEARCH),
+    "hnsw.max_scan_tuples": str(int(HNSW_MAX_SCAN_TUPLES)),
+    "plan_cache_mode": CUSTOM_PLANS,
+    "jit": "off",
+}
+# The key, in a pooled connection's `info`, saying a transaction-mode pooler is in front (read_rows reads it).
+TRANSACTION_POOLER = "ragbot.transaction_pooler"
+
+
+def create_engine(url: str, *, autocommit: bool = False, transaction_pooler: bool | None = None,
+                  async_creator: Callable[[], Awaitable[Any]] | None = None) -> AsyncEngine:
     """The engine for `url`, every connection set up for pgvector (below). `autocommit` makes a pool for read-only
     statements only, such as the searches': its connections never hold a transaction, and so never roll one back.
     That matters because psycopg's rollback drops every statement the connection had prepared (and with it a
     generic plan, see read_rows): on a pool shared with the bot's read-only transactions (conversation memory,
     channel grants, identities), a search would seldom find its statements prepared."""
-    engine = create_async_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                                 **({"isolation_level": "AUTOCOMMIT"} if autocommit else {}))
+    if transaction_pooler is None:
+        transaction_pooler = DatabaseSettings().transaction_pooler
+    options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
+    if transaction_pooler:
+        # A transaction-mode pooler hands each transaction to any server connection: a statement psycopg prepared
+        # on one is unknown on the next (error 26000), so nothing is prepared.
+        options["connect_args"] = {"prepare_threshold": None}
+    if async_creator is not None:
+        options["async_creator"] = async_creator
+    engine = create_async_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5, **options)
 
     @event.listens_for(engine.sync_engine, "connect")
     def _configure_pgvector(dbapi_connection, connection_record) -> None:
         dbapi_connection.run_async(_register_vector_type)
+        if transaction_pooler:
+            # No session settings: they would stay on whichever server connection ran them. read_rows sets what a
+            # search needs in the search's own transaction.
+            connection_record.info[TRANSACTION_POOLER] = True
+            dbapi_connection.commit()
+            return
         cursor = dbapi_connection.cursor()
         cursor.execute("SET hnsw.iterative_scan = relaxed_order")
         cursor.execute(f"SET hnsw.ef_search = {HNSW_EF_SEARCH}")

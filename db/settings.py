@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -14,6 +15,22 @@ class DatabaseSettings(BaseSettings):
     database_url: str | None = None
     # Folder for ragbot's own state (the embedded database's data lives in RAGBOT_HOME/pgdata).
     ragbot_home: Path = Path("~/.ragbot")
+    # Hot standbys of DATABASE_URL, comma-separated: searches, status, insights and the admin page read from one;
+    # writes and reads that must see their own write stay on the primary (db.replicas).
+    database_replica_urls: str = ""
+    # A standby further behind the primary than this (or not answering) is skipped until it catches up.
+    replica_max_lag_seconds: float = 30.0
+    # "transaction" when a pooler in transaction mode (PgBouncer's pool_mode = transaction) is in front of the
+    # database: no prepared statements and no session settings or session locks (db.engine, db.leases).
+    database_pooler: Literal["", "none", "session", "transaction"] = ""
+
+    @property
+    def replica_urls(self) -> list[str]:
+        return [url.strip() for url in self.database_replica_urls.split(",") if url.strip()]
+
+    @property
+    def transaction_pooler(self) -> bool:
+        return self.database_pooler == "transaction"
 
     @property
     def home(self) -> Path:

@@ -23,6 +23,10 @@ _EXPORTS: dict[str, str] = {
     "ResolvedPrincipals": "knowledge.access",
     "DocumentVerdict": "knowledge.access",
     "check_principal": "knowledge.access",
+    "normalise": "knowledge.access",
+    "parse_principal": "knowledge.access",
+    "describe_scope": "knowledge.access",
+    "check_as_principal": "knowledge.access",
     # asking
     "Answer": "knowledge.answer.answering",
     "Citation": "knowledge.answer.answering",
@@ -48,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     # the one error tree (knowledge.errors)
     "KnowledgeError": "knowledge.errors",
     "EmptyQuestion": "knowledge.errors",
+    "QuestionTooLong": "knowledge.errors",
     "SourceError": "knowledge.errors",
     "SourceConflict": "knowledge.errors",
     "UnknownSource": "knowledge.errors",
@@ -69,10 +74,11 @@ _EXPORTS: dict[str, str] = {
 __all__ = ["Answer", "ChatMessage", "Citation", "DocumentRef", "DocumentVerdict", "EVERYONE", "EmbeddingModelError",
     "EmptyQuestion", "EvalFileError", "FolderSource", "GenerationError", "IndexStatus", "InvalidPrincipal",
     "JudgeError", "KnowledgeBase", "KnowledgeError", "KnowledgeSettings", "MODES", "Mode", "Person",
-    "RecentlySynced", "Remedy", "ResolvedPrincipals", "SearchFilters", "SearchHit", "SearchResults", "SearchTuning",
+    "QuestionTooLong", "RecentlySynced", "Remedy", "ResolvedPrincipals", "SearchFilters", "SearchHit", "SearchResults", "SearchTuning",
     "SourceAuthError", "SourceBusy", "SourceConfigError", "SourceConflict", "SourceError", "SourceInfo",
     "SourceItem", "SourceSpec", "SourceStatus", "SourceUnavailable", "StaticSource", "SyncReport", "SyncRun", "SyncWarning",
-    "UnknownSource", "check_principal", "format_interval", "parse_interval"]
+    "UnknownSource", "check_as_principal", "check_principal", "describe_scope", "format_interval", "normalise",
+    "parse_interval", "parse_principal"]
 
 
 def __getattr__(name: str) -> Any:
@@ -89,7 +95,17 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on first use
-    from knowledge.access import EVERYONE, DocumentVerdict, Person, ResolvedPrincipals, check_principal
+    from knowledge.access import (
+        EVERYONE,
+        DocumentVerdict,
+        Person,
+        ResolvedPrincipals,
+        check_as_principal,
+        check_principal,
+        describe_scope,
+        normalise,
+        parse_principal,
+    )
     from knowledge.answer.answering import Answer, Citation
     from knowledge.answer.memory import ChatMessage
     from knowledge.errors import (
@@ -100,6 +116,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on 
         InvalidPrincipal,
         JudgeError,
         KnowledgeError,
+        QuestionTooLong,
         RecentlySynced,
         Remedy,
         SourceAuthError,

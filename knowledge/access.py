@@ -7,8 +7,9 @@ Who a person is, in principals: the one resolver every surface uses (CLI `--as`,
 chat flow), with where each principal came from.
 
 A person's principals = what they were given (`user:<email>`, or a platform identity's admin mappings from the
-identity map) + every group containing any of those, transitively, in every source's synced directory + `everyone`.
-Emails compare case-insensitively (lowercased here, as the sources lowercase them on documents).
+identity map) + every group containing any of those, transitively, in each source's synced directory, through that
+directory's own groups only (`group:<source>/<name>`: see "principals" below) + `everyone`. Emails compare
+case-insensitively in ASCII (folded here, as the sources fold them on documents; never `str.lower()`).
 
 Directories (knowledge.storage.directory) hold direct edges only; nesting is expanded here by walking up from the
 person's principals with a visited set, so a group cycle (a ∋ b ∋ a) terminates. A source's directory counts only
@@ -24,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import string
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+import unicodedata
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -35,32 +38,178 @@ from knowledge.errors import InvalidPrincipal
 from knowledge.storage import directory as directory_store
 
 EVERYONE = "everyone"
-
-# A principal as documents carry them: `everyone`, or `kind:value` (user:a@example.com, group:eng, role:hr).
-_PRINCIPAL = re.compile(r"^(everyone|[a-z][a-z0-9_-]*:\S+)$")
-
-
-def check_principal(principal: str) -> str:
-    """The principal, stripped; a clear error for anything that could never match a document's access list."""
-    principal = principal.strip()
-    if not _PRINCIPAL.match(principal):
-        raise InvalidPrincipal(
-            f"{principal!r} is not a principal: use everyone, user:<email>, group:<name> (kind:value, no spaces)"
-        )
-    return principal
-
-
 MAX_CACHED_PEOPLE = 100_000
 CUSTOMER = "customer:"  # knowledge.sources.google_directory.CUSTOMER: a group holding the whole Workspace
 
+# --- principals: parsing, folding, group scopes ------------------------------------------------------------------
+#
+# Group principals are scoped to the directory that defines them: `group:<source>/<name>` is group <name> as the
+# source named <source> (a Confluence site, a Google Workspace) defines it. A source writes its own groups that way
+# on its documents and in its directory, and the resolver only expands a directory's edges inside its own scope, so
+# a Confluence group called `eng@acme.example` never grants what Drive shared with the Google group of that name.
+# An unscoped `group:<name>` is a local group no directory defines: folder `.access` files, `--as`, admin mappings
+# and channel grants may name one, and only someone given it (not a synced directory) holds it.
+
+GROUP_SCOPE_SEPARATOR = "/"
+
+# A principal as documents carry them: `everyone`, or `kind:value` (user:a@example.com, group:eng, role:hr).
+_PRINCIPAL = re.compile(r"^(everyone|[a-z][a-z0-9_-]*:\S+)$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_DOMAIN = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?)*$")
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def fold_ascii(value: str) -> str:
+    """Lowercase A-Z only. `str.lower()` also folds Unicode look-alikes into ASCII (the Kelvin sign U+212A becomes
+    `k`, U+0130 becomes `i`), which would let a crafted address match another person's: emails and domains compare
+    case-insensitively in ASCII only, and every other character must match exactly."""
+    return value.translate(_ASCII_LOWER)
+
+
+def _folds_to_ascii(char: str) -> bool:
+    """A non-ASCII character that Unicode compatibility normalisation or a one-letter case mapping turns into ASCII
+    (Kelvin sign, dotless i, long s, fullwidth letters, ligatures): a look-alike of an ASCII principal."""
+    if char.isascii():
+        return False
+    compatible = unicodedata.normalize("NFKC", char)
+    if compatible != char and any(c.isascii() for c in compatible):
+        return True
+    for mapped in (char.lower(), char.upper()):
+        letters = [c for c in mapped if not unicodedata.combining(c)]
+        if len(letters) == 1 and letters[0].isascii() and mapped != char:
+            return True
+    return False
+
+
+def _describe_char(char: str) -> str:
+    return f"{char!r} (U+{ord(char):04X} {unicodedata.name(char, 'unnamed character')})"
+
+
+def email_domain(principal: str) -> str | None:
+    """The domain of a `user:<email>` principal with a real address (one `@`, a non-empty local part that is not a
+    typed id like `confluence:bob`, an ASCII domain), else None: `user:@acme.example` belongs to nobody's domain."""
+    kind, _, value = principal.partition(":")
+    if kind != "user" or value.count("@") != 1:
+        return None
+    local, _, domain = value.partition("@")
+    if not local or ":" in local or not domain.isascii() or not _DOMAIN.match(domain):
+        return None
+    return fold_ascii(domain)
+
+
+def scoped_group(scope: str, name: str) -> str:
+    """`group:<scope>/<name>`: group `name` as the source named `scope` defines it."""
+    return f"group:{scope}{GROUP_SCOPE_SEPARATOR}{name}"
+
+
+def group_scope(principal: str) -> tuple[str | None, str]:
+    """(scope, name) of a group principal: ("wiki", "hr") for `group:wiki/hr`, (None, "hr") for the unscoped
+    `group:hr`. Source names never hold the separator, so the first one ends the scope."""
+    value = principal.removeprefix("group:")
+    scope, separator, name = value.partition(GROUP_SCOPE_SEPARATOR)
+    return (scope, name) if separator else (None, value)
+
+
+def check_scope_name(name: str) -> str | None:
+    """Why a source name cannot scope groups (None when it can): it is the first part of `group:<source>/<name>`."""
+    if not name or GROUP_SCOPE_SEPARATOR in name or any(c.isspace() or _CONTROL.match(c) for c in name):
+        return (f"a source that defines groups cannot be named {name!r}: its name scopes them "
+                f"(group:<source>/<group>), so it needs no {GROUP_SCOPE_SEPARATOR!r} and no spaces")
+    return None
+
+
+def _address(principal: str, value: str, what: str) -> str:
+    """An email or a domain inside a principal: ASCII only, folded; a clear error otherwise."""
+    bad = next((c for c in value if not c.isascii()), None)
+    if bad is not None:
+        raise InvalidPrincipal(
+            f"{principal!r}: {what} holds {_describe_char(bad)}; emails and domains are ASCII (write the ASCII "
+            "letter, and an internationalised domain in its xn-- form)")
+    if what == "an email":
+        local, _, domain = value.rpartition("@")
+        if not local or "@" in local:
+            raise InvalidPrincipal(f"{principal!r} has no name before the @ (write user:<name>@<domain>)"
+                                   if not local else f"{principal!r} holds more than one @")
+    else:
+        domain = value
+    if not _DOMAIN.match(domain):
+        raise InvalidPrincipal(f"{principal!r}: {domain!r} is not a domain name")
+    return fold_ascii(value)
+
+
+def parse_principal(value: str, kinds: Collection[str] | None = None) -> str:
+    """The one parser of principals people type (`--as`, `.access` lines, admin mappings, channel grants): the
+    principal, normalised (emails and domains folded in ASCII), or InvalidPrincipal with a one-line reason.
+
+    - `everyone`, or `kind:value` with no spaces or control characters (`kinds` limits the kinds);
+    - no non-ASCII look-alike of an ASCII character anywhere (a Kelvin sign for a `k`): they would silently never
+      match, or match someone else once something folds them;
+    - `user:<email>` needs a name before the @; emails (`user:`, a Google `group:`) and `domain:` values are
+      ASCII, compared case-insensitively;
+    - `group:<source>/<name>` is a group of that source's directory; an unscoped `group:<name>` is a local group
+      (folder `.access` files, mappings), which no synced directory grants."""
+    principal = value.strip()
+    if not _PRINCIPAL.match(principal) or _CONTROL.search(principal):
+        raise InvalidPrincipal(
+            f"{principal!r} is not a principal: use everyone, user:<email>, group:<name> (kind:value, no spaces)")
+    if principal == EVERYONE:
+        return principal
+    kind, _, rest = principal.partition(":")
+    if kinds is not None and kind not in kinds:
+        raise InvalidPrincipal(f"{principal!r}: {kind}: is not a principal kind here (use "
+                               f"{', '.join(k if k == EVERYONE else k + ':…' for k in kinds)})")
+    lookalike = next((c for c in principal if _folds_to_ascii(c)), None)
+    if lookalike is not None:
+        raise InvalidPrincipal(f"{principal!r} holds {_describe_char(lookalike)}, a look-alike of an ASCII "
+                               "character: write the ASCII character")
+    if kind == "domain":
+        return f"domain:{_address(principal, rest, 'a domain')}"
+    if kind == "group":
+        scope, name = group_scope(principal)
+        if scope is not None and (not scope or not name):
+            raise InvalidPrincipal(f"{principal!r}: write group:<source>/<group> (or group:<group> for a local one)")
+        if "@" in name:
+            name = _address(principal, name, "an email")
+        return scoped_group(scope, name) if scope is not None else f"group:{name}"
+    if kind == "user" and ("@" in rest and ":" not in rest):
+        return f"user:{_address(principal, rest, 'an email')}"
+    return principal
+
+
+# The kinds a person can be asked as (`ragbot ask --as`, `chat --as`): a typo such as `grp:eng` matches no document,
+# so it would answer from `everyone` alone without a word; it is refused instead, naming these.
+ASKABLE_KINDS = ("everyone", "user", "group", "domain")
+
+
+def check_as_principal(principal: str) -> str:
+    """A principal someone asks or searches as (`everyone`, `user:…`, `group:…`, `domain:…`), parsed by
+    `parse_principal`; any other kind is an error listing the known ones (InvalidPrincipal)."""
+    kind = principal.strip().partition(":")[0]
+    if principal.strip() != EVERYONE and ":" in principal and kind not in ASKABLE_KINDS:
+        raise InvalidPrincipal(f"unknown principal kind {kind + ':'!r} in {principal.strip()!r}: the known kinds are "
+                               f"{', '.join(k if k == EVERYONE else k + ':<name>' for k in ASKABLE_KINDS)}")
+    return parse_principal(principal, ASKABLE_KINDS)
+
+
+def check_principal(principal: str) -> str:
+    """parse_principal under its older name (the chat commands call it)."""
+    return parse_principal(principal)
+
 
 def normalise(principal: str) -> str:
-    """`user:`/`group:` principals holding an email compare case-insensitively: lowercase them. Others (Confluence
-    group names, `user:confluence:<id>`) are kept as the source wrote them."""
+    """A principal from a platform or the identity map, as documents carry it: emails in `user:`/`group:` values
+    and `domain:` values folded in ASCII (never `str.lower()`: see fold_ascii). Nothing is rejected here (stored
+    mappings and platform emails are matched exactly otherwise, so a look-alike matches nobody)."""
     principal = principal.strip()
     kind, _, value = principal.partition(":")
-    if kind in ("user", "group") and "@" in value:
-        return f"{kind}:{value.lower()}"
+    if kind == "user" and "@" in value:
+        return f"user:{fold_ascii(value)}"
+    if kind == "group":
+        scope, name = group_scope(principal)  # the source name keeps its case: only the email part folds
+        if "@" in name:
+            return scoped_group(scope, fold_ascii(name)) if scope is not None else f"group:{fold_ascii(name)}"
+    if kind == "domain":
+        return f"domain:{fold_ascii(value)}"
     return principal
 
 
@@ -86,6 +235,16 @@ class Origin:
         return f"{self.source} directory: {chain}" if chain else f"{self.source} directory"
 
 
+def describe_scope(principal: str) -> str | None:
+    """Which directory defines a group principal, for `access explain` (None for other kinds)."""
+    if not principal.startswith("group:"):
+        return None
+    scope, _ = group_scope(principal)
+    if scope is None:
+        return "local (an .access file, a mapping or a channel grant; no synced directory)"
+    return f"source {scope}'s directory"
+
+
 @dataclass(frozen=True)
 class ResolvedPrincipals:
     """A person's principals, each with where it came from, and the directories that could not vouch for groups."""
@@ -95,11 +254,13 @@ class ResolvedPrincipals:
     origins: dict[str, tuple[Origin, ...]]
     expired: tuple[str, ...] = ()  # sources whose directory is past its TTL (their groups grant nothing now)
     resolved_at: float = 0.0
+    expired_groups: tuple[str, ...] = ()  # single groups a refresh could not list, past their own TTL
 
     def to_dict(self) -> dict[str, object]:
         return {"person": self.person, "principals": list(self.principals),
                 "origins": {p: [o.describe() for o in self.origins.get(p, ())] for p in self.principals},
-                "expired_directories": list(self.expired)}
+                "scopes": {p: describe_scope(p) for p in self.principals if p.startswith("group:")},
+                "expired_directories": list(self.expired), "expired_groups": list(self.expired_groups)}
 
 
 @dataclass
@@ -110,6 +271,13 @@ class _Directory:
     refreshed_at: float | None  # epoch seconds of the last good refresh
     domains: frozenset[str]
     parents: dict[str, list[str]] = field(default_factory=dict)  # member -> groups listing it directly
+    # Groups whose members the last refresh could not list (it kept their previous ones): when that was listed.
+    group_refreshed: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def scope(self) -> str:
+        """The prefix of every group this directory defines (`group:<source>/`)."""
+        return scoped_group(self.name, "")
 
 
 @dataclass
@@ -175,6 +343,20 @@ class AccessResolver:
         self._cache[who] = (expires, resolved)
         return resolved
 
+    async def synced_groups_named(self, principal: str) -> list[str]:
+        """For an unscoped `group:<name>`: the synced groups of that name (`group:<source>/<name>`, one per
+        directory defining it), which the unscoped one is not. Lets `--as group:eng` say what it does not mean."""
+        scope, name = group_scope(principal)
+        if not principal.startswith("group:") or scope is not None:
+            return []
+        snapshot = await self._current(self.clock())
+        found = []
+        for directory in snapshot.directories:
+            scoped = scoped_group(directory.name, name)
+            if any(scoped in groups for groups in directory.parents.values()):
+                found.append(scoped)
+        return found
+
     # -- the directories in memory --
 
     async def _current(self, now: float) -> _Snapshot:
@@ -213,6 +395,7 @@ class AccessResolver:
         held = [p for p in origins if p != EVERYONE]
         expires = now + self.cache_seconds
         expired: list[str] = []
+        expired_groups: list[str] = []
         for directory in snapshot.directories:
             if directory.refreshed_at is None:
                 continue
@@ -221,28 +404,37 @@ class AccessResolver:
                 expired.append(directory.name)
                 continue
             expires = min(expires, deadline)
-            for group, via in expand(directory, held).items():
+            stale = set()
+            for group, refreshed in directory.group_refreshed.items():
+                if refreshed + self.ttl <= now:
+                    stale.add(group)
+                else:
+                    expires = min(expires, refreshed + self.ttl)
+            for group, via in expand(directory, held, stale).items():
                 add(group, Origin("group", directory.name, via))
+            expired_groups += sorted(stale)
         principals = tuple(sorted(origins))
         frozen = {p: tuple(dict.fromkeys(o)) for p, o in origins.items()}
-        return ResolvedPrincipals(who.label, principals, frozen, tuple(expired), now), expires
+        return ResolvedPrincipals(who.label, principals, frozen, tuple(expired), now, tuple(expired_groups)), expires
 
 
-def expand(directory: _Directory, held: Iterable[str]) -> dict[str, tuple[str, ...]]:
+def expand(directory: _Directory, held: Iterable[str], stale: Collection[str] = ()) -> dict[str, tuple[str, ...]]:
     """Every group of `directory` containing any of `held`, transitively (breadth first, each group once: cycles
-    end), with the shortest chain from a held principal to it."""
+    end), with the shortest chain from a held principal to it. A `stale` group (its members could not be listed for
+    a whole TTL) grants nothing, and nothing through it. Only groups in the directory's own scope come out
+    (build_snapshot keeps no other edge)."""
     chains: dict[str, tuple[str, ...]] = {}
     frontier: list[tuple[str, tuple[str, ...]]] = [(p, (p,)) for p in held]
     for principal in list(held):
-        if principal.startswith("user:") and "@" in principal:
-            if principal.rsplit("@", 1)[-1] in directory.domains and CUSTOMER in directory.parents:
-                frontier.append((CUSTOMER, (principal, "the whole Workspace")))
+        domain = email_domain(principal)
+        if domain is not None and domain in directory.domains and CUSTOMER in directory.parents:
+            frontier.append((CUSTOMER, (principal, "the whole Workspace")))
     seen = set(held)
     while frontier:
         following: list[tuple[str, tuple[str, ...]]] = []
         for member, chain in frontier:
             for group in directory.parents.get(member, ()):
-                if group in seen:
+                if group in seen or group in stale:
                     continue
                 seen.add(group)
                 chains[group] = (*chain, group)
@@ -251,16 +443,25 @@ def expand(directory: _Directory, held: Iterable[str]) -> dict[str, tuple[str, .
     return chains
 
 
-def build_snapshot(states: Sequence[directory_store.DirectoryState], edges: dict[int, list[tuple[str, str]]],
+def build_snapshot(states: Sequence[directory_store.DirectoryState], edges: dict[int, list[directory_store.Edge]],
                    generations: dict[int, int], now: float) -> _Snapshot:
+    """The directories in memory. A directory keeps only edges inside its own scope (a group `group:<source>/…`
+    whose members are people, `customer:` or groups of the same scope): whatever else a row says (one written
+    before the groups were scoped, by a process still running the old code) grants nothing."""
     directories = []
     for state in states:
-        parents: dict[str, list[str]] = {}
-        for group, member in edges.get(state.source_id, ()):
-            parents.setdefault(member, []).append(group)
         refreshed = state.refreshed_at.timestamp() if isinstance(state.refreshed_at, datetime) else None
-        directories.append(_Directory(state.source_id, state.source, state.kind, refreshed,
-                                      frozenset(d.lower() for d in state.domains), parents))
+        directory = _Directory(state.source_id, state.source, state.kind, refreshed,
+                               frozenset(fold_ascii(d) for d in state.domains))
+        for edge in edges.get(state.source_id, ()):
+            if not edge.group.startswith(directory.scope):
+                continue
+            if edge.member.startswith("group:") and not edge.member.startswith(directory.scope):
+                continue
+            directory.parents.setdefault(edge.member, []).append(edge.group)
+            if edge.refreshed_at is not None:
+                directory.group_refreshed[edge.group] = edge.refreshed_at.timestamp()
+        directories.append(directory)
     return _Snapshot(directories, generations, now)
 
 

@@ -6,22 +6,25 @@ Adapters and the CLI talk only to this class (and the dataclasses it returns); t
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from db.engine import create_engine, database_url
+from db.engine import connection_lost, create_engine, database_url
 from db.migrate import ensure_schema
+from db.replicas import ReadRouter
 from db.settings import DatabaseSettings, redact_url
 from knowledge.access import AccessResolver, DocumentVerdict, Person, ResolvedPrincipals, verdict
 from knowledge.answer.answering import Answer, Answerer, AnswerSettings, make_generator
 from knowledge.answer.memory import ChatMessage, ConversationMemory, MemorySettings
 from knowledge.embedding.encoder import Embedder, get_embedder
-from knowledge.errors import UnknownSource
+from knowledge.errors import QuestionTooLong, UnknownSource
 from knowledge.ingest.groups import DirectoryReport, refresh_directory
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.ingest.runs import SyncRunner
@@ -34,6 +37,8 @@ from knowledge.storage import directory as directory_store
 from knowledge.storage import documents as store
 from knowledge.storage.documents import SourceStatus
 from knowledge.storage.sources import SyncRun
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,27 @@ class IndexStatus:
         }
 
 
+class RetryingRetriever(Retriever):
+    """The retriever, run once more when its connection was lost mid-search (a standby stopped or failed over, a
+    pooler restarted): the question is answered from the next server (the primary when no standby is left) instead
+    of being lost. Other errors, and a cancelled statement, are raised as they are."""
+
+    def __init__(self, *args: Any, replicas: ReadRouter | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replicas = replicas
+
+    async def search(self, query: str, filters: SearchFilters, **options: Any) -> SearchResults:
+        try:
+            return await super().search(query, filters, **options)
+        except DBAPIError as error:
+            if not connection_lost(error):
+                raise
+            logger.warning("a search lost its database connection (%s); running it again", type(error.orig).__name__)
+            if self.replicas is not None:
+                await self.replicas.check_now()  # a standby that went away is skipped from now on
+            return await super().search(query, filters, **options)
+
+
 def memory_settings(settings: KnowledgeSettings, with_claude: bool) -> MemorySettings:
     return MemorySettings(
         token_budget=settings.memory_token_budget,
@@ -80,16 +106,30 @@ class KnowledgeBase:
     `bot.chat.state.BotState` over `engine`; knowledge only reads the identity map (knowledge.storage.identities)."""
 
     def __init__(self, engine: AsyncEngine, settings: KnowledgeSettings, embedder: Embedder, url: str, *,
-                 search_tuning: SearchTuning | None = None) -> None:
+                 search_tuning: SearchTuning | None = None, db_settings: DatabaseSettings | None = None) -> None:
+        db_settings = db_settings or DatabaseSettings()
         self.engine = engine
-        # Searches read through a pool of their own that never holds a transaction (see db.engine.create_engine).
-        self.search_engine = create_engine(url, autocommit=True)
+        # Reads that may see a copy a few seconds old (searches, who is in which group, status counts, run history,
+        # the insights' document lookups) go through `reads`: a standby of DATABASE_REPLICA_URLS within
+        # REPLICA_MAX_LAG_SECONDS when there is one (db.replicas), else the primary. Writes, and reads that must see
+        # their own write (conversation turns, claims, leases), use `engine`, the primary. Either way the read pool
+        # never holds a transaction (see db.engine.create_engine).
+        self.replicas: ReadRouter | None = None
+        if db_settings.replica_urls:
+            self.replicas = ReadRouter(url, [database_url(db_settings, replica) for replica in db_settings.replica_urls],
+                                       db_settings.replica_max_lag_seconds,
+                                       transaction_pooler=db_settings.transaction_pooler)
+            self.search_engine = self.replicas.engine
+        else:
+            self.search_engine = create_engine(url, autocommit=True, transaction_pooler=db_settings.transaction_pooler)
+        self.reads = self.search_engine
         self.settings = settings
         self.embedder = embedder
         self.url = url
         self.indexer = Indexer(engine, embedder, settings)
         # The search statements' knobs (knowledge.storage.search.SearchTuning): the measured defaults unless given.
-        self.retriever = Retriever(self.search_engine, embedder, settings, search_tuning)
+        self.retriever = RetryingRetriever(self.search_engine, embedder, settings, search_tuning,
+                                           replicas=self.replicas)
         self.generator = make_generator(settings)
         self.memory = ConversationMemory(engine, memory_settings(settings, self.generator is not None),
                                          embedder.count_tokens_many, self.generator, settings.text_search_config)
@@ -109,14 +149,17 @@ class KnowledgeBase:
     ) -> KnowledgeBase:
         """Connect (starting the embedded Postgres if DATABASE_URL is unset), migrate, and check the model."""
         settings = settings or KnowledgeSettings()
+        db_settings = db_settings or DatabaseSettings()
         url = database_url(db_settings)
-        engine = create_engine(url)
+        engine = create_engine(url, transaction_pooler=db_settings.transaction_pooler)
         await ensure_schema(engine)  # Alembic runs only when the stored revision is behind
         embedder = get_embedder(
             settings.embedding_model, settings.embedding_batch_size, settings.embedding_device,
             settings.query_encoder, (db_settings or DatabaseSettings()).home / "models",
         )
-        kb = cls(engine, settings, embedder, url, search_tuning=search_tuning)
+        kb = cls(engine, settings, embedder, url, search_tuning=search_tuning, db_settings=db_settings)
+        if kb.replicas is not None:
+            kb.replicas.start()
         # The model is not loaded here (that takes seconds): the stored model name says whether the vectors match,
         # and re-embedding after a model change waits for the first command that embeds anything.
         kb._embedding_space_ready = await kb.indexer.embedding_space_matches()
@@ -132,7 +175,10 @@ class KnowledgeBase:
         await self.indexer.parser.aclose()
         if self.generator is not None:
             await self.generator.close()
-        await self.search_engine.dispose()
+        if self.replicas is not None:
+            await self.replicas.close()
+        else:
+            await self.search_engine.dispose()
         await self.engine.dispose()
 
     @property
@@ -158,10 +204,18 @@ class KnowledgeBase:
           `Answer.citations` lists only the sources cited. Offline (excerpt) answers never call it; if the stream
           breaks off, the returned Answer (excerpts, with a note) replaces what was shown.
         """
+        self.check_question(question)
         return await self.answerer.answer(
             question, principals, conversation_id, sources=sources, asker=asker, prior_messages=prior_messages,
             on_text=on_text,
         )
+
+    def check_question(self, question: str) -> None:
+        """Raise QuestionTooLong for a question over MAX_QUESTION_CHARS: the chat flow and the terminal check first,
+        before they post a placeholder or read a thread (`answer` checks again)."""
+        limit = self.settings.max_question_chars
+        if len(question.strip()) > limit:
+            raise QuestionTooLong(len(question.strip()), limit)
 
     async def __aenter__(self) -> KnowledgeBase:
         return self
@@ -213,8 +267,8 @@ class KnowledgeBase:
                                     prune_seconds=prune_seconds, check=check)
 
     async def sync_runs(self, name: str | None = None, limit: int = 20) -> list[SyncRun]:
-        """Recorded runs, newest first (of one source, or of all)."""
-        return await self.syncs.runs(name, limit)
+        """Recorded runs, newest first (of one source, or of all): read from a standby when there is one."""
+        return await self.syncs.runs(name, limit, engine=self.reads)
 
     async def search(
         self, query: str, filters: SearchFilters, *, k: int = 10, mode: Mode = "hybrid",
@@ -273,7 +327,7 @@ class KnowledgeBase:
 
     async def status(self) -> IndexStatus:
         infos = {info.name: info for info in await self.list_sources()}
-        async with self.engine.connect() as conn:
+        async with self.reads.connect() as conn:
             sources = [
                 replace(s, last_run=infos[s.name].last_run, running=infos[s.name].running) if s.name in infos else s
                 for s in await store.source_counts(conn)
@@ -312,34 +366,43 @@ class KnowledgeBase:
             return await directory_store.list_states(conn)
 
     async def explain_access(
-        self, person: str | Person | Sequence[str], document: str | None = None,
+        self, person: str | Person | Sequence[str], document: str | None = None, *,
+        visible_to: Sequence[str] | None = None,
     ) -> tuple[ResolvedPrincipals, list[DocumentVerdict]]:
         """A person's principals with their origins and, for the documents `document` names (an id, URL,
-        `SOURCE:ID` or title), whether they may see each and which of its principals matched."""
+        `SOURCE:ID` or title, taken literally), whether they may see each and which of its principals matched.
+        `visible_to`: only documents these principals may see are looked at (a chat admin's own access; the CLI,
+        an operator, passes None)."""
         resolved = await self.access.principals_for(person)
         if document is None:
             return resolved, []
         async with self.engine.connect() as conn:
-            found = await directory_store.find_documents(conn, document)
+            found = await directory_store.find_documents(conn, document, visible_to=visible_to)
         return resolved, [verdict(resolved, d) for d in found]
     # Usage and retention (issue 34): what the gaps report and the retention job need from the knowledge side.
 
     async def documents_of_chunks(self, chunk_ids: Sequence[int]) -> dict[int, usage.DocumentRef]:
         """chunk id → its document (title, source, url, path, last update), for chunks that still exist."""
-        async with self.engine.connect() as conn:
+        async with self.reads.connect() as conn:
             return await usage.documents_of_chunks(conn, chunk_ids)
 
     async def documents_not_in(self, document_ids: Sequence[int], limit: int = 50) -> tuple[int, list[usage.DocumentRef]]:
         """How many indexed documents are not among `document_ids` (e.g. never cited), and the first `limit`."""
-        async with self.engine.connect() as conn:
+        async with self.reads.connect() as conn:
             return await usage.documents_not_in(conn, document_ids, limit)
 
     async def forget_turns_older_than(self, days: int) -> int:
-        """Retention of conversation memory: turns older than `days` (and summaries left without turns)."""
+        """Retention of conversation memory: turns older than `days`, and the summaries that folded them."""
         async with self.engine.begin() as conn:
             return await conversations.delete_turns_older_than(conn, days)
 
-    async def forget_turns_of(self, askers: Sequence[str]) -> tuple[int, int]:
-        """A person's conversation turns (by platform identity) and the summaries of conversations they were in."""
+    async def forget_turn(self, turn_id: int) -> None:
+        """One stored turn whose answer was never delivered (its question was taken over or cancelled)."""
         async with self.engine.begin() as conn:
-            return await conversations.delete_turns_of(conn, askers)
+            await conversations.delete_turn(conn, turn_id)
+
+    async def forget_turns_of(self, askers: Sequence[str], principals: Sequence[str] = ()) -> tuple[int, int]:
+        """A person's conversation turns (by platform identity), the summaries of conversations they were in, and
+        their principals in the audience recorded on other turns."""
+        async with self.engine.begin() as conn:
+            return await conversations.delete_turns_of(conn, askers, principals)

@@ -57,6 +57,9 @@ class KnowledgeSettings(BaseSettings):
     # VACUUM the chunks table after a sync or a source removal deleted at least this many chunks (dead rows blind
     # a filtered HNSW scan until they are cleaned out).
     vacuum_after_deleted_chunks: int = Field(default=1000, ge=1)
+    # A sync holds its source by a lease it renews every third of this (db.leases); a worker that dies mid-sync hands
+    # the source to another scheduler once it expires.
+    sync_lease_seconds: float = Field(default=60.0, ge=1.0)
 
     # Retrieval.
     fusion: Literal["adaptive", "convex", "rrf"] = "adaptive"
@@ -70,7 +73,8 @@ class KnowledgeSettings(BaseSettings):
     rerank_model: str | None = None  # a sentence-transformers CrossEncoder name or path; off by default
     rerank_candidates: int = 30
 
-    # Answers.
+    # Answers. A longer question is refused with one line, before any work (in the terminal and in chat).
+    max_question_chars: int = Field(default=4000, ge=100)
     anthropic_api_key: SecretStr | None = None
     anthropic_model: str = "claude-sonnet-5-5"
     anthropic_base_url: str | None = None

@@ -8,15 +8,26 @@ tests that only read it.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # Before anything reads settings: no developer .env, no real keys, no external database, an isolated home.
 _HOME = Path(tempfile.mkdtemp(prefix="ragbot-tests-"))
+# One embedded Postgres for the whole run, shared by the pytest-xdist workers (each has its own databases, named
+# with its worker id): one server instead of one per worker saves its start, its memory and its background work.
+# It lives apart from each worker's own RAGBOT_HOME, in a folder named after the run (xdist gives every worker the
+# same PYTEST_XDIST_TESTRUNUID); without xdist it is this process's own.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
+_SERVER_HOME = Path(tempfile.gettempdir()) / f"ragbot-tests-server-{_RUN[:16]}" if _RUN else _HOME / "server"
+# Enough for every worker's engines and CLI subprocesses at once (Postgres' default is 100).
+SERVER_MAX_CONNECTIONS = 400
 os.environ["RAGBOT_HOME"] = str(_HOME)
 os.environ["DATABASE_URL"] = ""
 os.environ["ANTHROPIC_API_KEY"] = ""
@@ -33,7 +44,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy.engine import make_url
 
-from db.embedded import embedded_database_url, stop_embedded
+from db.embedded import _pgserver, embedded_database_url, stop_embedded
 from db.engine import create_engine
 from db.migrate import upgrade_to_head
 from db.settings import DatabaseSettings
@@ -46,6 +57,11 @@ HANDBOOK = REPO / "examples" / "handbook"
 TEMPLATE_DB = "ragbot_template"
 
 
+def scoped(name: str) -> str:
+    """A database name of this worker's own on the shared server ("handbook" → "handbook_gw1")."""
+    return f"{name}_{_WORKER}" if _WORKER and not name.endswith(f"_{_WORKER}") else name
+
+
 def database_url_for(server_url: str, name: str) -> str:
     return make_url(server_url).set(database=name).render_as_string(hide_password=False)
 
@@ -56,12 +72,14 @@ def _admin(server_url: str) -> psycopg.Connection:
 
 
 def create_database(server_url: str, name: str, template: str | None = None) -> str:
+    name = scoped(name)
     with _admin(server_url) as conn:
         conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     return database_url_for(server_url, name)
 
 
 def drop_database(server_url: str, name: str) -> None:
+    name = scoped(name)
     with _admin(server_url) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -78,11 +96,76 @@ def ragbot_home() -> Path:
     return _HOME
 
 
+# `make test-fast` runs the tests not marked `slow`: those that need none of these fixtures (no Postgres) and are not
+# in a module that starts servers or subprocesses of its own. A test may also be marked @pytest.mark.slow by hand.
+SERVER_FIXTURES = {"server_url"}  # every database fixture (fresh_kb, kb_factory, handbook_kb...) depends on it
+SLOW_MODULES = {"test_startup_errors", "test_headless_run", "test_first_run", "test_fail_closed_small",
+                "test_log_format", "test_resource_limits", "test_ingest_hardening", "test_query_encoder",
+                "test_memory", "test_admin_page"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or (
+            module is not None and module.__name__ in SLOW_MODULES
+        ):
+            item.add_marker(pytest.mark.slow)
+
+
+@contextmanager
+def _server_lock() -> Iterator[None]:
+    """Held while a worker starts, configures, joins or leaves the shared server."""
+    _SERVER_HOME.mkdir(parents=True, exist_ok=True)
+    with open(_SERVER_HOME / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _users(change: int) -> int:
+    """The number of workers using the shared server, after `change` (under the lock)."""
+    path = _SERVER_HOME / "users"
+    count = (int(path.read_text() or 0) if path.exists() else 0) + change
+    path.write_text(str(count))
+    return count
+
+
+def start_shared_server() -> str:
+    """The shared server's URL: the first worker starts it (with room for every worker's connections), the others
+    wait for it under the lock and join."""
+    with _server_lock():
+        url = embedded_database_url(_SERVER_HOME, keep_running=True)
+        if _users(+1) == 1:
+            with _admin(url) as conn:
+                current = int(conn.execute("SHOW max_connections").fetchone()[0])  # type: ignore[index]
+                if current < SERVER_MAX_CONNECTIONS:
+                    conn.execute(f"ALTER SYSTEM SET max_connections = {SERVER_MAX_CONNECTIONS}")
+            if current < SERVER_MAX_CONNECTIONS:  # a restart applies it (as db.embedded restarts for its settings)
+                server = _pgserver().get_server(_SERVER_HOME / "pgdata", cleanup_mode=None)
+                with server._lock:
+                    server._stop()
+                    server.ensure_postgres_running()
+        return url
+
+
+def leave_shared_server() -> None:
+    """The last worker out stops the server and deletes its data, under the lock: a worker that reaches the server
+    later (its first database test came after the other worker's last) starts a new one. The folder itself, with
+    the lock file every worker opens, stays (a few bytes in the temporary folder)."""
+    with _server_lock():
+        if _users(-1) <= 0:
+            stop_embedded(_SERVER_HOME)
+            shutil.rmtree(_SERVER_HOME / "pgdata", ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def server_url() -> str:
-    url = embedded_database_url(_HOME, keep_running=True)
+    url = start_shared_server()
     yield url
-    stop_embedded(_HOME)
+    leave_shared_server()
     shutil.rmtree(_HOME, ignore_errors=True)
 
 
@@ -92,7 +175,7 @@ async def template_db(server_url: str) -> str:
     engine = create_engine(url)
     await upgrade_to_head(engine)
     await engine.dispose()
-    return TEMPLATE_DB
+    return scoped(TEMPLATE_DB)
 
 
 @pytest.fixture

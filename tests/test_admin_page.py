@@ -24,7 +24,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 HOSTILE = "<script>alert('x')</script> How do I expense a <b>boat</b>?"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed (make setup installs it)")
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no chromium for the admin page test: sudo apt-get install "
+                                "chromium (make test installs it when run as root)")
 
 
 async def _populated_kb(kb_factory, tmp_path: Path):
@@ -40,6 +41,10 @@ async def _populated_kb(kb_factory, tmp_path: Path):
         answer_id = await remember_answer(BotState(kb.engine), platform="slack", conversation_id=f"slack:T1:C1:{i}", asker="slack:UANN",
                                           question=question, answer=answer, channel_key=channel, private=private)
         await BotState(kb.engine).record_feedback(answer_id, "slack:UBOB", "down" if i else "up")
+    # Access changes (issue 38): one by an operator (the CLI), one a workspace admin was refused.
+    from bot.chat.admin import PLATFORM_ADMIN, Grantor, users_map
+    await users_map(BotState(kb.engine), "slack:UBOB", "group:finance")
+    await users_map(BotState(kb.engine), "slack:UEVE", "group:hr", Grantor("slack:UEVE", PLATFORM_ADMIN, ("everyone",)))
     return kb
 
 
@@ -71,7 +76,7 @@ async def test_the_admin_page_renders_with_charts_in_a_browser_and_refuses_a_wro
             assert response.headers["cache-control"] == "no-store"
             assert "script-src" not in response.headers["content-security-policy"]  # default-src 'none': no scripts
             assert await page.title() == "ragbot admin"
-            for section in ("Activity", "Sources", "Sync history", "Gaps", "Documents", "Feedback"):
+            for section in ("Activity", "Sources", "Sync history", "Gaps", "Documents", "Feedback", "Audit log"):
                 assert await page.locator(f"section h2:text-is('{section}')").count() == 1, section
             assert await page.locator("svg#questions-per-day rect.bar").count() == 30
             assert await page.locator("svg#answer-rate rect.bar").count() == 30
@@ -80,6 +85,11 @@ async def test_the_admin_page_renders_with_charts_in_a_browser_and_refuses_a_wro
             body = await page.locator("body").inner_text()
             assert "handbook" in body and "ok" in body  # the source and its last run
             assert "unladen swallow" in body  # a declined question, as a gap
+            audit = await page.locator("section#audit tr").all_text_contents()
+            assert any("cli" in row and "slack:UBOB" in row and "group:finance" in row and "done" in row
+                       for row in audit)
+            assert any("slack:UEVE" in row and "platform-admin" in row and "group:hr" in row and "refused" in row
+                       for row in audit)
             assert HOSTILE in body  # shown as text, never run or parsed as markup
             assert dialogs == [] and await page.locator("script, details.gap li b, td b").count() == 0
             gap_items = await page.locator("details.gap li").all_text_contents()  # inside closed <details>

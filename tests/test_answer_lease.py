@@ -11,6 +11,7 @@ against tests/fakes/discord_api.py.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +242,186 @@ async def test_the_sweeper_finishes_a_discord_answer_in_the_message_the_dead_pro
     assert answer["id"] == started["id"]
     assert "25 days of paid vacation" in answer["content"] and answer["embeds"]
     assert discord_api.calls_to("PATCH", f"/channels/{dm}/messages/{started['id']}")
+
+
+# ---- issue 38: private answers are claimed too; a short lease kept alive by a heartbeat ----------------------------
+
+
+def ephemeral_answers(fake: FakeSlackAPI, user: str) -> list[Any]:
+    return [m for m in fake.ephemeral if m.user == user and "25 days" in m.visible_text]
+
+
+async def test_a_private_slack_answer_lost_in_a_crash_is_finished_ephemerally_by_the_sweeper(lease_kb, fake) -> None:
+    event = mention(f"privately, {QUESTION}", user=ANN, channel=channel())
+    crashing = CrashesMidAnswer(lease_kb)
+    async with running_bot(crashing, fake, answer_lease_seconds=0.3, answer_sweep_seconds=0) as dead:
+        assert await dead.send_event(event, event_id="EvPrivate1") == 200
+        await asyncio.wait_for(crashing.crashed.wait(), 30)
+    assert fake.ephemeral == [] and fake.thread(event["channel"], event["ts"]) == []  # the crash left nothing
+    await asyncio.sleep(0.4)
+    async with running_bot(lease_kb, fake, answer_sweep_seconds=30) as slack:  # the restarted bot's start-up sweep
+        [answer] = await wait_for(lambda: ephemeral_answers(fake, ANN), 30, "the private answer")
+        assert await slack.send_event(event, event_id="EvPrivate1", headers=RETRY) == 200  # answered: dropped
+        await settle()
+    assert len(fake.ephemeral) == 1  # once, to Ann alone, in the question's thread, with "Share in channel"
+    assert answer.channel == event["channel"] and answer.thread_ts == event["ts"]
+    assert any(b.get("block_id") == "ragbot_share" for b in answer.blocks)
+    assert fake.calls_to("chat.postMessage") == [] and fake.calls_to("chat.update") == []  # nothing public
+
+
+async def test_a_retry_of_a_private_question_after_its_holder_died_answers_it_ephemerally(lease_kb, fake) -> None:
+    event = mention(f"privately, {QUESTION}", user=ANN, channel=channel())
+    crashing = CrashesMidAnswer(lease_kb)
+    async with running_bot(crashing, fake, answer_lease_seconds=0.3, answer_sweep_seconds=0) as dead:
+        assert await dead.send_event(event, event_id="EvPrivate2") == 200
+        await asyncio.wait_for(crashing.crashed.wait(), 30)
+    await asyncio.sleep(0.4)
+    async with running_bot(lease_kb, fake, answer_sweep_seconds=0) as slack:
+        assert await slack.send_event(event, event_id="EvPrivate2", headers=RETRY) == 200
+        await wait_for(lambda: ephemeral_answers(fake, ANN), 30, "the private answer")
+        await settle()
+    assert len(fake.ephemeral) == 1 and fake.calls_to("chat.postMessage") == []
+
+
+def test_the_default_lease_finishes_a_dead_processs_answer_within_15_seconds() -> None:
+    settings = BotSettings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.answer_lease_seconds + settings.answer_sweep_seconds <= 15
+    assert 0 < settings.answer_heartbeat_seconds <= settings.answer_lease_seconds / 3
+
+
+class SlowAnswer:
+    """The real knowledge base, answering slower than the lease lasts (a long Claude answer)."""
+
+    def __init__(self, kb: Any, seconds: float) -> None:
+        self._kb = kb
+        self.seconds = seconds
+        self.started = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kb, name)
+
+    async def answer(self, *args: Any, **kwargs: Any) -> Any:
+        self.started.set()
+        await asyncio.sleep(self.seconds)
+        return await self._kb.answer(*args, **kwargs)
+
+
+async def test_a_surviving_replica_takes_over_when_the_holder_stops_heartbeating(lease_kb, fake) -> None:
+    """Two replicas: one dies mid-answer (its heartbeat stops with it); the other, already running, finishes the
+    answer in the same placeholder with its periodic sweep, once the short lease has run out."""
+    event = mention(QUESTION, user=ANN, channel=channel())
+    crashing = CrashesMidAnswer(lease_kb)
+    timing = dict(answer_lease_seconds=0.6, answer_heartbeat_seconds=0.2)
+    async with running_bot(lease_kb, fake, answer_sweep_seconds=0.3, **timing) as survivor:
+        async with running_bot(crashing, fake, answer_sweep_seconds=0, **timing) as dead:
+            assert await dead.send_event(event, event_id="EvBeat1") == 200
+            await asyncio.wait_for(crashing.crashed.wait(), 30)
+        answer = await answer_in(fake, event["channel"], event["ts"])
+        await settle()
+        metrics = await (await survivor.http.get(f"{survivor.url}/metrics")).text()
+    [placeholder] = fake.thread(event["channel"], event["ts"])
+    assert answer.ts == placeholder.ts and "25 days" in answer.visible_text
+    assert len(fake.calls_to("chat.update")) == 1
+    assert 'ragbot_resumed_answers_total{by="sweeper",platform="slack"} 1.0' in metrics
+
+
+async def test_a_live_answer_slower_than_the_lease_is_not_taken_over(lease_kb, fake) -> None:
+    """The holder heartbeats while it answers for several lease lengths: neither a second replica's sweeper nor
+    Slack's retry (arriving after the lease would have run out without the heartbeat) answers it again."""
+    event = mention(QUESTION, user=ANN, channel=channel())
+    slow = SlowAnswer(lease_kb, seconds=2.0)
+    timing = dict(answer_lease_seconds=0.5, answer_heartbeat_seconds=0.1)
+    async with running_bot(lease_kb, fake, answer_sweep_seconds=0.1, **timing) as other, \
+            running_bot(slow, fake, answer_sweep_seconds=0.1, **timing) as holder:
+        assert await holder.send_event(event, event_id="EvSlow1") == 200
+        await asyncio.wait_for(slow.started.wait(), 30)
+        await asyncio.sleep(1.0)  # twice the lease: without a heartbeat it would have run out
+        assert await other.send_event(event, event_id="EvSlow1", headers=RETRY) == 200
+        answer = await answer_in(fake, event["channel"], event["ts"])
+        await settle(1.0)
+        metrics = [await (await bot.http.get(f"{bot.url}/metrics")).text() for bot in (holder, other)]
+    assert "25 days" in answer.visible_text
+    assert len(fake.calls_to("chat.postMessage")) == 1 and len(fake.calls_to("chat.update")) == 1
+    assert all("ragbot_resumed_answers_total{" not in text for text in metrics)  # never taken over
+
+
+async def test_a_private_discord_ask_lost_in_a_crash_is_finished_ephemerally_through_its_interaction(
+    lease_kb, discord_api
+):
+    guild, channel_id, alice = 700000000000000001, 700000000000000010, 700000000000000100
+    bots: list[RagbotDiscord] = []
+
+    async def start(kb: Any, **overrides: Any) -> DiscordHarness:
+        settings = BotSettings(_env_file=None, discord_bot_token=discord_api.token,  # type: ignore[call-arg]
+                               discord_api_url=discord_api.base_url, discord_guild_id=guild,
+                               discord_edit_interval_seconds=0.0, **overrides)
+        configure_api_url(settings.discord_api_url)
+        bot = RagbotDiscord(kb, settings, BotMetrics())
+        bots.append(bot)
+        await bot.login(discord_api.token)
+        harness = DiscordHarness(bot, discord_api)
+        harness.guild_create(guild, [channel_id])
+        return harness
+
+    try:
+        crashing = CrashesMidAnswer(lease_kb, partial="Full-time employees get")
+        dead = await start(crashing, answer_lease_seconds=0.3, answer_sweep_seconds=0)
+        command = next(c for c in discord_api.commands[str(guild)] if c["name"] == "ask")
+        assert {o["name"] for o in command["options"]} >= {"question", "private"}
+        payload = await dead.slash("ask", [{"type": 3, "name": "question", "value": QUESTION},
+                                           {"type": 5, "name": "private", "value": True}],
+                                   guild_id=guild, channel_id=channel_id, user_id=alice)
+        await asyncio.wait_for(crashing.crashed.wait(), 30)
+        [started] = discord_api.interaction_messages(payload["token"])
+        assert started["content"].startswith("Full-time employees get")  # the first words, then the crash
+        await bots[0].close()
+        await asyncio.sleep(0.4)
+
+        await start(lease_kb, answer_sweep_seconds=30)  # the restarted bot: its start-up sweep answers
+
+        def answered() -> bool:
+            return any(m.get("components") for m in discord_api.interaction_messages(payload["token"]))
+
+        await wait_for(answered, 30, "the swept private answer")
+    finally:
+        for bot in bots:
+            await bot.close()
+    [answer] = discord_api.interaction_messages(payload["token"])  # the same follow-up, edited
+    assert answer["id"] == started["id"] and "25 days of paid vacation" in answer["content"]
+    assert (answer.get("flags") or 0) & 64  # still ephemeral: only Alice sees it
+    buttons = [c["custom_id"] for row in answer["components"] for c in row["components"]]
+    assert any(b.startswith("ragbot:share:") for b in buttons)  # a private answer: "Share in channel"
+    assert discord_api.calls_to("PATCH", f"/webhooks/{payload['application_id']}/{payload['token']}/messages/")
+
+
+async def test_a_discord_ask_whose_interaction_token_expired_is_dropped_not_answered(lease_kb, discord_api):
+    """Discord's interaction tokens last 15 minutes: an `/ask` left pending longer is settled without a call."""
+    from sqlalchemy import text
+
+    state = BotState(lease_kb.engine)
+    claim = await state.claim_lease(["discord:interaction:4242"], "dead-holder", 0.1)
+    assert claim is not None
+    expired = {"application": "1", "token": "itok_expired", "ephemeral": True, "share": True,
+               "expires": time.time() - 1}
+    assert await state.record_lease_question(
+        claim, platform="discord", question=QUESTION, conversation_id="discord:1:2:ask:4242", asker="discord:7",
+        target={"channel": "2", "guild": "1", "audience_channel": None, "interaction": expired},
+    )
+    await asyncio.sleep(0.2)
+    settings = BotSettings(_env_file=None, discord_bot_token=discord_api.token,  # type: ignore[call-arg]
+                           discord_api_url=discord_api.base_url, answer_sweep_seconds=30)
+    configure_api_url(settings.discord_api_url)
+    bot = RagbotDiscord(lease_kb, settings, BotMetrics())
+    try:
+        await bot.login(discord_api.token)  # its start-up sweep takes the claim over, and drops it
+        for _ in range(600):
+            async with lease_kb.engine.connect() as conn:
+                row = (await conn.execute(text("SELECT delivered_at, target FROM bot_events WHERE key = :k"),
+                                          {"k": claim.key})).one()
+            if row.delivered_at is not None:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await bot.close()
+    assert row.delivered_at is not None and row.target is None  # settled, the token dropped with it
+    assert discord_api.calls_to("POST", "/webhooks/") == [] and discord_api.calls_to("PATCH", "/webhooks/") == []

@@ -71,7 +71,8 @@ async def test_private_audience_uses_mapping_and_email_shared_uses_only_grants(k
     assert "4.2 million" not in in_channel.text
 
     # An admin grants the channel: now it may draw on finance documents.
-    admin_caller = Caller("slack:UADMIN", is_admin=True, channel_key=CHANNEL)
+    # An operator (ADMIN_USER_IDS): a platform admin may hand out only principals they hold (issue 38).
+    admin_caller = Caller("slack:UADMIN", is_admin=True, channel_key=CHANNEL, operator=True)
     result = await run_command(kb, state, "channel-access add group:finance", admin_caller)
     assert result.ok and "group:finance" in result.text
     channel = await shared_audience(state, "slack:U2", CHANNEL)

@@ -145,6 +145,7 @@ async def test_mode_is_stored_shown_and_read_by_the_flow(two_sources_kb, fake) -
 
 async def test_kb_gaps_shows_an_admin_the_declined_questions_by_topic(two_sources_kb, fake) -> None:
     channel = channel_id()
+    fake.add_channel(channel, private=False, members=[BOB, ADMIN])  # a public channel: any member may read it
     async with running_bot(two_sources_kb, fake) as slack:
         for _ in range(2):
             event = mention("What is the airspeed velocity of a swallow carrying a coconut?", user=BOB,

@@ -48,6 +48,13 @@ def ok_json(*args: str) -> dict:  # type: ignore[type-arg]
     return json.loads(ok(*args, "--json").stdout)
 
 
+def ingest_with_failures(*args: str):  # type: ignore[no-untyped-def]
+    """`ragbot ingest` over a folder holding a file that cannot be indexed: the others are, and it exits 3."""
+    result = cli("ingest", *args)
+    assert result.exit_code == 3, f"exit {result.exit_code}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
 def assert_usage_error(result, *needles: str) -> None:  # type: ignore[no-untyped-def]
     """Exit 2 with a single, clear line on stderr and nothing on stdout."""
     assert result.exit_code == 2, f"exit {result.exit_code}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
@@ -91,7 +98,7 @@ def wiki_db(tmp_path: Path, fresh_database: Callable[[], str], monkeypatch: pyte
     """A fresh database holding the small wiki, ingested through the CLI as source `wiki`."""
     url = fresh_database()
     monkeypatch.setenv("DATABASE_URL", url)
-    ok("ingest", str(make_wiki(tmp_path / "wiki")), "--source", "wiki")
+    ingest_with_failures(str(make_wiki(tmp_path / "wiki")), "--source", "wiki")  # broken.pdf fails
     return url
 
 
@@ -109,12 +116,12 @@ def test_ingest_indexes_good_files_reports_the_corrupt_one_and_skips_unchanged(
     monkeypatch.setenv("DATABASE_URL", fresh_database())
     wiki = make_wiki(tmp_path / "wiki")
 
-    first = text(ok("ingest", str(wiki), "--source", "wiki"))
+    first = text(ingest_with_failures(str(wiki), "--source", "wiki"))
     assert "wiki: 3 added, 0 updated, 0 unchanged" in first
     assert "1 failed" in first
     assert "failed broken.pdf: could not read .pdf file" in first
 
-    report = ok_json("ingest", str(wiki), "--source", "wiki")["reports"][0]
+    report = json.loads(ingest_with_failures(str(wiki), "--source", "wiki", "--json").stdout)["reports"][0]
     assert report["source"] == "wiki"
     assert report["added"] == [] and report["updated"] == []
     assert report["unchanged"] == 3
@@ -143,7 +150,7 @@ def test_text_output_shows_brackets_in_names_and_titles_literally(
     folder = tmp_path / "[team] notes"
     write(folder, "[draft] roadmap.md", "# Roadmap [/v2]\n\nThe zeppelin hangar opens to visitors in [bold] April.\n")
     write(folder, "[old] scan.pdf", b"%PDF-1.7\nnot a pdf\n")
-    ingested = text(ok("ingest", str(folder), "--source", "[notes]"))
+    ingested = text(ingest_with_failures(str(folder), "--source", "[notes]"))
     assert "[notes]: 1 added" in ingested
     assert "failed [old] scan.pdf" in ingested
     found = text(ok("search", "When does the zeppelin hangar open?"))

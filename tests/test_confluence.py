@@ -175,15 +175,15 @@ async def test_a_restriction_added_to_a_parent_hides_its_child_from_others(fresh
     report = await fresh_kb.sync_source("wiki", prune=True)
     assert ids["vpn"] in report.metadata_updated and report.chunks_embedded == 0
     docs = await documents(fresh_kb)
-    assert docs[ids["vpn"]][1] == ["group:it", "user:alice@acme.example", "user:confluence:acc-bob"]
+    assert docs[ids["vpn"]][1] == ["group:wiki/it", "user:alice@acme.example", "user:confluence:acc-bob"]
     assert docs[ids["runbook"]][1] == docs[ids["oncall"]][1]  # attachments follow their page
     assert docs[ids["blog"]][1] == ["everyone"]
     assert ids["vpn"] not in await top(fresh_kb, "how do I bring the VPN tunnel up", ["user:mallory@acme.example"])
-    assert ids["vpn"] in await top(fresh_kb, "how do I bring the VPN tunnel up", ["group:it"])
+    assert ids["vpn"] in await top(fresh_kb, "how do I bring the VPN tunnel up", ["group:wiki/it"])
 
     wiki.restrict(ids["vpn"], groups=["it", "security"])  # the child narrows it further: both must allow
     await fresh_kb.sync_source("wiki", prune=True)
-    assert (await documents(fresh_kb))[ids["vpn"]][1] == ["group:it"]
+    assert (await documents(fresh_kb))[ids["vpn"]][1] == ["group:wiki/it"]
 
 
 async def test_space_permissions_and_visibility_everyone(fresh_kb, kb_factory, wiki):
@@ -196,7 +196,7 @@ async def test_space_permissions_and_visibility_everyone(fresh_kb, kb_factory, w
     await fresh_kb.add_source("wiki", "confluence", config)
     await fresh_kb.sync_source("wiki")
     access = {title: acl for title, acl in (await documents(fresh_kb)).values()}
-    assert access == {"Salary bands": ["group:hr", "user:carol@acme.example"], "Office hours": ["everyone"]}
+    assert access == {"Salary bands": ["group:wiki/hr", "user:carol@acme.example"], "Office hours": ["everyone"]}
 
     other = await kb_factory()
     before = len(wiki.requests)
@@ -269,7 +269,7 @@ async def test_data_center_bearer_token_context_path_and_start_paging(fresh_kb, 
         assert all(r.startswith("/confluence/") for r in wiki.requests)
         docs = await documents(fresh_kb)
         assert docs[ids[0]][1] == ["user:confluence:dave"]
-        assert docs[ids[1]][1] == ["group:ops", "user:confluence:dave"]
+        assert docs[ids[1]][1] == ["group:ops/ops", "user:confluence:dave"]
 
 
 def test_storage_format_keeps_structure_and_macro_text():
@@ -313,7 +313,7 @@ async def test_v2_space_permissions_follow_site_relative_next_links_across_three
     assert wiki.v2_pages == 3
     assert not any("/wiki/wiki/" in r for r in wiki.requests)
     ((title, access),) = (await documents(fresh_kb)).values()
-    assert access == sorted([f"group:team-{n}" for n in range(5)] + ["user:erin@acme.example",
+    assert access == sorted([f"group:wiki/team-{n}" for n in range(5)] + ["user:erin@acme.example",
                                                                       "user:confluence:acc-finn"])
 
 

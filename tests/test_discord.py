@@ -313,10 +313,11 @@ async def test_a_restricted_document_never_reaches_a_channel_but_reaches_its_map
     _, discord_harness = await start_bot(kb)
     question = "Which company is the board acquiring in Project Bluebird?"
 
-    # The CFO maps their Discord account (an admin does it with /kb users map).
+    # The CFO's Discord account is mapped (an operator does it with /kb users map: ADMIN_USER_IDS; a Manage Server
+    # admin may hand out only principals they hold, issue 38).
     await discord_harness.slash(
         "kb users map", [option("user", str(CFO), kind=6), option("principal", "user:cfo@example.com")],
-        guild_id=GUILD, channel_id=CHANNEL, user_id=ADMIN, permissions=MEMBER_PERMISSIONS | MANAGE_GUILD,
+        guild_id=GUILD, channel_id=CHANNEL, user_id=LISTED_ADMIN, permissions=MEMBER_PERMISSIONS,
         resolved={"users": {str(CFO): {"id": str(CFO), "username": "cfo", "discriminator": "0", "avatar": None}}},
     )
     assert await BotState(kb.engine).identity_principals(f"discord:{CFO}") == ["user:cfo@example.com"]

@@ -125,14 +125,15 @@ async def test_first_sync_indexes_the_folder_tree_with_metadata_and_permissions(
     assert leave["url"] == f"https://docs.google.com/document/d/{company['leave']}/edit?usp=drivesdk"
     assert leave["path"] == "Handbook/HR/Leave policy"
     assert leave["author"] == "owner@example.com" and leave["updated_at"] is not None
-    # Owners, users and groups by lower-cased email; the workspace domain means everyone; a link means everyone.
-    assert sorted(leave["access"]) == ["group:hr@northwind.example", "user:alice@northwind.example",
+    # Owners, users and groups by lower-cased email (a group scoped to the source's directory: issue 38); the
+    # workspace domain means everyone; a link means everyone.
+    assert sorted(leave["access"]) == ["group:drive/hr@northwind.example", "user:alice@northwind.example",
                                        "user:owner@example.com"]
     assert (await document(kb, company["vpn"]))["access"] == ["everyone", "user:owner@example.com"]
     assert "everyone" in (await document(kb, company["wifi"]))["access"]
 
     # The Doc was exported as HTML: its headings and list items survive into chunks people can find.
-    hits = (await kb.search("how long is parental leave for birth parents", SearchFilters(("group:hr@northwind.example",)), k=3)).hits
+    hits = (await kb.search("how long is parental leave for birth parents", SearchFilters(("group:drive/hr@northwind.example",)), k=3)).hits
     assert hits[0].external_id == company["leave"] and "20 weeks" in hits[0].text
     assert "Parental leave" in hits[0].heading
     assert company["leave"] not in await found(kb, "parental leave weeks", "user:bob@northwind.example")
@@ -249,7 +250,7 @@ async def test_a_removed_permission_hides_the_file_without_refetching_it(kb_fact
     assert report.metadata_updated == [company["leave"]] and report.updated == []
     assert len(drive.calls("files.export")) == exports  # access changed, content not fetched
     assert company["leave"] not in await found(kb, "parental leave weeks", "user:alice@northwind.example")
-    assert company["leave"] in await found(kb, "parental leave weeks", "group:hr@northwind.example")
+    assert company["leave"] in await found(kb, "parental leave weeks", "group:drive/hr@northwind.example")
 
 
 async def test_shared_drives_count_their_members(kb_factory, drive):
@@ -261,7 +262,7 @@ async def test_shared_drives_count_their_members(kb_factory, drive):
     report = await (await DriveSync.add(kb, "eng", shared_drives=(shared,))).run()
     assert report.added == [runbook]
     assert (await document(kb, runbook))["path"] == "Engineering/Runbooks/Database failover"
-    assert await found(kb, "how to promote the database replica", "group:eng@northwind.example") == [runbook]
+    assert await found(kb, "how to promote the database replica", "group:eng/eng@northwind.example") == [runbook]
     assert await found(kb, "how to promote the database replica", "user:bob@northwind.example") == []
     listing = [r for r in drive.calls("files.list") if r.query.get("corpora") == "drive"]
     assert listing and all(r.query.get("driveId") == shared and r.query["supportsAllDrives"] == "true"
@@ -563,7 +564,7 @@ async def test_a_shared_drive_is_kept_fresh_from_its_own_change_log_across_pages
                for r in pages)
     assert report.deleted == [docs[1]] and docs[0] in report.updated and docs[2] in report.metadata_updated
     assert len(report.added) == 3
-    assert (await found(kb, "zebra command restarts", "group:eng@northwind.example"))[0] == docs[0]
+    assert (await found(kb, "zebra command restarts", "group:eng/eng@northwind.example"))[0] == docs[0]
     state = json.loads(await sync.checkpoint())
     assert state["tokens"] == {shared: str(len(drive.change_log) + 1)}  # the last page's newStartPageToken
     assert (await document(kb, docs[3]))["path"] == "Engineering/Runbooks v3/Runbook 3"

@@ -16,7 +16,7 @@ from test_gdrive import private_key_pem  # noqa: F401  (session fixture)
 
 from bot.chat.state import BotState
 from knowledge.access import AccessResolver
-from knowledge.errors import SourceUnavailable
+from knowledge.errors import SourceAuthError, SourceUnavailable
 from knowledge.search.retrieval import SearchFilters
 
 HR_PAGE = "<p>Salary bands are reviewed every April by the people team.</p>"
@@ -64,6 +64,11 @@ async def test_confluence_group_pages_reach_members_and_only_members(fresh_kb, m
         member_calls = [r for r in wiki.requests if "/member" in r]
         assert report.groups == 2 and report.memberships == 7
         assert len([r for r in member_calls if "start=3" in r]) >= 1  # hr's second page was followed
+        # The documented member listing of each edition (the fake refuses `groupId` on Cloud's /group/member, and a
+        # limit over 200 on membersByGroupId, as Atlassian's reference says).
+        listed = {path.rsplit("/", 1)[-1] for path, _ in wiki.member_requests}
+        assert listed == ({"membersByGroupId"} if edition == "cloud" else {"member"})
+        assert all(int(query.get("limit", 0)) <= 200 for _, query in wiki.member_requests)
 
         # Cloud shows emails (any case matches); Data Center does not: its people are `user:confluence:<name>`.
         def who(ident: str, email: str) -> str:
@@ -83,16 +88,17 @@ async def test_confluence_group_pages_reach_members_and_only_members(fresh_kb, m
         # an admin mapping of his chat identity to it brings his groups along.
         await BotState(fresh_kb.engine).map_identity("slack:UBOB", "user:confluence:bob")
         bob = await fresh_kb.principals_for("slack:UBOB")
-        assert {"group:hr", "group:payroll"} <= set(bob.principals)
+        assert {"group:wiki/hr", "group:wiki/payroll"} <= set(bob.principals)
         assert [o.describe() for o in bob.origins["user:confluence:bob"]] == ["admin mapping of slack:UBOB"]
         assert ids["payroll"] in await visible(fresh_kb, "when does payroll run", "user:confluence:bob")
 
         resolved, verdicts = await fresh_kb.explain_access(alice, "Salary bands")
         (verdict,) = verdicts
-        assert verdict.visible and verdict.matched == ("group:hr",)
-        assert [o.describe() for o in resolved.origins["group:hr"]] == [f"wiki directory: {alice} ∈ group:hr"]
+        assert verdict.visible and verdict.matched == ("group:wiki/hr",)
+        assert [o.describe() for o in resolved.origins["group:wiki/hr"]] == [
+            f"wiki directory: {alice} ∈ group:wiki/hr"]
         _, refused = await fresh_kb.explain_access(carol, "Salary bands")
-        assert not refused[0].visible and refused[0].access == ("group:hr",)
+        assert not refused[0].visible and refused[0].access == ("group:wiki/hr",)
 
 
 # --- Google Workspace -------------------------------------------------------------------------------------------
@@ -152,8 +158,8 @@ async def test_nested_google_groups_expand_and_a_cycle_terminates(kb_factory, dr
     assert any(t.get("assertion") for t in drive.token_requests)
 
     dave = await kb.principals_for("user:dave@acme.example")  # in platform@, so in eng@ (and eng@ ∋ platform@)
-    assert {"group:platform@acme.example", "group:eng@acme.example", "group:all@acme.example"} <= set(dave.principals)
-    assert "group:sales@acme.example" not in dave.principals
+    assert {"group:drive/platform@acme.example", "group:drive/eng@acme.example", "group:drive/all@acme.example"} <= set(dave.principals)
+    assert "group:drive/sales@acme.example" not in dave.principals
     assert ids["arch"] in await visible(kb, "how does billing talk to the ledger", "user:dave@acme.example")
     assert ids["arch"] not in await visible(kb, "how does billing talk to the ledger", "user:sam@acme.example")
     assert ids["quota"] not in await visible(kb, "sales quota per region", "user:dave@acme.example")
@@ -162,7 +168,7 @@ async def test_nested_google_groups_expand_and_a_cycle_terminates(kb_factory, dr
     assert ids["party"] not in await visible(kb, "summer party rooftop", "user:mallory@elsewhere.example")
     # Erin is a direct member of eng@: the cycle (eng@ ∋ platform@ ∋ eng@) gives her platform@ too, and ends.
     erin = await kb.principals_for("user:erin@acme.example")
-    assert {"group:eng@acme.example", "group:platform@acme.example"} <= set(erin.principals)
+    assert {"group:drive/eng@acme.example", "group:drive/platform@acme.example"} <= set(erin.principals)
     # The answer path uses the same principals.
     answer = await kb.answer("how does billing talk to the ledger?", dave.principals, "t:dave")
     assert any(c.external_id == ids["arch"] for c in answer.citations)
@@ -194,7 +200,7 @@ async def test_an_unreachable_directory_keeps_the_last_membership_for_one_ttl_th
     now = [state.refreshed_at.timestamp() + 60]
     resolver = AccessResolver(kb.search_engine, ttl_seconds=3600, cache_seconds=30, clock=lambda: now[0])
     within = await resolver.principals_for("user:dave@acme.example")
-    assert "group:eng@acme.example" in within.principals and not within.expired
+    assert "group:drive/eng@acme.example" in within.principals and not within.expired
     now[0] = state.refreshed_at.timestamp() + 3601  # one TTL after the last good refresh: the cache entry ends too
     past = await resolver.principals_for("user:dave@acme.example")
     assert past.principals == ("everyone", "user:dave@acme.example") and past.expired == ("drive",)
@@ -205,7 +211,7 @@ async def test_an_unreachable_directory_keeps_the_last_membership_for_one_ttl_th
     await kb.refresh_groups("drive")
     resolver.invalidate()
     now[0] = __import__("time").time()
-    assert "group:eng@acme.example" in (await resolver.principals_for("user:dave@acme.example")).principals
+    assert "group:drive/eng@acme.example" in (await resolver.principals_for("user:dave@acme.example")).principals
 
 
 # --- the command line --------------------------------------------------------------------------------------------
@@ -234,8 +240,8 @@ def test_cli_search_ask_as_expand_groups_and_access_explain_says_why(fresh_datab
 
     explained = ok("access", "explain", "user:dave@acme.example", "Architecture")
     out = " ".join(text(explained).split())
-    assert "group:eng@acme.example" in out and "drive directory" in out
-    assert "May see Architecture" in out and "shared with group:eng@acme.example" in out
+    assert "group:drive/eng@acme.example" in out and "drive directory" in out and "source drive's directory" in out
+    assert "May see Architecture" in out and "shared with group:drive/eng@acme.example" in out
     refused = ok("access", "explain", "user:sam@acme.example", "Architecture")
     assert "May not see Architecture" in " ".join(text(refused).split())
     status = ok_json("access", "groups")["directories"]
@@ -264,3 +270,239 @@ async def test_the_scheduler_refreshes_group_membership_on_its_own_schedule(fres
             assert states[0].generation >= 2  # refreshed at least twice
         finally:
             await handle.stop()
+
+
+# --- issue 38: group principals are scoped to the directory that defines them -----------------------------------
+
+LAUNCH_PAGE = "<p>The Falcon launch moves to the ninth of March, after the security review.</p>"
+
+
+def same_named_groups(wiki: FakeConfluence, drive: FakeDrive) -> dict[str, str]:
+    """A Confluence group and a Google group both called eng@acme.example, with different members: Mallory is in the
+    Confluence one (any Confluence admin can create a group of any name), Dave in the Google one (via platform@)."""
+    wiki.add_user("mallory", "Mallory", "mallory@acme.example")
+    wiki.set_group_members("eng@acme.example", ["mallory"])
+    wiki.add_space("ENG", "Engineering", readers=[("group", "eng@acme.example")])
+    ids = workspace(drive)
+    ids["launch"] = wiki.add_page("ENG", "Launch plan", LAUNCH_PAGE)
+    return ids
+
+
+async def add_wiki(kb, wiki: FakeConfluence) -> None:  # type: ignore[no-untyped-def]
+    await kb.add_source("wiki", "confluence", {"url": wiki.base_url, "spaces": ["ENG"], "email": wiki.email})
+    await kb.sync_source("wiki")
+    await kb.refresh_groups("wiki")
+
+
+async def test_a_group_grants_only_what_its_own_source_shared_with_it(kb_factory, drive, monkeypatch, tmp_path):
+    """The leak of issue 38: a Confluence group named like a Google group must not grant the Drive files shared with
+    the Google group (nor the reverse). Folder `.access` files: an unscoped group is local (no directory grants
+    it), a scoped one names a synced directory's group."""
+    from conftest import write
+
+    from knowledge.sources.folder import FolderSource
+
+    monkeypatch.setenv("CONFLUENCE_API_TOKEN", "good-token")
+    kb = await kb_factory(access_cache_seconds=0)
+    with FakeConfluence(edition="cloud") as wiki:
+        ids = same_named_groups(wiki, drive)
+        await add_wiki(kb, wiki)
+    await add_drive(kb, ids)
+    await kb.refresh_groups("drive")
+    write(tmp_path, "local/.access", "group:eng@acme.example\n")
+    write(tmp_path, "local/offsite.md", "# Offsite\n\nThe engineering offsite is in Lisbon this year.\n")
+    write(tmp_path, "synced/.access", "group:drive/ENG@acme.example\n")  # ASCII case folds
+    write(tmp_path, "synced/oncall.md", "# On-call\n\nThe on-call rotation hands over every Tuesday at noon.\n")
+    assert not (await kb.sync(FolderSource(tmp_path, "notes"))).failed
+
+    mallory = await kb.principals_for("user:mallory@acme.example")
+    dave = await kb.principals_for("user:dave@acme.example")
+    assert "group:wiki/eng@acme.example" in mallory.principals and "group:drive/eng@acme.example" not in mallory.principals
+    assert "group:drive/eng@acme.example" in dave.principals and "group:wiki/eng@acme.example" not in dave.principals
+    # Each group grants exactly its own source's documents.
+    assert ids["launch"] in await visible(kb, "when is the falcon launch", "user:mallory@acme.example")
+    assert ids["arch"] not in await visible(kb, "how does billing talk to the ledger", "user:mallory@acme.example")
+    assert ids["arch"] in await visible(kb, "how does billing talk to the ledger", "user:dave@acme.example")
+    assert ids["launch"] not in await visible(kb, "when is the falcon launch", "user:dave@acme.example")
+    # The answer path too: Mallory's question about the Drive file cites nothing of it.
+    answer = await kb.answer("how does billing talk to the ledger?", mallory.principals, "t:mallory")
+    assert ids["arch"] not in [c.external_id for c in answer.citations]
+    # Folder sources: `group:eng@…` is local (neither directory grants it); `group:drive/…` is the Google group's.
+    for person in ("user:mallory@acme.example", "user:dave@acme.example"):
+        assert "local/offsite.md" not in await visible(kb, "where is the engineering offsite", person)
+    assert "local/offsite.md" in await visible(kb, "where is the engineering offsite", "group:eng@acme.example")
+    assert "synced/oncall.md" in await visible(kb, "when does on-call hand over", "user:dave@acme.example")
+    assert "synced/oncall.md" not in await visible(kb, "when does on-call hand over", "user:mallory@acme.example")
+
+    resolved, verdicts = await kb.explain_access("user:mallory@acme.example", "Architecture")
+    assert not verdicts[0].visible and "group:drive/eng@acme.example" in verdicts[0].access
+    assert resolved.to_dict()["scopes"]["group:wiki/eng@acme.example"] == "source wiki's directory"
+
+
+def test_cli_as_and_access_explain_show_the_scope(fresh_database, monkeypatch, drive):
+    """`--as group:<source>/<name>` asks as that group's members; an unscoped `--as group:<name>` is the local group
+    and says which synced groups it is not; `access explain` names the directory that defines each group; a
+    look-alike or an empty local part is refused with one line."""
+    from test_cli import assert_usage_error
+
+    monkeypatch.setenv("DATABASE_URL", fresh_database())
+    ids = workspace(drive)
+    ok("source", "add", "gdrive", "drive", "--folder", ids["root"], "--admin-email", "admin@acme.example")
+    ok("sync", "drive")
+    scoped = ok_json("search", "how does billing talk to the ledger", "--as", "group:drive/eng@acme.example")
+    assert ids["arch"] in [h["document"]["external_id"] for h in scoped["results"]]
+    local = cli("search", "how does billing talk to the ledger", "--as", "group:eng@acme.example", "--json")
+    assert local.exit_code == 0, local.stderr
+    assert ids["arch"] not in [h["document"]["external_id"] for h in json.loads(local.stdout)["results"]]
+    assert "group:drive/eng@acme.example" in " ".join(local.stderr.split())
+
+    explained = " ".join(text(ok("access", "explain", "user:dave@acme.example")).split())
+    assert "group:drive/eng@acme.example" in explained and "source drive's directory" in explained
+    as_json = ok_json("access", "explain", "user:dave@acme.example")
+    assert as_json["scopes"]["group:drive/platform@acme.example"] == "source drive's directory"
+
+    kelvin = cli("search", "ledger", "--as", "user:ali\u212ae@acme.example")
+    assert_usage_error(kelvin, "U+212A")
+    assert_usage_error(cli("access", "explain", "user:\uff41lice@acme.example"), "U+FF41")
+    assert_usage_error(cli("search", "ledger", "--as", "user:@acme.example"), "no name before the @")
+    assert_usage_error(cli("users", "map", "slack:U1", "group:drive/\u212aeys"), "U+212A")
+
+
+async def test_one_forbidden_google_group_is_skipped_and_only_it_expires(kb_factory, drive):
+    """A 403 on one group's members.list does not fail the refresh (nor blame domain-wide delegation): the other
+    groups are refreshed, that group is reported and keeps its last members until one TTL after they were listed,
+    then it alone stops granting."""
+    kb = await kb_factory(access_cache_seconds=0)
+    ids = workspace(drive)
+    await add_drive(kb, ids)
+    await kb.refresh_groups("drive")
+    (first,) = await kb.group_directories()
+    drive.directory.forbid("sales@acme.example")
+    drive.directory.remove_member("platform@acme.example", "gus@acme.example")
+    report = await kb.refresh_groups("drive")
+    assert list(report.skipped) == ["group:drive/sales@acme.example"]
+    assert "403" in report.skipped["group:drive/sales@acme.example"]
+    assert "delegation" not in report.skipped["group:drive/sales@acme.example"]
+    (state,) = await kb.group_directories()
+    assert state.error is None and state.refreshed_at > first.refreshed_at
+    assert state.skipped and "group:drive/sales@acme.example" in state.skipped[0]
+    # The others were refreshed (Gus left platform@), sales@ keeps its last members for now.
+    assert ids["arch"] not in await visible(kb, "how does billing talk to the ledger", "user:gus@acme.example")
+    assert ids["quota"] in await visible(kb, "sales quota per region", "user:sam@acme.example")
+
+    # One TTL after sales@ was last listed (but within the directory's own TTL): only sales@ stops granting.
+    ttl = 3600
+    now = [first.refreshed_at.timestamp() + ttl + (state.refreshed_at - first.refreshed_at).total_seconds() / 2]
+    resolver = AccessResolver(kb.search_engine, ttl_seconds=ttl, cache_seconds=30, clock=lambda: now[0])
+    sam = await resolver.principals_for("user:sam@acme.example")
+    assert "group:drive/sales@acme.example" not in sam.principals and not sam.expired
+    assert sam.expired_groups == ("group:drive/sales@acme.example",)
+    hits = await kb.search("sales quota per region", SearchFilters(sam.principals), k=5)
+    assert ids["quota"] not in [h.external_id for h in hits.hits]
+    dave = await resolver.principals_for("user:dave@acme.example")
+    assert "group:drive/eng@acme.example" in dave.principals  # the rest of the directory still grants
+
+    # Refused on every group: the whole refresh is refused and the last good membership kept.
+    for email in list(drive.directory.groups):
+        drive.directory.forbid(email)
+    with pytest.raises(SourceAuthError, match="every group"):
+        await kb.refresh_groups("drive")
+    drive.directory.forbid("sales@acme.example", False)
+    for email in list(drive.directory.groups):
+        drive.directory.forbid(email, False)
+    assert not (await kb.refresh_groups("drive")).skipped  # listed again: sales@ is fresh once more
+    assert "group:drive/sales@acme.example" in (await kb.principals_for("user:sam@acme.example")).principals
+
+
+async def test_look_alikes_never_fold_into_someone_elses_address(kb_factory, drive, tmp_path):
+    """Emails fold in ASCII only: a Kelvin sign (U+212A) stays itself, so `user:aliKe@…` with one is not Alike. A
+    CUSTOMER membership needs a real address: `user:@acme.example` (or a Confluence id that looks like an address)
+    is nobody in the Workspace. An `.access` line holding a look-alike grants nobody, with a clear reason."""
+    from conftest import write
+
+    from knowledge.sources.folder import FolderSource
+
+    kb = await kb_factory(access_cache_seconds=0)
+    ids = workspace(drive)
+    ids["alike"] = drive.add_doc("Review", ids["root"], html="<p>Alike's review is scheduled for Friday.</p>",
+                                 permissions=[drive.user("Alike@acme.example")])
+    await add_drive(kb, ids)
+    await kb.refresh_groups("drive")
+    assert ids["alike"] in await visible(kb, "when is the review scheduled", "user:ALIKE@acme.example")
+    kelvin = "user:ali\u212ae@acme.example"
+    resolved = await kb.principals_for(kelvin)
+    assert "user:alike@acme.example" not in resolved.principals
+    assert ids["alike"] not in await visible(kb, "when is the review scheduled", kelvin)
+
+    for nobody in ("user:@acme.example", "user:confluence:mallory@acme.example"):
+        held = (await kb.principals_for(nobody)).principals
+        assert "group:drive/all@acme.example" not in held, nobody
+        assert ids["party"] not in await visible(kb, "summer party rooftop", nobody)
+    assert "group:drive/all@acme.example" in (await kb.principals_for("user:sam@acme.example")).principals
+
+    write(tmp_path, "review/.access", "user:ali\u212ae@acme.example\n")
+    write(tmp_path, "review/notes.md", "# Review notes\n\nThe review notes are kept by the people team.\n")
+    report = await kb.sync(FolderSource(tmp_path, "notes"))
+    assert any("U+212A" in w and "nobody may see" in w for w in report.warnings), report.warnings
+    assert "review/notes.md" not in await visible(kb, "who keeps the review notes", kelvin, expand=False)
+
+
+async def test_an_index_from_before_scoped_groups_migrates_without_a_resync(kb_factory, fresh_database, drive,
+                                                                           monkeypatch):
+    """Migration 0014: an index whose documents, chunks and directories carry unscoped groups (as before issue 38)
+    is rewritten in place to exactly what a sync now writes, so no re-sync is needed and the cross-source grant is
+    gone at once; admin mappings to an unscoped group keep granting what they granted."""
+    from sqlalchemy import text as sql
+
+    from alembic import command
+    from db.migrate import alembic_config, upgrade_to_head
+
+    async def acl() -> dict[str, object]:
+        async with kb.engine.connect() as conn:
+            documents = (await conn.execute(sql(
+                "SELECT s.name || ':' || d.external_id AS id, d.access FROM documents d JOIN sources s "
+                "ON s.id = d.source_id ORDER BY 1"))).all()
+            chunks = (await conn.execute(sql(
+                "SELECT DISTINCT s.name || ':' || d.external_id AS id, c.access FROM chunks c JOIN documents d "
+                "ON d.id = c.document_id JOIN sources s ON s.id = d.source_id ORDER BY 1"))).all()
+            members = (await conn.execute(sql(
+                "SELECT s.name, m.group_principal, m.member FROM directory_members m JOIN sources s "
+                "ON s.id = m.source_id ORDER BY 1, 2, 3"))).all()
+        return {"documents": [tuple(r) for r in documents], "chunks": [tuple(r) for r in chunks],
+                "members": [tuple(r) for r in members]}
+
+    monkeypatch.setenv("CONFLUENCE_API_TOKEN", "good-token")
+    url = fresh_database()
+    kb = await kb_factory(url, access_cache_seconds=0)
+    with FakeConfluence(edition="cloud") as wiki:
+        ids = same_named_groups(wiki, drive)
+        await add_wiki(kb, wiki)
+    await add_drive(kb, ids)
+    await kb.refresh_groups("drive")
+    synced = await acl()
+    state = BotState(kb.engine)
+    await state.map_identity("slack:UM", "group:drive/eng@acme.example", "admin")
+
+    def downgrade(sync_connection) -> None:  # type: ignore[no-untyped-def]
+        config = alembic_config()
+        config.attributes["connection"] = sync_connection
+        command.downgrade(config, "0013_lease")
+
+    async with kb.engine.begin() as conn:
+        await conn.run_sync(downgrade)
+    before = await acl()  # the index as the code before issue 38 wrote it
+    flat = repr(before)
+    assert "group:eng@acme.example" in flat and "group:drive/" not in flat and "group:wiki/" not in flat
+    assert await state.identity_principals("slack:UM") == ["group:eng@acme.example"]
+
+    await upgrade_to_head(kb.engine)
+    kb.access.invalidate()
+    assert await acl() == synced  # exactly what a sync writes now: nothing left to re-sync
+    assert ids["arch"] not in await visible(kb, "how does billing talk to the ledger", "user:mallory@acme.example")
+    assert ids["arch"] in await visible(kb, "how does billing talk to the ledger", "user:dave@acme.example")
+    assert ids["launch"] in await visible(kb, "when is the falcon launch", "user:mallory@acme.example")
+    # The admin's mapping to `group:eng@acme.example` granted both sources' groups of that name; it still does.
+    assert set(await state.identity_principals("slack:UM")) == {
+        "group:eng@acme.example", "group:drive/eng@acme.example", "group:wiki/eng@acme.example"}
+    report = await kb.sync_source("drive")
+    assert not (report.added or report.updated or report.metadata_updated), report

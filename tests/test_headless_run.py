@@ -65,3 +65,41 @@ def test_run_without_a_chat_token_serves_health_and_metrics_then_stops_on_sigter
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def test_run_help_shows_the_headless_flags() -> None:
+    done = subprocess.run([sys.executable, "-m", "bot.cli", "run", "--help"], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0
+    for flag in ("--headless", "--port", "--host"):
+        assert flag in done.stdout
+
+
+def test_run_headless_with_a_port_flag_serves_without_any_chat(handbook_url: str) -> None:
+    """The flags alone, with TERMINAL_CHAT and PORT at their defaults (which would open the terminal chat on 3000):
+    `--headless --port P --host 127.0.0.1` serves health and metrics on P until SIGTERM."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DATABASE_URL": handbook_url, "QUERY_ENCODER": "numpy",
+           "SLACK_BOT_TOKEN": "", "DISCORD_TOKEN": "", "DISCORD_BOT_TOKEN": ""}
+    for name in ("TERMINAL_CHAT", "PORT", "HOST"):
+        env.pop(name, None)
+    process = subprocess.Popen([sys.executable, "-m", "bot.cli", "run", "--headless", "--port", str(port),
+                                "--host", "127.0.0.1"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        status = 0
+        while time.monotonic() < deadline and process.poll() is None and status != 200:
+            try:
+                status, _ = _get(f"http://127.0.0.1:{port}/healthz")
+            except OSError:
+                time.sleep(0.5)
+        assert status == 200, process.poll()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        assert f"on port {port}" in out and "you>" not in out
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

@@ -371,11 +371,12 @@ async def test_after_a_grant_is_removed_the_earlier_answer_never_reaches_the_rew
     kb = await open_kb(kb_factory, fake_anthropic, tmp_path, FINANCE_CORPUS, anthropic_rewrite_model="claude-small")
     chat = conversation()
     granted = ["everyone", "group:finance"]  # the channel's audience while it held the finance grant
+    fake_anthropic.reply_text("Employees get 10 paid sick days a year [1].")
+    await kb.answer("How many sick days do employees get?", EVERYONE, chat)  # before the grant
+    fake_anthropic.reply_text("What is the Q3 revenue forecast?")  # the rewrite (a short question in a thread)
     fake_anthropic.reply_text("The Q3 revenue forecast is 48.7 million euros [1].")
     first = await kb.answer("What is the Q3 revenue forecast?", granted, chat)
     assert cited_ids(first) == ["finance/forecast.md"]
-    fake_anthropic.reply_text("Employees get 10 paid sick days a year [1].")
-    await kb.answer("How many sick days do employees get?", granted, chat)
 
     # Same audience: the whole thread is in the rewrite prompt.
     fake_anthropic.reply_text("How many vacation days do employees get?")
@@ -391,12 +392,48 @@ async def test_after_a_grant_is_removed_the_earlier_answer_never_reaches_the_rew
     assert rewrite.system_text == REWRITE_SYSTEM
     for prompt in (rewrite.user_text, answering.user_text):
         assert "48.7 million" not in prompt and "revenue forecast" not in prompt.lower()
-    assert "How many sick days do employees get?" in rewrite.user_text  # the public turns stay
+    assert "How many sick days do employees get?" in rewrite.user_text  # the turn before the grant stays
+    # "And vacation?" was answered with the forecast turn in its prompt (its history): it may restate it, so it is
+    # left out too (issue 38: a turn inherits the context of the turns it was shown).
+    assert "And vacation?" not in rewrite.user_text
 
     history = await kb.memory.history(chat, audience=EVERYONE)
     assert all("48.7" not in m.text for m in history.messages) and "48.7" not in history.summary
     restored = await kb.memory.history(chat, audience=granted)
     assert any("48.7" in m.text for m in restored.messages)  # dropped for this audience, not deleted
+
+
+async def test_a_restricted_passage_restated_without_a_citation_never_reaches_a_narrower_asker(
+    kb_factory, fake_anthropic, tmp_path
+):
+    """Issue 38, item 2: the turn records every chunk its prompt held, not only the cited ones. Claude restates
+    the finance forecast it was given without citing it; a later asker in the same conversation who may not see
+    the forecast never gets that turn in the rewrite or the answer prompt."""
+    kb = await open_kb(kb_factory, fake_anthropic, tmp_path, FINANCE_CORPUS, anthropic_rewrite_model="claude-small")
+    chat = conversation()
+    granted = ["everyone", "group:finance"]
+    fake_anthropic.reply_text("Employees get 10 paid sick days a year [1].")
+    await kb.answer("How many sick days do employees get?", EVERYONE, chat)  # before the grant
+    fake_anthropic.reply_text("What is the Q3 revenue forecast?")  # the rewrite (a short question in a thread)
+    fake_anthropic.reply_text("The Q3 revenue forecast is 48.7 million euros, codename heron.")  # no citation
+    first = await kb.answer("What is the Q3 revenue forecast?", granted, chat)
+    assert "48.7" in fake_anthropic.requests[-1].user_text  # the forecast was in the prompt
+    assert first.citations == [] and not first.abstained  # ... and the answer cited nothing
+
+    # A narrower asker in the same conversation (a DM-visible thread, a channel that lost its grant).
+    fake_anthropic.reply_text("How many vacation days do employees get?")
+    fake_anthropic.reply_text("25 days a year [1].")
+    await kb.answer("And vacation?", EVERYONE, chat)
+    rewrite, answering = fake_anthropic.requests[-2:]
+    assert rewrite.system_text == REWRITE_SYSTEM
+    for prompt in (rewrite.user_text, answering.user_text):
+        assert "48.7" not in prompt and "heron" not in prompt and "forecast" not in prompt.lower()
+    history = await kb.memory.history(chat, audience=EVERYONE)
+    assert all("48.7" not in m.text and "heron" not in m.text for m in history.messages)
+    assert any("10 paid sick days" in m.text for m in history.messages)  # the public turn stays
+    # The audience that may see the forecast still gets the whole thread.
+    granted_history = await kb.memory.history(chat, audience=granted)
+    assert any("48.7" in m.text for m in granted_history.messages)
 
 
 async def test_a_summary_that_folded_a_turn_the_audience_cannot_see_is_left_out(kb_factory):
@@ -423,4 +460,9 @@ async def test_a_summary_that_folded_a_turn_the_audience_cannot_see_is_left_out(
     assert "48.7" in folded.summary  # the forecast turn was folded into the summary
     history = await kb.memory.history(chat, audience=EVERYONE)
     assert history.summary == "" and all("48.7" not in m.text for m in history.messages)
-    assert history.messages  # the recent public turns are still there
+    # The later turns were answered for the granted audience with the forecast turn in their history, so they may
+    # restate it: hidden as well (issue 38). A turn answered for everyone is shown to everyone.
+    assert history.messages == []
+    await kb.answer("How many vacation days do employees get?", EVERYONE, chat)
+    history = await kb.memory.history(chat, audience=EVERYONE)
+    assert history.messages and all("48.7" not in m.text for m in history.messages)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write
-from test_cli import ok, ok_json
+from test_cli import ingest_with_failures, ok, ok_json
 
 from bot.chat.sanitize import ZERO_WIDTH_SPACE
 
@@ -30,7 +30,7 @@ def hostile_db(tmp_path: Path, fresh_database: Callable[[], str], monkeypatch: p
     monkeypatch.setenv("DATABASE_URL", url)
     write(tmp_path / "wiki", HOSTILE_NAME, HOSTILE)
     write(tmp_path / "wiki", f"broken{ESC}[31m.pdf", b"%PDF-1.7\nnot a pdf\n")
-    ingested = ok("ingest", str(tmp_path / "wiki"), "--source", "wiki")
+    ingested = ingest_with_failures(str(tmp_path / "wiki"), "--source", "wiki")  # exit 3: the broken file
     assert_inert(ingested.stdout + ingested.stderr)
     assert "failed broken.pdf" in ingested.stdout  # the escape sequence is gone, the name still recognisable
     return url

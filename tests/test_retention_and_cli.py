@@ -7,6 +7,7 @@ import asyncio
 import csv
 import io
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -200,3 +201,188 @@ def test_channel_commands_and_insights_json_and_csv(populated) -> None:
     rows = list(csv.reader(io.StringIO(runner.invoke(app, ["insights", "--csv"], catch_exceptions=False).output)))
     assert rows[0][:3] == ["topic", "count", "last_asked"] and rows[1][1] == "2"
     assert runner.invoke(app, ["insights", "--since", "soon"], catch_exceptions=False).exit_code == 2
+
+
+# ---- issue 38: forget every table that holds a person; summaries do not outlive their turns ------------------------
+
+# What a column that names a person is called (a user id, an email, a principal, an admin who changed something).
+PERSON_LIKE = re.compile(
+    r"(^|_)(asker|askers|user|users|user_id|identity|identities|principal|principals|member|members|author|authors"
+    r"|email|emails|person|people|actor|owner|requester|recipient)($|_)|_by$"
+)
+
+
+async def _schema_columns(kb: KnowledgeBase) -> set[tuple[str, str]]:
+    from sqlalchemy import text
+
+    async with kb.engine.connect() as conn:
+        rows = await conn.execute(text(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+        ))
+        return {(r.table_name, r.column_name) for r in rows}
+
+
+async def test_every_column_that_names_a_person_is_declared_for_forget_user(fresh_kb) -> None:
+    """A new table (or column) holding a user fails here until bot.chat.retention.PERSON_COLUMNS says what
+    `ragbot forget-user` does with it (and does it)."""
+    from bot.chat.retention import PERSON_COLUMNS
+
+    schema = await _schema_columns(fresh_kb)
+    declared = {(c.table, c.column) for c in PERSON_COLUMNS}
+    undeclared = sorted(column for column in schema if PERSON_LIKE.search(column[1]) and column not in declared)
+    assert not undeclared, f"forget-user does not handle {undeclared}: declare them in PERSON_COLUMNS"
+    assert not declared - schema, f"PERSON_COLUMNS names columns the schema does not have: {declared - schema}"
+    assert all(c.why for c in PERSON_COLUMNS)
+
+
+async def _rows_naming(kb: KnowledgeBase, needles: list[str]) -> dict[str, int]:
+    """For each column forget-user deletes or clears, how many rows still name one of `needles`."""
+    from sqlalchemy import text
+
+    from bot.chat.retention import PERSON_COLUMNS
+
+    found: dict[str, int] = {}
+    async with kb.engine.connect() as conn:
+        for column in PERSON_COLUMNS:
+            if column.handling == "kept":
+                continue
+            n = (await conn.execute(
+                text(f"SELECT count(*) FROM {column.table} WHERE CAST({column.column} AS text) ILIKE ANY(:p)"),
+                {"p": [f"%{needle}%" for needle in needles]},
+            )).scalar_one()
+            if n:
+                found[f"{column.table}.{column.column}"] = n
+    return found
+
+
+async def test_forget_user_cancels_a_pending_question_that_no_sweeper_then_answers(
+    kb_factory, fresh_database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fakes.slack_api import FakeSlackAPI
+    from slack_harness import mention, running_bot, settle
+    from test_answer_lease import CORPUS, QUESTION, RETRY, channel, crash_after_placeholder
+
+    url = fresh_database()
+    kb = await kb_factory(url)
+    for relative, content in CORPUS.items():
+        write(tmp_path / "docs", relative, content)
+    assert not (await kb.sync(FolderSource(tmp_path / "docs", "handbook"))).failed
+    state = BotState(kb.engine)
+    # Alice asked before, voted, and as an admin changed a mapping, a grant and a channel setting.
+    earlier = await _ask(kb, "How do I set up the VPN?", "slack:UALICE", "slack:T1:C1:1")
+    await state.record_feedback(earlier, "slack:UALICE", "up")
+    await state.map_identity("discord:42", "user:bob@example.com", "slack:UALICE")
+    await state.grant_channel("slack:T1:C7", "group:eng", granted_by="slack:UALICE")
+    from bot.chat.channels import set_mode
+
+    await set_mode(state, "slack:T1:C7", "private", "slack:UALICE")
+    with FakeSlackAPI() as fake:
+        fake.add_user("UALICE", email="alice@example.com")
+        event = mention(QUESTION, user="UALICE", channel=channel())
+        # Her question is claimed, then the process answering it dies: it waits for a sweeper.
+        await crash_after_placeholder(kb, fake, event, "EvForgotten", lease_seconds=0.3)
+
+        monkeypatch.setenv("DATABASE_URL", url)
+        monkeypatch.delenv("SLACK_BOT_TOKEN", raising=False)
+        result = await asyncio.to_thread(
+            runner.invoke, app, ["forget-user", "user:alice@example.com", "--identity", "slack:UALICE", "--no-lookup"],
+            catch_exceptions=False,
+        )
+        assert result.exit_code == 0, result.output
+        assert "1 pending questions cancelled" in result.output
+
+        await asyncio.sleep(0.4)  # the dead holder's lease has run out
+        async with running_bot(kb, fake, answer_sweep_seconds=0.1) as slack:
+            assert await slack.send_event(event, event_id="EvForgotten", headers=RETRY) == 200  # Slack's retry too
+            await settle(1.0)
+    assert fake.calls_to("chat.update") == []  # never answered, so never stored again
+    assert await _rows_naming(kb, ["UALICE", "alice@example.com"]) == {}
+    assert (await state.identity_mappings("discord:42"))[0].mapped_by is None  # the mapping stays, unattributed
+
+
+async def test_retention_drops_a_summary_that_folded_a_deleted_turn(kb_factory, tmp_path: Path) -> None:
+    kb = await kb_factory(memory_token_budget=200, memory_recent_turns=1)
+    write(tmp_path / "docs", "vpn.md", "# VPN\n\nInstall WireGuard from the IT portal and import the Zephyr profile.\n")
+    write(tmp_path / "docs", "vacation.md", "# Vacation\n\nEmployees get 25 vacation days a year; five carry over.\n")
+    assert not (await kb.sync(FolderSource(tmp_path / "docs", "handbook"))).failed
+    chat = "slack:T1:C1:1760000000.000001"
+    first = await kb.answer("How do I set up the VPN?", ["everyone"], chat, asker="slack:UANN")
+    for question in ("How many vacation days do employees get?", "Do vacation days carry over?",
+                     "How many vacation days carry over each year?"):
+        await kb.answer(question, ["everyone"], chat, asker="slack:UANN")
+    folded = await kb.memory.history(chat)
+    assert "Zephyr" in folded.summary  # the VPN turn was folded into the summary
+
+    from sqlalchemy import text
+
+    async with kb.engine.begin() as conn:  # the VPN question is past RETENTION_DAYS, the others are not
+        await conn.execute(text("UPDATE conversation_turns SET created_at = now() - interval '91 days' WHERE id = :t"),
+                           {"t": first.id})
+    report = await enforce_retention(kb, BotState(kb.engine), 90)
+
+    assert report.turns == 1
+    async with kb.engine.connect() as conn:
+        summaries = list((await conn.execute(text("SELECT summary FROM conversation_summaries"))).scalars())
+    assert not any("Zephyr" in s or "VPN" in s for s in summaries)
+    history = await kb.memory.history(chat)
+    assert "Zephyr" not in history.summary and not any("Zephyr" in m.text for m in history.messages)
+    assert any("carry over" in m.text for m in history.messages)  # the turns within retention still serve
+
+
+class _HeldAnswer:
+    """The real knowledge base, whose answer step waits until the test lets it go on (a question being answered
+    at the very moment its asker is forgotten)."""
+
+    def __init__(self, kb: KnowledgeBase) -> None:
+        self._kb = kb
+        self.started = asyncio.Event()
+        self.proceed = asyncio.Event()
+        self.answered = asyncio.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._kb, name)
+
+    async def answer(self, *args: object, **kwargs: object) -> object:
+        self.started.set()
+        await self.proceed.wait()
+        try:
+            return await self._kb.answer(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            self.answered.set()
+
+
+async def test_forget_user_while_their_question_is_being_answered_leaves_nothing(
+    kb_factory, fresh_database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fakes.slack_api import FakeSlackAPI
+    from slack_harness import mention, running_bot, settle
+    from test_answer_lease import CORPUS, QUESTION, channel
+
+    url = fresh_database()
+    kb = await kb_factory(url)
+    for relative, content in CORPUS.items():
+        write(tmp_path / "docs", relative, content)
+    assert not (await kb.sync(FolderSource(tmp_path / "docs", "handbook"))).failed
+    monkeypatch.setenv("DATABASE_URL", url)
+    monkeypatch.delenv("SLACK_BOT_TOKEN", raising=False)
+    held = _HeldAnswer(kb)
+    with FakeSlackAPI() as fake:
+        fake.add_user("UALICE", email="alice@example.com")
+        event = mention(QUESTION, user="UALICE", channel=channel())
+        async with running_bot(held, fake, answer_sweep_seconds=0) as slack:
+            assert await slack.send_event(event, event_id="EvMidAnswer") == 200
+            await asyncio.wait_for(held.started.wait(), 30)
+            result = await asyncio.to_thread(
+                runner.invoke, app, ["forget-user", "user:alice@example.com", "--identity", "slack:UALICE",
+                                     "--no-lookup"], catch_exceptions=False,
+            )
+            assert "1 pending questions cancelled" in result.output
+            held.proceed.set()  # the answer step finishes (and stores its turn) after the person was forgotten
+            await asyncio.wait_for(held.answered.wait(), 60)
+            for _ in range(200):  # the holder finds its claim cancelled and drops the turn it just stored
+                if not await _count(kb, "conversation_turns"):
+                    break
+                await asyncio.sleep(0.05)
+            await settle()
+    assert fake.calls_to("chat.update") == []  # not delivered
+    assert await _rows_naming(kb, ["UALICE", "alice@example.com"]) == {}

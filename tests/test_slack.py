@@ -229,7 +229,8 @@ async def test_dm_email_grants_a_restricted_document_only_to_its_reader(offline_
 
 async def test_channel_access_grant_takes_effect_for_that_channel_only(offline_kb, fake) -> None:
     channel, other = unique_channel(), unique_channel()
-    async with running_bot(offline_kb, fake) as slack:
+    # An operator (ADMIN_USER_IDS) grants: a workspace admin may hand out only principals they hold (issue 38).
+    async with running_bot(offline_kb, fake, admin_user_ids=ADMIN) as slack:
         status, reply = await slack.slash("channel-access add group:finance", user=BOB, channel=channel)
         assert status == 200 and "needs an admin" in reply["text"] and reply.get("response_type") == "ephemeral"
         status, reply = await slack.slash("channel-access add group:finance", user=ADMIN, channel=channel)

@@ -8,7 +8,7 @@ from conftest import _admin, write
 from sqlalchemy import text
 from test_bm25 import assert_statistics_match_chunks, lexical, reference_scores
 
-from db import locks
+from db import leases
 from knowledge.embedding.encoder import EmbeddingModelError, resolve_device
 from knowledge.ingest.pipeline import join_waiting_batches, share_out
 from knowledge.search.retrieval import SearchFilters
@@ -168,13 +168,15 @@ async def test_a_graph_left_missing_by_a_killed_load_is_built_by_the_next_sync(f
     watcher = IndexWatcher(fresh_kb)
     watcher.conn.execute("DROP INDEX chunks_embedding_hnsw_half_384")  # what a load killed midway leaves
 
-    # While another session holds the bulk-load lock, that load is alive and will build the graph itself.
-    holder = IndexWatcher(fresh_kb).conn
-    holder.execute("SELECT pg_advisory_lock(%s)", (locks.BULK_LOAD,))
+    # While another process holds the bulk-load lease, that load is alive and will build the graph itself.
+    watcher.conn.execute("INSERT INTO leases (name, holder, expires_at) VALUES (%s, 'other:1:x', now() + "
+                         "interval '1 hour')", (leases.BULK_LOAD,))
     write(root, "more.md", "# More\n\nParrots talk all day.")
     await fresh_kb.sync(FolderSource(root))
     assert watcher.vector_indexes() == []
-    holder.close()  # the loader's connection is gone (its process died): its lock goes with it
+    # The loader died: it renews its lease no more, and the lease expires.
+    watcher.conn.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE name = %s",
+                         (leases.BULK_LOAD,))
 
     write(root, "again.md", "# Again\n\nHamsters run at night.")
     await fresh_kb.sync(FolderSource(root))

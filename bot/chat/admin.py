@@ -20,7 +20,7 @@ from bot.chat.access import private_audience
 from bot.chat.channels import ChannelSettings, Mode, channel_settings, parse_mode, set_auto, set_mode, set_sources
 from bot.chat.errors import chat_message
 from bot.chat.insights import Viewer, build_report, gaps_text
-from knowledge import InvalidPrincipal, KnowledgeError, check_principal, format_interval
+from knowledge import InvalidPrincipal, KnowledgeError, check_principal, format_interval, normalise
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -39,7 +39,8 @@ Commands:
 - `/kb reindex [source]`: sync one source, or all (admins)
 - `/kb channel-access list|add|remove PRINCIPAL`: what this channel's answers may draw on besides documents \
 shared with everyone (admins)
-- `/kb users map|unmap|list IDENTITY PRINCIPAL`: whom a chat user asks as in private conversations (admins)
+- `/kb users map|unmap|list IDENTITY PRINCIPAL`: whom a chat user asks as in private conversations (admins; \
+a workspace admin may hand out only principals they hold, operators any)
 - `/kb channel show`, `/kb channel sources add|remove SOURCE`, `/kb channel auto on|off`, `/kb channel mode public|private`: this channel's sources, help-channel auto-answers and answer mode (admins)
 - `/kb gaps`: questions the bot declined, was unsure about or got 👎 on, by topic (admins)
 - `/kb access USER [DOCUMENT]`: a person's principals and where each came from; with DOCUMENT, whether they may \
@@ -59,6 +60,13 @@ class Caller:
     # How the platform turns a USER argument ("<@U1>", "slack:U1", "user:a@x") into the person `/kb access`
     # resolves (Slack adds the user's email from users.info); None: the argument as it is.
     resolve_person: Callable[[str], Awaitable[Person | str]] | None = None
+    email: str | None = None  # the caller's own email when the platform tells it (their own access: `caller_access`)
+    # An operator (listed in ADMIN_USER_IDS): trusted like the CLI to hand out any principal. A platform admin
+    # (workspace admin, Manage Server) is not: they may hand out only principals they hold (docs/security.md).
+    operator: bool = False
+    # Whether the caller may read a channel (by key) as a member would: `/kb gaps` shows only questions from such
+    # channels (`ChannelAudiences.may_read`). None: no channel's questions are shown.
+    reads_channel: Callable[[str], Awaitable[bool]] | None = None
 
 
 @dataclass
@@ -152,6 +160,49 @@ async def reindex(kb: KnowledgeBase, source: str | None = None, *, trigger: str 
     return "**Reindex finished**\n" + "\n".join(f"- {line}" for line in lines)
 
 
+# Who may hand out access (docs/security.md, "Trust model"). Mapping a chat user to a principal, or granting it to
+# a channel, gives them the documents that principal may see: an operator (the CLI, ADMIN_USER_IDS: people who
+# already hold the database or the deployment) may hand out any principal; a platform admin (a Slack workspace
+# admin, a Discord member with Manage Server: trusted by the platform, not by the documents' owners) only principals
+# they hold themselves, so the command never reads more than they could. Every change, and every refusal, is
+# written to the audit log (`ragbot audit`, the admin page).
+
+OPERATOR = "operator"
+PLATFORM_ADMIN = "platform-admin"
+REFUSED = ("Only an operator (the `ragbot` CLI, or a user listed in ADMIN_USER_IDS) may hand out `{principal}`: "
+           "you do not hold it yourself. Nothing was changed.")
+
+
+@dataclass(frozen=True)
+class Grantor:
+    """Who changes access: `actor` (a chat identity, or "cli") as `role`; `holds`: the principals a platform
+    admin holds themselves (None: an operator, who may hand out any)."""
+
+    actor: str
+    role: str = OPERATOR
+    holds: tuple[str, ...] | None = None
+
+    def may_hand_out(self, principal: str) -> bool:
+        if self.holds is None:
+            return True
+        return normalise(principal) in {normalise(p) for p in self.holds}
+
+
+CLI = Grantor("cli")
+
+
+async def grantor_of(kb: KnowledgeBase, caller: Caller) -> Grantor:
+    if caller.operator:
+        return Grantor(caller.identity, OPERATOR)
+    return Grantor(caller.identity, PLATFORM_ADMIN, await caller_access(kb, caller))
+
+
+async def _audit(state: BotState, grantor: Grantor, action: str, subject: str, principal: str | None,
+                 outcome: str) -> None:
+    await state.record_audit(actor=grantor.actor, actor_role=grantor.role, action=action, subject=subject,
+                             principal=principal, outcome=outcome)
+
+
 async def channel_access_list(state: BotState, channel_key: str) -> str:
     grants = await state.channel_grants(channel_key)
     if not grants:
@@ -160,29 +211,42 @@ async def channel_access_list(state: BotState, channel_key: str) -> str:
     return f"Answers in this channel use documents shared with `everyone` and with: {listed}."
 
 
-async def channel_access_add(state: BotState, channel_key: str, principal: str, by: str | None) -> str:
-    added = await state.grant_channel(channel_key, principal, by)
-    principal = principal.strip()
+async def channel_access_add(state: BotState, channel_key: str, principal: str, by: Grantor = CLI) -> str:
+    principal = check_principal(principal)
+    if not by.may_hand_out(principal):
+        await _audit(state, by, "channel-access add", channel_key, principal, "refused")
+        return REFUSED.format(principal=principal)
+    added = await state.grant_channel(channel_key, principal, by.actor)
+    await _audit(state, by, "channel-access add", channel_key, principal, "done" if added else "unchanged")
     if not added:
         return f"This channel already has `{principal}`."
     return (f"Granted `{principal}` to this channel: everyone here can now get answers from documents "
             f"`{principal}` may see.")
 
 
-async def channel_access_remove(state: BotState, channel_key: str, principal: str) -> str:
-    if await state.revoke_channel(channel_key, principal):
+async def channel_access_remove(state: BotState, channel_key: str, principal: str, by: Grantor = CLI) -> str:
+    removed = await state.revoke_channel(channel_key, principal)
+    await _audit(state, by, "channel-access remove", channel_key, principal.strip(), "done" if removed else "unchanged")
+    if removed:
         return f"Removed `{principal.strip()}` from this channel."
     return f"This channel had no grant for `{principal.strip()}`."
 
 
-async def users_map(state: BotState, identity: str, principal: str, by: str | None) -> str:
-    added = await state.map_identity(identity, principal, by)
-    return (f"`{identity}` now also asks as `{principal.strip()}` in private conversations." if added
-            else f"`{identity}` already asks as `{principal.strip()}`.")
+async def users_map(state: BotState, identity: str, principal: str, by: Grantor = CLI) -> str:
+    principal = check_principal(principal)
+    if not by.may_hand_out(principal):
+        await _audit(state, by, "users map", identity.strip(), principal, "refused")
+        return REFUSED.format(principal=principal)
+    added = await state.map_identity(identity, principal, by.actor)
+    await _audit(state, by, "users map", identity.strip(), principal, "done" if added else "unchanged")
+    return (f"`{identity}` now also asks as `{principal}` in private conversations." if added
+            else f"`{identity}` already asks as `{principal}`.")
 
 
-async def users_unmap(state: BotState, identity: str, principal: str | None) -> str:
+async def users_unmap(state: BotState, identity: str, principal: str | None, by: Grantor = CLI) -> str:
     removed = await state.unmap_identity(identity, principal)
+    await _audit(state, by, "users unmap", identity.strip(), principal.strip() if principal else None,
+                 "done" if removed else "unchanged")
     return f"Removed {removed} mapping(s) of `{identity}`."
 
 
@@ -230,9 +294,9 @@ async def run_command(kb: KnowledgeBase, state: BotState, text: str, caller: Cal
                 followup=lambda: reindex(kb, source, trigger="chat"),
             )
         if command == "channel-access":
-            return await _channel_access(state, args, caller)
+            return await _channel_access(kb, state, args, caller)
         if command == "users":
-            return await _users(state, args, caller)
+            return await _users(kb, state, args, caller)
         if command == "channel":
             return await _channel(kb, state, args, caller)
         if command == "gaps":
@@ -244,27 +308,31 @@ async def run_command(kb: KnowledgeBase, state: BotState, text: str, caller: Cal
     return CommandResult(f"Unknown command `{command}`. Try `/kb help`.", ok=False)
 
 
-async def _channel_access(state: BotState, args: list[str], caller: Caller) -> CommandResult:
+async def _channel_access(kb: KnowledgeBase, state: BotState, args: list[str], caller: Caller) -> CommandResult:
     if caller.channel_key is None:
         return CommandResult("Run `/kb channel-access` in the channel it should apply to.", ok=False)
     action = args[0].lower() if args else "list"
     if action == "list" and len(args) <= 1:
         return CommandResult(await channel_access_list(state, caller.channel_key))
     if action in ("add", "remove") and len(args) == 2:
+        by = await grantor_of(kb, caller)
         if action == "add":
-            return CommandResult(await channel_access_add(state, caller.channel_key, args[1], caller.identity))
-        return CommandResult(await channel_access_remove(state, caller.channel_key, args[1]))
+            text = await channel_access_add(state, caller.channel_key, args[1], by)
+            return CommandResult(text, ok=not text.startswith("Only an operator"))
+        return CommandResult(await channel_access_remove(state, caller.channel_key, args[1], by))
     return CommandResult("Usage: `/kb channel-access list|add|remove PRINCIPAL` (e.g. `group:eng`)", ok=False)
 
 
-async def _users(state: BotState, args: list[str], caller: Caller) -> CommandResult:
+async def _users(kb: KnowledgeBase, state: BotState, args: list[str], caller: Caller) -> CommandResult:
     action = args[0].lower() if args else "list"
     if action == "list" and len(args) <= 2:
         return CommandResult(await users_list(state, args[1] if len(args) == 2 else None))
     if action == "map" and len(args) == 3:
-        return CommandResult(await users_map(state, args[1], args[2], caller.identity))
+        text = await users_map(state, args[1], args[2], await grantor_of(kb, caller))
+        return CommandResult(text, ok=not text.startswith("Only an operator"))
     if action == "unmap" and len(args) in (2, 3):
-        return CommandResult(await users_unmap(state, args[1], args[2] if len(args) == 3 else None))
+        return CommandResult(await users_unmap(state, args[1], args[2] if len(args) == 3 else None,
+                                               await grantor_of(kb, caller)))
     return CommandResult("Usage: `/kb users map|unmap IDENTITY PRINCIPAL`, `/kb users list [IDENTITY]`", ok=False)
 
 
@@ -338,19 +406,26 @@ async def _channel(kb: KnowledgeBase, state: BotState, args: list[str], caller: 
     return CommandResult(CHANNEL_USAGE, ok=False)
 
 
+async def caller_access(kb: KnowledgeBase, caller: Caller) -> tuple[str, ...]:
+    """What the calling chat admin may see themselves (their email, mappings, groups, `everyone`): a chat admin is
+    trusted to run commands, not to read documents (docs/security.md): replies name only documents they may see."""
+    return (await private_audience(kb, caller.identity, caller.email)).principals
+
+
 async def gaps(kb: KnowledgeBase, state: BotState, caller: Caller, days: int = 30) -> str:
     """`/kb gaps` for a chat admin: the questions of their own workspace or server; documents named only if the
     admin may see them (their mapped principals and `everyone`)."""
-    audience = await private_audience(kb, caller.identity)
-    viewer = Viewer(caller.identity, caller.workspace, tuple(audience.principals))
+    viewer = Viewer(caller.identity, caller.workspace, await caller_access(kb, caller), caller.reads_channel)
     return gaps_text(await build_report(kb, state, timedelta(days=days), viewer))
 # `/kb access USER [DOCUMENT]`: what `ragbot access explain` shows, through the same `kb.explain_access`.
 
 
-async def access_text(kb: KnowledgeBase, person: Person | str | Sequence[str], document: str | None = None) -> str:
+async def access_text(kb: KnowledgeBase, person: Person | str | Sequence[str], document: str | None = None, *,
+                      visible_to: Sequence[str] | None = None) -> str:
     """A person's principals with where each came from, and for DOCUMENT whether they may see it and why. The
-    reply goes to the admin who asked only (ephemeral), so it may name the document."""
-    resolved, verdicts = await kb.explain_access(person, document)
+    reply goes to the admin who asked only (ephemeral); `visible_to` (the admin's own access) limits the documents
+    it may name to those the admin may see: a title is never a way to read what one may not."""
+    resolved, verdicts = await kb.explain_access(person, document, visible_to=visible_to)
     lines = [f"**{resolved.person}** holds {len(resolved.principals)} principals:"]
     for principal in resolved.principals:
         why = "; ".join(o.describe() for o in resolved.origins.get(principal, ()))
@@ -359,7 +434,7 @@ async def access_text(kb: KnowledgeBase, person: Person | str | Sequence[str], d
         lines.append(f"Not counted: the group directory of {', '.join(resolved.expired)} is past its TTL (its "
                      "groups grant nothing until a refresh succeeds).")
     if document is not None and not verdicts:
-        lines.append(f"No indexed document matches `{document}`: give its id, URL, SOURCE:ID or title.")
+        lines.append(f"No document you may see matches `{document}`: give its id, URL, SOURCE:ID or title.")
     for v in verdicts:
         name = f"{v.title or v.external_id} (`{v.source}:{v.external_id}`)"
         if v.visible:
@@ -381,4 +456,5 @@ async def _access(kb: KnowledgeBase, args: list[str], caller: Caller) -> Command
         person = who
     else:
         person = check_principal(who)
-    return CommandResult(await access_text(kb, person, document))
+    visible = await caller_access(kb, caller) if document is not None else None
+    return CommandResult(await access_text(kb, person, document, visible_to=visible))

@@ -16,7 +16,9 @@ What is cached, and for how long:
 Failing closed: when the member list cannot be had (an API error, a missing scope or intent, more than
 `CHANNEL_AUDIENCE_MAX_MEMBERS` members) the audience is `everyone` + grants, never the asker's own access.
 Bots and apps in a channel are not members here (see `Member.is_bot`): an integration would otherwise reset every
-private channel to `everyone`.
+private channel to `everyone`. A guest or another organisation's user among the members (`Member.outsider`,
+bot.chat.guests) holds what GUEST_ACCESS gives them: under `none`, the channel answers from no document at all (its
+grants included), since they would read the answer.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from bot.chat.access import Audience
+from bot.chat.guests import GuestAccess, guest_principals
 from knowledge import EVERYONE, Person
 
 if TYPE_CHECKING:
@@ -52,6 +55,7 @@ class Member:
     identity: str
     email: str | None = None
     is_bot: bool = False
+    outsider: bool = False  # a guest or another organisation's user (bot.chat.guests)
 
     def person(self) -> Person:
         email = (self.email or "").strip()
@@ -83,7 +87,8 @@ class ChannelAudiences:
     """One per adapter: channel key → its member list (cached), and the audience computed from it."""
 
     def __init__(self, kb: KnowledgeBase, state: BotState, *, ttl_seconds: float, max_members: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, guest_access: GuestAccess = "none") -> None:
+        self.guest_access = guest_access  # GUEST_ACCESS: what an outsider member holds
         self.kb = kb
         self.state = state
         self.ttl = ttl_seconds
@@ -132,6 +137,14 @@ class ChannelAudiences:
         self._views[channel_key] = (expires, view)
         return view
 
+    async def may_read(self, channel_key: str, identity: str, list_members: ListMembers) -> bool:
+        """Could `identity` read this channel? An open channel: yes; a restricted one: if they are a member; one
+        whose members cannot be listed: no (fail closed). For what admins are shown of a channel (`/kb gaps`)."""
+        view = await self.view(channel_key, list_members)
+        if view.kind == "open":
+            return True
+        return view.kind == "members" and any(m.identity == identity for m in view.members)
+
     async def principals(self, view: ChannelView) -> tuple[str, ...]:
         """The principals every member holds (`everyone` at least)."""
         if view.kind != "members" or not view.members:
@@ -139,7 +152,10 @@ class ChannelAudiences:
         common: set[str] | None = None
         order: list[str] = []
         for member in view.members:
-            held = await person_principals(self.kb, member.person())
+            if member.outsider:
+                held = guest_principals(self.guest_access)
+            else:
+                held = await person_principals(self.kb, member.person())
             if common is None:
                 common, order = set(held), list(held)
             else:
@@ -152,6 +168,8 @@ class ChannelAudiences:
         """The audience of an answer posted in `channel_key`: the members' common principals + the channel's
         grants. Never the asker's own access (unless the asker is the only member)."""
         view = await self.view(channel_key, list_members)
+        if self.guest_access == "none" and any(m.outsider for m in view.members):
+            return Audience("shared", (), asker)  # an outsider reads it: no document, no grant
         common = await self.principals(view)
         granted = await self.state.channel_principals(channel_key)
         return Audience("shared", tuple(dict.fromkeys([*common, *granted])), asker)

@@ -23,7 +23,9 @@ from bot.chat.access import Audience
 from bot.chat.auto import is_answer, outcome_of
 from bot.chat.channels import ChannelSettings, channel_settings
 from bot.chat.errors import apology, new_error_id
+from bot.chat.guests import OUTSIDER_REPLY
 from bot.chat.state import BotState
+from knowledge import QuestionTooLong
 
 if TYPE_CHECKING:
     from bot.chat.state import LeaseClaim, Rating
@@ -65,17 +67,22 @@ class Ask:
     auto: bool = False  # a help-channel question nobody addressed to the bot: posted only if it is an answer
 
 
+class _NoAudience(Exception):
+    """The answer's audience holds no principal (an outsider under GUEST_ACCESS=none): nothing is answered."""
+
+
 class ChatFlow:
     """The platform-neutral flow, one per adapter (it counts metrics under the adapter's platform name)."""
 
     def __init__(self, kb: KnowledgeBase, platform: str, metrics: BotMetrics | None = None, *,
-                 state: BotState | None = None, lease_seconds: float = 120.0,
-                 max_attempts: int = lease.MAX_ATTEMPTS) -> None:
+                 state: BotState | None = None, lease_seconds: float = lease.LEASE_SECONDS,
+                 heartbeat_seconds: float = lease.HEARTBEAT_SECONDS, max_attempts: int = lease.MAX_ATTEMPTS) -> None:
         self.kb = kb
         self.state = state if state is not None else BotState(kb.engine)  # the bot tables (bot.chat.state)
         self.platform = platform
         self.metrics = metrics
         self.lease_seconds = lease_seconds  # ANSWER_LEASE_SECONDS: how long a claimed question waits for a dead holder
+        self.heartbeat_seconds = heartbeat_seconds  # ANSWER_HEARTBEAT_SECONDS: how often a live holder renews it
         self.max_attempts = max_attempts
         self.holder = lease.new_holder(platform)
 
@@ -115,6 +122,12 @@ class ChatFlow:
                            claim.key, claim.attempts)
         return claim
 
+    def keeper(self, claim: LeaseClaim | None) -> lease.LeaseKeeper | None:
+        """The heartbeat of a claimed question while it is answered (None: nothing was claimed)."""
+        if claim is None:
+            return None
+        return lease.LeaseKeeper(self.state, claim, self.lease_seconds, self.heartbeat_seconds)
+
     async def delivered(self, claim: LeaseClaim | None) -> None:
         """A claimed event was handled without an answer (an empty mention got a hint): never handle it again."""
         if claim is not None:
@@ -138,16 +151,19 @@ class ChatFlow:
         """Answer `ask` through `reply`; None when it failed (the user then sees an apology). With a `claim` (a
         lease), the question and `target` (the adapter's JSON saying where to answer) are stored first, the
         placeholder once posted, and the claim is marked delivered after the answer (or apology) is posted."""
+        keeper = self.keeper(claim)
         if ask.auto:
             try:
+                if keeper is not None:
+                    keeper.heartbeat()  # renewed while it works: a retry does not answer it a second time
                 return await self._auto_answer(ask, reply)
             finally:
                 # Posted or deliberately withheld, the question is settled: no retry or sweeper may answer it.
-                if claim is not None:
-                    await lease.LeaseKeeper(self.state, claim, self.lease_seconds).delivered()
+                if keeper is not None:
+                    keeper.stop()
+                    await keeper.delivered()
         self.count("questions")
         started = time.perf_counter()
-        keeper = lease.LeaseKeeper(self.state, claim, self.lease_seconds) if claim is not None else None
         try:
             return await self._answer(ask, reply, keeper, target, started)
         finally:
@@ -163,10 +179,13 @@ class ChatFlow:
                 await keeper.start(self.platform, ask, target)
                 if keeper.lost:  # taken over again before we began: the new holder answers
                     return None
+            self.kb.check_question(ask.question)  # MAX_QUESTION_CHARS: refused before any work
             try:
                 await reply.begin()
                 channel = await self.channel_settings(ask.channel_key)
                 audience = await ask.audience()
+                if not audience.principals:  # an outsider asks or reads (bot.chat.guests): no answer at all
+                    raise _NoAudience()
                 prior = await ask.history() if ask.history is not None else None
                 on_text = await reply.open()
                 if keeper is not None:
@@ -190,9 +209,12 @@ class ChatFlow:
                 await reply.end()
             stage = "post"
             if keeper is not None and not await keeper.still_held():
-                # This process was presumed dead and another took the question over: it answers, not us.
-                logger.warning("%s: %s was taken over while answering; not delivering twice", self.platform,
-                               keeper.claim.key)
+                # This process was presumed dead and another took the question over (it answers, not us), or the
+                # asker was forgotten meanwhile (`ragbot forget-user` cancelled it): the turn just stored goes too.
+                logger.warning("%s: %s was taken over or cancelled while answering; not delivering it",
+                               self.platform, keeper.claim.key)
+                if answer.id is not None:
+                    await self.kb.forget_turn(answer.id)
                 return None
             answer_id = await feedback.remember_answer(
                 self.state, platform=self.platform, conversation_id=ask.conversation_id, asker=ask.asker,
@@ -201,6 +223,18 @@ class ChatFlow:
             await reply.deliver(answer, answer_id)
             if keeper is not None:
                 await keeper.delivered()
+        except _NoAudience:
+            logger.info("%s: %s not answered: its audience holds no principal (GUEST_ACCESS)", self.platform,
+                        ask.conversation_id)
+            await reply.fail(OUTSIDER_REPLY)
+            if keeper is not None:
+                await keeper.delivered()
+            return None
+        except QuestionTooLong as exc:  # the asker's to fix: its one line, not an apology with an error id
+            await reply.fail(str(exc))
+            if keeper is not None:
+                await keeper.delivered()
+            return None
         except Exception as exc:
             text = self.failure(stage, exc, where=ask.conversation_id)
             try:
@@ -221,12 +255,18 @@ class ChatFlow:
         posted only when the outcome is an answer. A decline, an uncertain answer or a failure stays silent (logged;
         the question still counts as a gap in `ragbot insights`)."""
         try:
+            self.kb.check_question(ask.question)
+        except QuestionTooLong:
+            return None  # nobody asked the bot: a pasted log in a help channel is left alone
+        try:
             channel = await self.channel_settings(ask.channel_key)
             if not channel.auto:
                 return None  # switched off between the event and now
             self.count("questions")
             started = time.perf_counter()
             audience = await ask.audience()
+            if not audience.principals:  # an outsider asked or reads the channel: nothing is posted
+                return None
             answer = await self.kb.answer(ask.question, list(audience.principals), ask.conversation_id,
                                           asker=ask.asker, sources=channel.sources)
             posting = is_answer(answer)

@@ -8,9 +8,10 @@ a year.
 
 Who sees which questions (`Viewer`): question text goes to admins only (every caller of this module checks that).
 An operator (the CLI, the admin page: they hold the database or ADMIN_TOKEN) sees every question; a chat admin sees
-the questions asked in their own workspace or server. A private conversation's (DM, assistant thread) question is
-shown without its asker, unless the asker is the viewer. Discord DMs belong to no server: a Discord admin sees only
-their own.
+the questions asked in their own workspace or server, and of those asked in a channel only the ones from channels
+they could read themselves (a private channel they are not a member of stays hidden; a channel whose members cannot
+be listed too: fail closed). A private conversation's (DM, assistant thread) question is shown without its asker,
+unless the asker is the viewer. Discord DMs belong to no server: a Discord admin sees only their own.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 import csv
 import io
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -43,6 +44,9 @@ class Viewer:
     identity: str | None = None
     scope: str | None = None
     principals: tuple[str, ...] | None = None  # documents named must be visible to these; None: any document
+    # Whether the viewer may read a channel (by key), as its members may: the platform's membership, through the
+    # adapter. None for a chat admin: channel questions stay hidden (fail closed).
+    reads_channel: Callable[[str], Awaitable[bool]] | None = None
 
     def may_read(self, doc: DocumentRef) -> bool:
         return self.principals is None or bool(set(doc.access) & (set(self.principals) | {EVERYONE}))
@@ -51,6 +55,23 @@ class Viewer:
         if self.identity is None or q.asker == self.identity:
             return True
         return self.scope is not None and q.conversation_id.startswith(self.scope)
+
+    async def readable(self, questions: Sequence[GapQuestion]) -> list[GapQuestion]:
+        """The questions asked in channels the viewer could read (each channel checked once). Their own questions,
+        private conversations' (shown without asker) and an operator's view are not filtered."""
+        if self.identity is None:
+            return list(questions)
+        verdicts: dict[str, bool] = {}
+        kept = []
+        for q in questions:
+            if q.asker == self.identity or q.private or q.channel_key is None:
+                kept.append(q)
+                continue
+            if q.channel_key not in verdicts:
+                verdicts[q.channel_key] = self.reads_channel is not None and await self.reads_channel(q.channel_key)
+            if verdicts[q.channel_key]:
+                kept.append(q)
+        return kept
 
     def asker_shown(self, q: GapQuestion) -> str | None:
         if not q.private or q.asker == self.identity:
@@ -143,7 +164,8 @@ async def build_report(kb: KnowledgeBase, state: BotState, since: timedelta = ti
     Embedding and clustering run off the event loop."""
     until = now or datetime.now(UTC)
     start = until - since
-    gaps = [q for q in await state.gap_questions(start, limit=MAX_QUESTIONS * 4) if viewer.may_see(q)][:MAX_QUESTIONS]
+    candidates = [q for q in await state.gap_questions(start, limit=MAX_QUESTIONS * 4) if viewer.may_see(q)]
+    gaps = (await viewer.readable(candidates))[:MAX_QUESTIONS]
     cited = await state.cited_chunk_counts(start)
     closest_chunks = [q.chunk_ids[0] for q in gaps if q.chunk_ids]
     documents = {chunk: doc for chunk, doc in

@@ -1,10 +1,11 @@
 """Answer leases: a claimed question is answered even if the process answering it dies.
 
-Claiming a question (`BotState.claim_lease`) gives this process a lease on it for ANSWER_LEASE_SECONDS. While
+Claiming a question (`BotState.claim_lease`) gives this process a lease on it for ANSWER_LEASE_SECONDS (10 s). While
 the answer is worked on, `LeaseKeeper` stores what was asked and where to answer (so nobody needs the original
-event again), the placeholder message once it is posted, and renews the lease; delivering the answer marks the claim
-delivered, after which it is never answered again. If the process dies (kill -9, an OOM kill, a lost node), the lease
-runs out undelivered and the question is taken over — by the platform's retry of the same event (Slack retries;
+event again), the placeholder message once it is posted, and renews the lease every ANSWER_HEARTBEAT_SECONDS (3 s, a
+heartbeat: a slow answer keeps its lease however long it takes); delivering the answer marks the claim delivered,
+after which it is never answered again. If the process dies (kill -9, an OOM kill, a lost node), the heartbeat stops,
+the lease runs out undelivered within ANSWER_LEASE_SECONDS and the question is taken over — by the platform's retry of the same event (Slack retries;
 `BotState.claim_lease` hands the retry the lease and the placeholder) or by `sweep` (at the start of
 `ragbot run` and every ANSWER_SWEEP_SECONDS; a Discord message is never redelivered) — and answered in the same
 placeholder. The SQL is in `bot.chat.state`; adapters only say how to rebuild an answer's `Reply` from the stored
@@ -32,6 +33,9 @@ logger = logging.getLogger(__name__)
 # Rebuild the answer to a stored question: the Ask and a Reply that edits the stored placeholder (None: cannot).
 Resume = Callable[[PendingQuestion], Awaitable["tuple[Ask, Reply] | None"]]
 
+LEASE_SECONDS = 10.0  # the defaults of ANSWER_LEASE_SECONDS, ANSWER_HEARTBEAT_SECONDS and ANSWER_SWEEP_SECONDS:
+HEARTBEAT_SECONDS = 3.0  # a dead holder's question is answered within LEASE + SWEEP = 15 s
+SWEEP_SECONDS = 5.0
 MAX_ATTEMPTS = 3  # a question whose answering keeps killing the process is not retried forever
 MAX_AGE_SECONDS = 3600.0  # an hour-old question is not answered out of the blue after a long outage
 
@@ -42,13 +46,16 @@ def new_holder(platform: str) -> str:
 
 
 class LeaseKeeper:
-    """One claimed question while it is answered: records it, renews its lease every third of the lease, and
-    tells the flow whether it still holds the claim before the answer is delivered."""
+    """One claimed question while it is answered: records it, renews its lease every `heartbeat_seconds` (at most a
+    third of the lease, so one late or failed renewal never lets a live answer be taken over), and tells the flow
+    whether it still holds the claim before the answer is delivered."""
 
-    def __init__(self, state: BotState, claim: LeaseClaim, lease_seconds: float) -> None:
+    def __init__(self, state: BotState, claim: LeaseClaim, lease_seconds: float,
+                 heartbeat_seconds: float = HEARTBEAT_SECONDS) -> None:
         self.state = state
         self.claim = claim
         self.lease_seconds = lease_seconds
+        self.heartbeat_seconds = min(heartbeat_seconds, lease_seconds / 3)
         self.placeholder = claim.placeholder
         self.lost = False
         self._renewer: asyncio.Task[None] | None = None
@@ -59,11 +66,16 @@ class LeaseKeeper:
             asker=ask.asker, target=target or {},
         )
         self.lost = not recorded
-        self._renewer = asyncio.create_task(self._renew(), name=f"ragbot-lease-{self.claim.key}")
+        self.heartbeat()
+
+    def heartbeat(self) -> None:
+        """Start renewing the lease in the background until `stop` (or until another holder took it over)."""
+        if self._renewer is None:
+            self._renewer = asyncio.create_task(self._renew(), name=f"ragbot-lease-{self.claim.key}")
 
     async def _renew(self) -> None:
         while not self.lost:
-            await asyncio.sleep(self.lease_seconds / 3)
+            await asyncio.sleep(self.heartbeat_seconds)
             try:
                 self.lost = not await self.state.renew_lease(self.claim, self.lease_seconds)
             except Exception:  # the database blinked: try again next round (the lease is longer than a round)
@@ -112,7 +124,9 @@ async def sweep(flow: ChatFlow, resume: Resume, *, limit: int = 20) -> int:
         except Exception:
             logger.exception("%s: could not resume %s", flow.platform, pending.claim.key)
             continue
-        if made is None:
+        if made is None:  # it cannot be answered any more (a Discord interaction token expired): settle it
+            logger.warning("%s: %s can no longer be answered; dropping it", flow.platform, pending.claim.key)
+            await flow.delivered(pending.claim)
             continue
         ask, reply = made
         await flow.answer(ask, reply, claim=pending.claim, target=pending.target)

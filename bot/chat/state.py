@@ -67,6 +67,24 @@ class IdentityMapping:
 
 
 @dataclass(frozen=True)
+class AuditEntry:
+    """One change of who may see what (or a refused attempt): the `audit_log` table (migration 0016)."""
+
+    at: datetime
+    actor: str  # a chat identity ("slack:U1"), or "cli"
+    actor_role: str  # "operator" (the CLI, ADMIN_USER_IDS) or "platform-admin"
+    action: str  # "users map", "users unmap", "channel-access add", "channel-access remove"
+    subject: str  # the identity mapped, or the channel key
+    principal: str | None
+    outcome: str  # "done", "unchanged", "refused"
+    detail: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"at": self.at.isoformat(), "actor": self.actor, "actor_role": self.actor_role, "action": self.action,
+                "subject": self.subject, "principal": self.principal, "outcome": self.outcome, "detail": self.detail}
+
+
+@dataclass(frozen=True)
 class DeliveredAnswer:
     id: int
     platform: str
@@ -336,6 +354,29 @@ class BotState:
             )
             return [IdentityMapping(r.identity, r.principal, r.mapped_by, r.mapped_at) for r in rows]
 
+    # The audit log of access changes (issue 38).
+
+    async def record_audit(self, *, actor: str, actor_role: str, action: str, subject: str, principal: str | None,
+                           outcome: str, detail: str | None = None) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                text("INSERT INTO audit_log (actor, actor_role, action, subject, principal, outcome, detail) "
+                     "VALUES (:actor, :role, :action, :subject, :principal, :outcome, :detail)"),
+                {"actor": actor, "role": actor_role, "action": action, "subject": subject, "principal": principal,
+                 "outcome": outcome, "detail": detail},
+            )
+
+    async def audit_entries(self, limit: int = 100, since: datetime | None = None) -> list[AuditEntry]:
+        """The newest entries first."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                text("SELECT at, actor, actor_role, action, subject, principal, outcome, detail FROM audit_log "
+                     "WHERE CAST(:since AS timestamptz) IS NULL OR at >= :since ORDER BY id DESC LIMIT :n"),
+                {"since": since, "n": limit},
+            )
+            return [AuditEntry(r.at, r.actor, r.actor_role, r.action, r.subject, r.principal, r.outcome, r.detail)
+                    for r in rows]
+
     # Delivered answers and feedback.
 
     async def record_delivered_answer(
@@ -522,16 +563,41 @@ class BotState:
             return list(rows.scalars())
 
     async def forget_bot_state_of(self, identities: Sequence[str]) -> dict[str, int]:
-        """Delete what these platform identities asked (answers, with any feedback on them) and their feedback."""
+        """Delete what these platform identities asked (answers, with any feedback on them) and their feedback;
+        cancel their undelivered questions (a sweeper or a retry never answers them, a live holder stops at its
+        next heartbeat) and drop the question, target and asker of every claim they made; and forget them as the
+        admin who changed a mapping, a grant or a channel setting (the change stays, unattributed)."""
         ids = list(identities)
+        params = {"ids": ids}
         async with self.engine.begin() as conn:
             feedback = (await conn.execute(
-                text("DELETE FROM bot_feedback WHERE platform_user = ANY(CAST(:ids AS text[]))"), {"ids": ids}
+                text("DELETE FROM bot_feedback WHERE platform_user = ANY(CAST(:ids AS text[]))"), params
             )).rowcount or 0
             answers = (await conn.execute(
-                text("DELETE FROM bot_answers WHERE asker = ANY(CAST(:ids AS text[]))"), {"ids": ids}
+                text("DELETE FROM bot_answers WHERE asker = ANY(CAST(:ids AS text[]))"), params
             )).rowcount or 0
-        return {"answers": answers, "feedback": feedback}
+            pending = (await conn.execute(
+                text(
+                    """
+                    WITH theirs AS (
+                        SELECT key, delivered_at IS NULL AND question IS NOT NULL AS pending FROM bot_events
+                        WHERE asker = ANY(CAST(:ids AS text[])) FOR UPDATE
+                    )
+                    UPDATE bot_events e
+                    SET delivered_at = coalesce(e.delivered_at, now()), question = NULL, target = NULL,
+                        asker = NULL, conversation_id = NULL, placeholder = NULL
+                    FROM theirs WHERE e.key = theirs.key RETURNING theirs.pending
+                    """
+                ),
+                params,
+            )).scalars().all()
+            cancelled = sum(1 for was_pending in pending if was_pending)
+            for table, column in (("bot_identities", "mapped_by"), ("bot_channel_grants", "granted_by"),
+                                  ("bot_channel_settings", "updated_by")):
+                await conn.execute(
+                    text(f"UPDATE {table} SET {column} = NULL WHERE {column} = ANY(CAST(:ids AS text[]))"), params
+                )
+        return {"answers": answers, "feedback": feedback, "cancelled": cancelled}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""CLI commands over the bots' state: `ragbot users …`, `ragbot channel-access …`, `ragbot feedback`.
+"""CLI commands over the bots' state: `ragbot users …`, `ragbot channel-access …`, `ragbot feedback`, `ragbot audit`.
 
 They call the same functions as the `/kb` chat commands (`bot/chat/admin.py`); registered from `bot/cli/main.py`.
 """
@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from bot.cli.common import with_state
-from bot.cli.terminal import console
+from bot.cli.terminal import console, print_table
 
 if TYPE_CHECKING:
     from bot.chat.state import BotState
@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(users_app, name="users")
     app.add_typer(channel_app, name="channel-access")
     app.command("feedback")(feedback)
+    app.command("audit")(audit)
 
 
 def print_plain(text: str) -> None:
@@ -56,7 +57,7 @@ def users_map(
     principal: Annotated[str, typer.Argument(help="Whom they ask as: user:<email>, group:<name>, ...")],
 ) -> None:
     """Let a chat user ask as PRINCIPAL in DMs and assistant threads."""
-    reply(lambda kb, state: chat_admin().users_map(state, identity, principal, "cli"))
+    reply(lambda kb, state: chat_admin().users_map(state, identity, principal))
 
 
 @users_app.command("unmap")
@@ -88,7 +89,7 @@ def channel_add(
     principal: Annotated[str, typer.Argument(help="user:<email>, group:<name>, ...")],
 ) -> None:
     """Let everyone in CHANNEL get answers from what PRINCIPAL may see."""
-    reply(lambda kb, state: chat_admin().channel_access_add(state, channel, principal, "cli"))
+    reply(lambda kb, state: chat_admin().channel_access_add(state, channel, principal))
 
 
 @channel_app.command("remove")
@@ -123,4 +124,22 @@ def feedback(
         table.add_row(r.created_at.strftime("%Y-%m-%d %H:%M"), "👍" if r.rating == "up" else "👎",
                       escape(r.platform_user), escape(r.question), escape(r.standalone_query),
                       ", ".join(str(c) for c in r.chunk_ids))
-    console.print(table)
+    print_table(table)
+
+
+def audit(
+    limit: Annotated[int, typer.Option("--limit", "-n", help="How many, newest first.", min=1, max=100000)] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Who changed who may see what: identity mappings and channel grants, from the CLI and from chat, with
+    refused attempts (a workspace admin handing out a principal they do not hold)."""
+    entries = with_state(lambda kb, state: state.audit_entries(limit))
+    if as_json:
+        print(json.dumps({"audit": [e.to_dict() for e in entries]}, indent=2))
+        return
+    if not entries:
+        console.print("No access changes yet.")
+        return
+    for e in entries:  # one line each, newest first: easy to grep
+        print_plain(f"{e.at:%Y-%m-%d %H:%M:%S} {e.actor} ({e.actor_role}) {e.action} {e.subject} "
+                    f"{e.principal or '-'}: {e.outcome}")

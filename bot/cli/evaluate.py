@@ -12,6 +12,7 @@ from knowledge import EvalFileError, KnowledgeBase, Mode, SearchFilters, StaticS
 from knowledge.eval.evaluation import (
     EVAL_PRINCIPAL,
     METRICS,
+    compare_memory,
     evaluate_answers,
     evaluate_retrieval,
     load_beir,
@@ -48,6 +49,26 @@ async def index_eval_corpus(
         report = await kb.sync(source, progress)
     err_console.print(f"{source.spec.name}: {len(report.added) + len(report.updated)} indexed, {report.unchanged} cached")
     return [*principals, EVAL_PRINCIPAL], [source.spec.name]
+
+
+async def run_memory_comparison(
+    kb: KnowledgeBase, file: Path, principals: Sequence[str], sources: Sequence[str], *, corpus: Path | None = None,
+) -> dict[str, dict[str, float]]:
+    """`ragbot eval FILE --compare-memory`: memory against the last question and the last two user turns."""
+    questions = load_jsonl_questions(file)
+    if corpus is not None:
+        principals, sources = await index_eval_corpus(kb, load_corpus(corpus), principals)
+    else:
+        await require_an_index(kb, file)
+    return await compare_memory(kb, questions, principals, sources or None)
+
+
+def render_memory_comparison(table: dict[str, dict[str, float]]) -> None:
+    columns = ("ndcg@10", "recall@10", "fact_recall", "right_document")
+    out = Table("search", *columns)
+    for strategy, figures in table.items():
+        out.add_row(strategy, *(f"{figures[c]:.4f}" if c in figures else "-" for c in columns))
+    console.print(out)
 
 
 def render_eval(results: dict[str, dict[str, float]]) -> None:

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
+from rich.markup import escape
 from typer import _click as click
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from bot.cli.access import as_principals, register_access_commands
+from bot.cli.access import as_principals, checked_as, register_access_commands
 from bot.cli.admin import register as register_admin_commands
 from bot.cli.channel import register as register_channel_commands
 from bot.cli.common import fail, prepare_query_encoder, print_json, run_async, run_sync, with_kb
@@ -23,15 +24,17 @@ from bot.cli.terminal import (
     chat_session,
     console,
     err_console,
+    record_terminal_question,
     render_answer,
     render_hits,
     render_searched_for,
     render_status,
     render_sync_report,
     shown,
+    terminal_asker,
 )
 from bot.logs import configure_logging, secret_values
-from bot.settings import BotSettings
+from bot.settings import BotSettings, dotenv_warnings
 from db.embedded import stop_embedded
 from db.settings import DatabaseSettings
 from knowledge import KnowledgeSettings
@@ -102,6 +105,10 @@ app.add_typer(db_app, name="db")
 if TYPE_CHECKING:
     from knowledge import Answer, KnowledgeBase, Mode, SearchResults
 
+# `ragbot ingest`'s exit status when a file could not be indexed (the others were): scripts and CI notice it.
+# 2 stays the status of a usage error (bot.cli.common.fail).
+INGEST_FAILED_EXIT = 3
+
 AsOption = Annotated[
     list[str] | None,
     typer.Option("--as", metavar="PRINCIPAL", help="Search as this principal (repeatable), e.g. user:alice@example.com or group:eng; the "
@@ -128,6 +135,8 @@ def main() -> None:
     except ValueError:  # a bad setting is reported by the command that reads it, with its own clear message
         secrets = secret_values(settings)
     configure_logging(settings.log_level, settings.log_format, secrets)
+    for warning in dotenv_warnings():  # a misspelt setting in .env would otherwise do nothing, silently
+        err_console.print(f"[yellow]Warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -136,7 +145,8 @@ def ingest(
     source: Annotated[str | None, typer.Option("--source", metavar="NAME", help="Source name (default: the folder's name).")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Index folders of .md, .txt, .html, .pdf and .docx files (incremental: unchanged files are skipped)."""
+    """Index folders of .md, .txt, .html, .pdf, .docx, .csv and .xlsx files (incremental: unchanged files are
+    skipped; empty files are reported and left out). Exit status 3 when any file failed to index."""
     for path in paths:
         if not path.exists():
             fail(f"no such file or folder: {path}")
@@ -156,6 +166,8 @@ def ingest(
     reports = with_kb(sync_all)
     if as_json:
         print_json({"reports": reports})
+    if any(report["failed"] for report in reports):
+        raise typer.Exit(INGEST_FAILED_EXIT)  # the summary and each failed file were printed above
 
 
 @app.command()
@@ -212,9 +224,12 @@ def ask(
     conversation_id = conversation or f"cli:{uuid.uuid4()}"
 
     async def run_ask(kb: KnowledgeBase) -> Answer:
+        kb.check_question(question)
         await kb.check_sources(sources)
-        return await kb.answer(question, await as_principals(kb, principals, no_expand), conversation_id,
-                               sources=sources, asker="cli")
+        answer = await kb.answer(question, await as_principals(kb, principals, no_expand), conversation_id,
+                                 sources=sources, asker=terminal_asker())
+        await record_terminal_question(kb, conversation_id, question, answer)
+        return answer
 
     answer = with_kb(run_ask)
     if as_json:
@@ -233,7 +248,8 @@ def chat(principals: AsOption = None, sources: SourceOption = None) -> None:
     from knowledge import KnowledgeBase  # deferred: keeps `ragbot --help` fast
 
     def session() -> None:
-        chat_session(KnowledgeBase.open, principals or ["everyone"], sources, lambda kb: kb.check_sources(sources))
+        chat_session(KnowledgeBase.open, checked_as(principals) if principals else ["everyone"], sources,
+                     lambda kb: kb.check_sources(sources))
 
     run_sync(session)
 
@@ -256,12 +272,27 @@ def remove_source(name: Annotated[str, typer.Argument(help="The source to forget
 
 
 @app.command()
-def run() -> None:
+def run(
+    headless: Annotated[bool, typer.Option(
+        "--headless", help="No terminal chat: serve /healthz, /metrics and /admin (with ADMIN_TOKEN) and run scheduled "
+                           "syncs until stopped, as TERMINAL_CHAT=false does. Chat platforms whose tokens are set "
+                           "still start.")] = False,
+    port: Annotated[int | None, typer.Option("--port", metavar="PORT", min=0, max=65535,
+                                             help="The HTTP port (default: the PORT setting, 3000).")] = None,
+    host: Annotated[str | None, typer.Option("--host", metavar="HOST",
+                                             help="The address to listen on (default: the HOST setting, 0.0.0.0).")] = None,
+) -> None:
     """Start the bots (Slack and/or Discord, per the tokens set) with /healthz and /metrics; with no chat tokens,
-    the terminal chat."""
+    the terminal chat, or with --headless the server alone."""
     from bot.app import run as run_bots  # deferred: keeps `ragbot --help` fast
 
-    run_bots(runner=run_async, terminal_chat=lambda: chat(principals=None, sources=None))
+    overrides: dict[str, object] = {"terminal_chat": False} if headless else {}
+    if port is not None:
+        overrides["port"] = port
+    if host is not None:
+        overrides["host"] = host
+    settings = BotSettings().model_copy(update=overrides)
+    run_bots(settings, runner=run_async, terminal_chat=lambda: chat(principals=None, sources=None))
 
 
 @app.command(name="eval")
@@ -279,6 +310,10 @@ def evaluate(
     ] = False,
     last_two: Annotated[
         bool, typer.Option("--last-two", help="Search the last two user turns together (the other baseline).")
+    ] = False,
+    compare_memory: Annotated[
+        bool, typer.Option("--compare-memory", help="Follow-ups only: conversation memory against the last question "
+                                                    "alone and the last two user turns, nDCG@10 and answer facts.")
     ] = False,
     mode: Annotated[str, typer.Option("--mode", metavar="MODE", help="hybrid, dense, lexical, or all.")] = "all",
     principals: AsOption = None,
@@ -301,6 +336,18 @@ def evaluate(
     for target in (file, beir, corpus):
         if target is not None and not target.exists():
             fail(f"no such file or folder: {target}")
+    if compare_memory:
+        if file is None:
+            fail("--compare-memory needs an eval FILE.jsonl of conversations")
+        from bot.cli.evaluate import render_memory_comparison, run_memory_comparison  # deferred: keeps --help fast
+
+        table = with_kb(lambda kb: run_memory_comparison(kb, file, principals or ["everyone"], sources or [],
+                                                         corpus=corpus))
+        if as_json:
+            print_json(table)
+        else:
+            render_memory_comparison(table)
+        return
     if answers:
         if file is None:
             fail("--answers needs an eval FILE.jsonl with expected facts")

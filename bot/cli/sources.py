@@ -14,7 +14,15 @@ from rich.table import Table
 
 from bot.cli.access import refresh_groups_after_sync
 from bot.cli.common import cli_message, fail, prepare_query_encoder, print_json, with_kb
-from bot.cli.terminal import RichSyncProgress, console, describe_run, err_console, render_sync_report, shown
+from bot.cli.terminal import (
+    RichSyncProgress,
+    console,
+    describe_run,
+    err_console,
+    print_table,
+    render_sync_report,
+    shown,
+)
 from bot.settings import BotSettings
 from knowledge import KnowledgeError
 
@@ -181,7 +189,7 @@ def list_sources(as_json: JsonOption = False) -> None:
             schedule += f"\nprune {format_interval(s.prune_seconds)}"
         table.add_row(shown(s.name), s.kind, schedule, str(s.documents), describe_run(s.last_run, s.running),
                       shown(_where(s)))
-    console.print(table)
+    print_table(table)
 
 
 def _where(info: SourceInfo) -> str:
@@ -272,7 +280,7 @@ def sync_runs(
             counts += f"\n[red]{shown(run.error[:300])}[/]"
         table.add_row(str(run.id), shown(run.source), shown(run.trigger), _status(run),
                       f"{run.started_at:%Y-%m-%d %H:%M:%S}", _took(run), counts)
-    console.print(table)
+    print_table(table)
 
 
 def _status(run: SyncRun) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import shlex
 import uuid
 from collections import defaultdict
@@ -86,13 +87,16 @@ def render_sync_report(report: SyncReport) -> None:
     console.print(
         f"[bold]{shown(report.source)}[/]: {len(report.added)} added, {len(report.updated)} updated, "
         f"{report.unchanged} unchanged, {len(report.metadata_updated)} metadata-only, {len(report.deleted)} deleted, "
-        f"{len(report.skipped) + len(report.over_limit)} skipped, {len(report.failed)} failed "
+        f"{len(report.skipped) + len(report.over_limit) + len(report.empty)} skipped, {len(report.failed)} failed "
         f"({report.chunks_written} chunks written, {report.chunks_embedded} embedded, "
         f"{report.chunks_from_cache} from cache, {report.seconds:.1f}s)",
         soft_wrap=True,
     )
     for external_id, reason in report.failed:
         console.print(f"  [red]failed[/] {shown(external_id)}: {shown(reason)}", soft_wrap=True)
+    if report.empty:
+        names = ", ".join(report.empty[:5]) + (f" and {len(report.empty) - 5} more" if len(report.empty) > 5 else "")
+        console.print(f"  [yellow]empty, left out[/] {shown(names)}", soft_wrap=True)
     for line in report.over_limit_lines():
         console.print(f"  [yellow]{shown(line)}[/]", soft_wrap=True)
     for warning in report.warnings:
@@ -127,6 +131,21 @@ def plain_output() -> bool:
     return not console.is_terminal or console.width < 100
 
 
+def print_table(table: Table) -> None:
+    """A list command's table: boxed in a wide terminal; piped (or narrow), plain lines instead, a header line then
+    one line per row with its cells separated by tabs, never cut (a cell's own line breaks become " · ")."""
+    if not plain_output():
+        console.print(table)
+        return
+    columns = table.columns
+    rows = zip(*(list(column.cells) for column in columns), strict=True)
+    for cells in [[column.header for column in columns], *rows]:
+        plain = [(Text.from_markup(c) if isinstance(c, str) else c).plain if isinstance(c, str | Text) else str(c)
+                 for c in cells]
+        # Written as is: rich would expand the tabs into spaces. Cells were sanitised (shown) before markup.
+        print("\t".join(" · ".join(p.split("\n")) for p in plain), file=console.file)
+
+
 def render_hits(hits: Sequence[SearchHit]) -> None:
     if not hits:
         console.print("No results.")
@@ -159,12 +178,18 @@ def section_breadcrumb(title: str, heading: str) -> str:
 
 
 def render_answer(answer: Answer) -> None:
-    # The answer is built from document text: printed literally (a Text is never parsed as markup or Markdown),
-    # so `<!channel> …`, `[bold]` or `![image](url)` in a document show as written. Offline answers are written
-    # as plain Markdown source (a table is `| a | b |` rows under a header), which reads well as it is.
+    # The answer is Markdown built from document text. In a terminal it is rendered (bold, lists, tables) by rich's
+    # Markdown, which never parses rich markup (`[bold]` in a document shows as written) and, with hyperlinks off,
+    # shows a link's target beside its text. Piped, it is printed literally as Markdown source (a Text is never
+    # parsed), which reads well as it is and is what a script wants.
     if answer.outcome == "uncertain" and answer.mode != "extractive":
         console.print("[yellow]Closest passages: they may not answer the question.[/]")
-    console.print(Text(quote_safe(answer.text)), soft_wrap=plain_output())
+    if console.is_terminal:
+        from rich.markdown import Markdown  # here, not at the top: markdown-it is only needed for an answer
+
+        console.print(Markdown(quote_safe(answer.text), hyperlinks=False))
+    else:
+        console.print(Text(quote_safe(answer.text)), soft_wrap=plain_output())
     if answer.citations:
         console.print()
         for citation in answer.citations:
@@ -242,6 +267,28 @@ def describe_run(run: SyncRun | None, running: bool = False) -> str:
     return text
 
 
+TERMINAL = "terminal"  # the platform terminal questions are recorded under (the admin page and `ragbot insights`)
+
+
+def terminal_asker() -> str:
+    """Who asks from the terminal: the operator's login name ("terminal:alice"), as recorded with the question."""
+    try:
+        name = getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container running as an anonymous uid)
+        name = "operator"
+    return f"{TERMINAL}:{name}"
+
+
+async def record_terminal_question(kb: KnowledgeBase, conversation_id: str, question: str, answer: Answer) -> None:
+    """Record a question asked in the terminal, like the chat bots' (platform "terminal", attributed to the
+    operator), so the admin page and `ragbot insights` count what was tried before any chat platform was set up."""
+    from bot.chat.feedback import remember_answer  # here, not at the top: keeps SQLAlchemy out of `ragbot --help`
+    from bot.chat.state import BotState
+
+    await remember_answer(BotState(kb.engine), platform=TERMINAL, conversation_id=conversation_id,
+                          asker=terminal_asker(), question=question, answer=answer)
+
+
 QUIT_WORDS = ("/quit", "/exit", "quit", "exit")
 LEAVE_HINT = "Type exit or /quit (or press Ctrl-D or Ctrl-C) to leave; Ctrl-C while an answer runs cancels it."
 
@@ -267,6 +314,8 @@ def chat_session(
 
 
 def _chat(runner: asyncio.Runner, kb: KnowledgeBase, principals: Sequence[str], sources: Sequence[str] | None) -> None:
+    from knowledge import QuestionTooLong  # here, not at the top: keeps `ragbot --help` fast
+
     conversation_id = f"terminal:{uuid.uuid4()}"
     mode = "Claude" if kb.answer_mode == "llm" else "offline excerpts (set ANTHROPIC_API_KEY for composed answers)"
     console.print(f"[bold]ragbot[/] — ask about your documents. Answers: {mode}.")
@@ -283,10 +332,16 @@ def _chat(runner: asyncio.Runner, kb: KnowledgeBase, principals: Sequence[str], 
         if question.lower() in QUIT_WORDS:
             return
         try:
+            kb.check_question(question)
+        except QuestionTooLong as exc:
+            err_console.print(f"[red]Error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            continue
+        try:
             with console.status("Searching…"):
                 answer = runner.run(
-                    kb.answer(question, principals, conversation_id, sources=sources, asker="terminal")
+                    kb.answer(question, principals, conversation_id, sources=sources, asker=terminal_asker())
                 )
+                runner.run(record_terminal_question(kb, conversation_id, question, answer))
         except KeyboardInterrupt:
             console.print("[dim](cancelled)[/]")
             continue

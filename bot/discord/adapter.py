@@ -15,6 +15,11 @@ through the synced groups by the one resolver, `kb.principals_for`):
 - a DM, or `/ask private:True` (an ephemeral answer only the asker sees; the default in a channel whose mode is
   private): the asker's principals. A private answer carries a "Share in channel" button that answers again for
   the channel.
+
+Every question is claimed as a lease (`bot.chat.lease`): a DM or a mention by its message id, `/ask` (public or
+private) by its interaction id, with the interaction's follow-up token stored beside it, so that if the process
+dies mid-answer the sweeper of another `ragbot run` finishes the answer through the same interaction (ephemerally
+when it was private). Discord's interaction tokens last 15 minutes: an `/ask` not finished by then is dropped.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ import asyncio
 import logging
 import re
 import shlex
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import aiohttp
 import discord
 import yarl
 from discord import app_commands
@@ -38,9 +45,11 @@ from bot.chat.delivery import channel_mode
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_rating
 from bot.chat.flow import Ask, ChatFlow, OnText
+from bot.chat.guests import MEMBER, Standing, outsider_audience, trusted_admin
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import SourceEntry, sources_list, split_text
 from bot.chat.sanitize import quote_safe
+from bot.server import StartupError
 from bot.settings import BotSettings
 from knowledge import ChatMessage
 
@@ -62,6 +71,10 @@ NO_PINGS = discord.AllowedMentions.none()
 PLATFORM = "discord"
 GUILD_MEMBERS_PAGE = 1000  # GET /guilds/{id}/members: at most 1000 per page, paged by `after`
 MAX_GUILD_MEMBERS_SCANNED = 10_000  # a bigger server: a restricted channel's audience falls back to everyone
+# An interaction token lets the bot post follow-ups for 15 minutes (Discord: "Receiving and Responding"); a resumed
+# `/ask` must be finished well before that.
+INTERACTION_TOKEN_SECONDS = 15 * 60
+INTERACTION_RESUME_MARGIN = 60.0
 ADMIN_REFUSAL = "`/{command}` needs an admin (Manage Server, or a user listed in ADMIN_USER_IDS). Nothing was changed."
 
 
@@ -349,17 +362,21 @@ class RagbotDiscord(discord.Client):
                  state: BotState | None = None) -> None:
         intents = discord.Intents.default()  # guilds, guild and DM messages; no members or presences
         intents.message_content = settings.discord_message_content
+        # The bot never joins a voice channel: no "PyNaCl / davey is not installed" warnings at every start.
+        discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False
         super().__init__(intents=intents, allowed_mentions=NO_PINGS)
         self.kb = kb
         self.settings = settings
         self.metrics = metrics
-        self.flow = ChatFlow(kb, PLATFORM, metrics, state=state, lease_seconds=settings.answer_lease_seconds)
+        self.flow = ChatFlow(kb, PLATFORM, metrics, state=state, lease_seconds=settings.answer_lease_seconds,
+                             heartbeat_seconds=settings.answer_heartbeat_seconds)
         self._sweeper: asyncio.Task[None] | None = None
         self.tree = app_commands.CommandTree(self)
         self.tree.error(self._on_command_error)  # discord.py's documented way to replace the tree's on_error
         self.background: set[asyncio.Task[Any]] = set()  # reindex jobs still running
         self.audiences = ChannelAudiences(kb, self.flow.state, ttl_seconds=settings.channel_audience_ttl,
-                                          max_members=settings.channel_audience_max_members)
+                                          max_members=settings.channel_audience_max_members,
+                                          guest_access=settings.guest_access)
         _register_commands(self)
 
     # ---- start-up -------------------------------------------------------------------------------------------------
@@ -398,13 +415,38 @@ class RagbotDiscord(discord.Client):
     def identity(user: discord.abc.User) -> str:
         return f"{PLATFORM}:{user.id}"
 
+    def standing(self, user: discord.abc.User) -> Standing:
+        """Discord has no guests; with DISCORD_GUEST_WITHOUT_ROLE a server member holding no role besides @everyone
+        is treated as one (bot.chat.guests). In a DM the user is looked up in the servers the gateway cached: a
+        role in any of them makes a member; found nowhere with a role, a guest (fail closed)."""
+        if not self.settings.discord_guest_without_role:
+            return MEMBER
+        if isinstance(user, discord.Member):
+            return MEMBER if len(user.roles) > 1 else Standing(True, "a server member without a role")
+        for guild in self.guilds:
+            member = guild.get_member(user.id)
+            if member is not None and len(member.roles) > 1:
+                return MEMBER
+        return Standing(True, "a user without a role in the bot's servers")
+
     async def private_audience(self, user: discord.abc.User) -> access.Audience:
-        return await access.private_audience(self.kb, self.identity(user))
+        audience = await access.private_audience(self.kb, self.identity(user))
+        return outsider_audience(audience, self.standing(user), self.settings.guest_access)
 
     async def shared_audience(self, user: discord.abc.User, guild_id: int, channel_id: int) -> access.Audience:
         """Who reads an answer in this channel (a thread passes its parent): `everyone` + grants where @everyone
         may view it, the members' common principals + grants where the overwrites hide it (bot.chat.audience)."""
-        return await self.audiences.audience(channel_key(guild_id, channel_id), self.identity(user),
+        audience = await self.audiences.audience(channel_key(guild_id, channel_id), self.identity(user),
+                                                 lambda limit: self.channel_members(guild_id, channel_id, limit))
+        return outsider_audience(audience, self.standing(user), self.settings.guest_access)
+
+    async def reads_channel(self, key: str, user: discord.abc.User) -> bool:
+        """Could this user view the channel `key` ("discord:<guild>:<channel>")? For `/kb gaps`."""
+        parts = key.split(":")
+        if len(parts) != 3 or parts[0] != PLATFORM or not parts[1].isdigit() or not parts[2].isdigit():
+            return False
+        guild_id, channel_id = int(parts[1]), int(parts[2])
+        return await self.audiences.may_read(key, self.identity(user),
                                              lambda limit: self.channel_members(guild_id, channel_id, limit))
 
     async def channel_members(self, guild_id: int, channel_id: int, limit: int) -> list[Member] | None:
@@ -428,7 +470,7 @@ class RagbotDiscord(discord.Client):
         people = [m for m in viewers if not m.bot]
         if len(people) > limit:
             raise AudienceUnavailable(f"more than CHANNEL_AUDIENCE_MAX_MEMBERS={limit} members")
-        return [Member(self.identity(m), None, m.bot) for m in viewers]
+        return [Member(self.identity(m), None, m.bot, self.standing(m).outsider) for m in viewers]
 
     async def _fetch_guild_members(self, guild: discord.Guild) -> list[discord.Member]:
         members: list[discord.Member] = []
@@ -475,7 +517,8 @@ class RagbotDiscord(discord.Client):
         Discord's default-permission hint shows to whom."""
         if self.settings.is_listed_admin(PLATFORM, str(interaction.user.id)):
             return True
-        return interaction.guild_id is not None and interaction.permissions.manage_guild
+        return interaction.guild_id is not None and trusted_admin(interaction.permissions.manage_guild,
+                                                                  self.standing(interaction.user))
 
     # ---- answering ------------------------------------------------------------------------------------------------
 
@@ -493,14 +536,30 @@ class RagbotDiscord(discord.Client):
         ask = Ask(question, conversation_id, asker, audience, history, channel_key=channel, auto=auto)
         return await self.flow.answer(ask, reply, claim=claim, target=target)
 
-    async def resume(self, pending: PendingQuestion) -> tuple[Ask, ProgressiveReply]:
+    async def resume(self, pending: PendingQuestion) -> tuple[Ask, ProgressiveReply] | None:
         """A question whose holder died, rebuilt from its claim: `target` says which channel to answer in and
         whose documents apply (`audience_channel` None: the asker's own, as in a DM); the answer replaces the
-        message the holder had started, or is posted afresh."""
+        message the holder had started, or is posted afresh. An `/ask` is finished through its interaction's
+        follow-up webhook (ephemeral when it was private); None once its token has expired."""
         target = pending.target
-        channel = self.get_partial_messageable(int(target["channel"]))
-        started = channel.get_partial_message(int(pending.claim.placeholder)) if pending.claim.placeholder else None
-        reply = ProgressiveReply(channel.send, self.settings.discord_edit_interval_seconds, message=started)
+        interval = self.settings.discord_edit_interval_seconds
+        reply: ProgressiveReply
+        if hook := target.get("interaction"):
+            if time.time() > float(hook["expires"]):
+                return None
+            webhook = discord.Webhook.from_state({"id": int(hook["application"]), "type": 3, "token": hook["token"]},
+                                                 self._connection)
+            ephemeral = bool(hook["ephemeral"])
+
+            async def followup(**kwargs: Any) -> Any:
+                return await webhook.send(wait=True, ephemeral=ephemeral, **kwargs)
+
+            posted = _FollowupMessage(webhook, int(pending.claim.placeholder)) if pending.claim.placeholder else None
+            reply = (PrivateReply if hook.get("share") else ProgressiveReply)(followup, interval, message=posted)
+        else:
+            channel = self.get_partial_messageable(int(target["channel"]))
+            started = channel.get_partial_message(int(pending.claim.placeholder)) if pending.claim.placeholder else None
+            reply = ProgressiveReply(channel.send, interval, message=started)
         asker = pending.asker
         guild, audience_channel = target.get("guild"), target.get("audience_channel")
 
@@ -509,7 +568,8 @@ class RagbotDiscord(discord.Client):
                 return await access.private_audience(self.kb, asker)
             return await access.shared_audience(self.flow.state, asker, channel_key(int(guild), int(audience_channel)))
 
-        return Ask(pending.question, pending.conversation_id, asker, audience), reply
+        settings_of = channel_key(int(guild), int(audience_channel)) if guild and audience_channel else None
+        return Ask(pending.question, pending.conversation_id, asker, audience, channel_key=settings_of), reply
 
     def question_from(self, message: discord.Message) -> str:
         """The message text without the bot's mention (`<@id>` or `<@!id>`)."""
@@ -641,9 +701,11 @@ class RagbotDiscord(discord.Client):
         async def send(**kwargs: Any) -> Any:
             return await interaction.followup.send(wait=True, **kwargs)
 
+        # Answered again as any question in this channel: its audience and its sources (`/kb channel sources`).
         await self.answer_into(send, delivered.question, lambda: self.shared_audience(interaction.user, guild_id,
                                                                                      channel_id),
-                               f"{PLATFORM}:{guild_id}:{interaction.channel_id}:share:{answer_id}", asker)
+                               f"{PLATFORM}:{guild_id}:{interaction.channel_id}:share:{answer_id}", asker,
+                               channel=channel_key(guild_id, channel_id))
 
     async def record_feedback(self, interaction: discord.Interaction, answer_id: int, vote: Rating) -> None:
         ack = await self.flow.feedback(answer_id, self.identity(interaction.user), vote)
@@ -662,6 +724,31 @@ class RagbotDiscord(discord.Client):
             await interaction.followup.send(text, ephemeral=True, allowed_mentions=NO_PINGS)
         else:
             await interaction.response.send_message(text, ephemeral=True, allowed_mentions=NO_PINGS)
+
+
+class _FollowupMessage:
+    """A follow-up message an earlier process posted for an interaction, edited through the interaction's webhook
+    (PATCH /webhooks/{application}/{token}/messages/{id}) as `ProgressiveReply` edits its message."""
+
+    def __init__(self, webhook: discord.Webhook, message_id: int) -> None:
+        self.webhook = webhook
+        self.id = message_id
+
+    async def edit(self, **kwargs: Any) -> Any:
+        return await self.webhook.edit_message(self.id, **kwargs)
+
+
+def _interaction_target(interaction: discord.Interaction, audience_channel_id: int | None, *, ephemeral: bool,
+                        share: bool) -> dict[str, Any]:
+    """`_target` for an `/ask`, plus what finishing it through the interaction needs: the application id and the
+    interaction token (a credential for this interaction's follow-ups only, valid 15 minutes; dropped from the
+    claim once the answer is delivered), and whether the answer is ephemeral and carries "Share in channel"."""
+    target = _target(interaction.channel_id or 0, interaction.guild_id, audience_channel_id)
+    target["interaction"] = {
+        "application": str(interaction.application_id), "token": interaction.token, "ephemeral": ephemeral,
+        "share": share, "expires": time.time() + INTERACTION_TOKEN_SECONDS - INTERACTION_RESUME_MARGIN,
+    }
+    return target
 
 
 def _target(channel_id: int, guild_id: int | None, audience_channel_id: int | None) -> dict[str, Any]:
@@ -709,6 +796,10 @@ def _register_commands(bot: RagbotDiscord) -> None:
         if private is None:
             key = _interaction_channel_key(interaction)
             private = key is not None and await channel_mode(bot.flow.state, key) == "private"
+        # Claimed like a message (a lease): if this process dies mid-answer, a sweeper finishes it (`resume`).
+        claim = await bot.flow.claim_question(f"{PLATFORM}:interaction:{interaction.id}")
+        if claim is None:
+            return  # delivered to two replicas: the one that claimed it answers
         await interaction.response.defer(thinking=True, ephemeral=private)  # first, within Discord's 3 seconds
         conversation = f"{PLATFORM}:{interaction.guild_id or 'dm'}:{interaction.channel_id}:ask:{interaction.id}"
         async def audience() -> access.Audience:
@@ -719,8 +810,12 @@ def _register_commands(bot: RagbotDiscord) -> None:
         async def send(**kwargs: Any) -> Any:
             return await interaction.followup.send(wait=True, ephemeral=private, **kwargs)
 
-        await bot.answer_into(send, question, audience, conversation, bot.identity(interaction.user),
-                              private=bool(private and interaction.guild_id is not None))
+        share = bool(private and interaction.guild_id is not None)
+        audience_channel = None if private or interaction.guild_id is None else interaction.channel_id
+        await bot.answer_into(send, question, audience, conversation, bot.identity(interaction.user), private=share,
+                              channel=_interaction_channel_key(interaction),  # its sources apply
+                              claim=claim, target=_interaction_target(interaction, audience_channel,
+                                                                      ephemeral=bool(private), share=share))
 
     kb = app_commands.Group(name="kb", description="Knowledge base administration (admins)",
                             default_permissions=discord.Permissions(manage_guild=True))
@@ -733,7 +828,9 @@ def _register_commands(bot: RagbotDiscord) -> None:
         reindex) is acknowledged at once and its result posted as an ephemeral follow-up when it is done."""
         caller = admin.Caller(bot.identity(interaction.user), bot.is_admin(interaction),
                               _interaction_channel_key(interaction),
-                              workspace=f"{PLATFORM}:{interaction.guild_id}:" if interaction.guild_id else None)
+                              workspace=f"{PLATFORM}:{interaction.guild_id}:" if interaction.guild_id else None,
+                              operator=bot.settings.is_listed_admin(PLATFORM, str(interaction.user.id)),
+                              reads_channel=lambda key: bot.reads_channel(key, interaction.user))
         if defer:
             await interaction.response.defer(ephemeral=True, thinking=True)
         result = await bot.flow.command(shlex.join(words), caller)
@@ -853,7 +950,7 @@ def _register_commands(bot: RagbotDiscord) -> None:
 CONNECT_TIMEOUT_SECONDS = 60
 
 
-class DiscordStartError(ValueError):
+class DiscordStartError(StartupError):
     """Discord would not let the bot in (its message names the setting to fix). A ValueError, so `ragbot run`
     shows it as a one-line error."""
 
@@ -887,6 +984,13 @@ class DiscordAdapter:
             raise DiscordStartError(
                 "Discord refused DISCORD_TOKEN: copy the bot token again from the Developer Portal (Bot → Reset "
                 "Token) into DISCORD_TOKEN"
+            ) from exc
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            await self.client.close()
+            where = settings.discord_api_url or "https://discord.com/api"
+            raise DiscordStartError(
+                f"could not reach Discord at {where} ({type(exc).__name__}): check the network (a proxy, a firewall)"
+                f"{', or DISCORD_API_URL' if settings.discord_api_url else ''}"
             ) from exc
         self._connection = asyncio.create_task(self.client.connect(reconnect=True), name="ragbot-discord-gateway")
         connected = asyncio.create_task(self.client.wait_for("connect"), name="ragbot-discord-connected")

@@ -27,10 +27,12 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.app.async_app import AsyncApp
@@ -51,8 +53,10 @@ from bot.chat.delivery import asks_privately, channel_mode, private_conversation
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_button_value
 from bot.chat.flow import Ask, ChatFlow, OnText
+from bot.chat.guests import MEMBER, Standing, outsider_audience, trusted_admin
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.render import sources_list
+from bot.server import StartupError
 from bot.slack.format import (
     BLOCKS_PER_MESSAGE,
     FEEDBACK_ACTION_ID,
@@ -99,10 +103,29 @@ _USER_ID = re.compile(r"^(?:slack:)?([UW][A-Z0-9]{2,})$")
 
 @dataclass(frozen=True)
 class SlackUser:
+    """What users.info says of a user (https://api.slack.com/types/user): `team_id`, the guest flags
+    `is_restricted` (multi-channel guest) / `is_ultra_restricted` (single-channel guest), `is_stranger` (a user of
+    another organisation met through Slack Connect)."""
+
     id: str
     email: str | None
     is_admin: bool
     is_bot: bool
+    team_id: str | None = None
+    guest: bool = False  # is_restricted or is_ultra_restricted
+    stranger: bool = False  # is_stranger
+    enterprise_id: str | None = None  # enterprise_user.enterprise_id: their Enterprise Grid organisation
+
+    def standing(self, home_team: str | None, home_enterprise: str | None = None) -> Standing:
+        """A guest, or a user of another organisation: a stranger, or a team that is not the installed one (on
+        Enterprise Grid, another workspace of the installing organisation is the same organisation)."""
+        same_org = home_enterprise is not None and self.enterprise_id == home_enterprise
+        other_team = home_team is not None and self.team_id is not None and self.team_id != home_team
+        if self.stranger or (other_team and not same_org):
+            return Standing(True, "a user of another organisation")
+        if self.guest:
+            return Standing(True, "a guest")
+        return MEMBER
 
 
 class UserDirectory:
@@ -128,6 +151,10 @@ class UserDirectory:
             email=(data.get("profile") or {}).get("email") or None,
             is_admin=bool(data.get("is_admin") or data.get("is_owner") or data.get("is_primary_owner")),
             is_bot=bool(data.get("is_bot")),
+            team_id=data.get("team_id") or None,
+            guest=bool(data.get("is_restricted") or data.get("is_ultra_restricted")),
+            stranger=bool(data.get("is_stranger")),
+            enterprise_id=(data.get("enterprise_user") or {}).get("enterprise_id") or None,
         )
         self._cache[user_id] = (time.monotonic(), user)
         return user
@@ -155,6 +182,57 @@ class Where:
         return f"slack:{self.team}:{self.channel}"
 
 
+class SlackStartError(StartupError):
+    """Slack would not let the bot in, or could not be reached: the message names the setting and the fix."""
+
+
+# Slack's answers to a refused token (auth.test's documented errors, https://api.slack.com/methods/auth.test, and
+# the errors every Web API method may return, https://api.slack.com/web#errors).
+_REFUSED_TOKEN = {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired",
+                  "not_allowed_token_type", "invalid_token"}
+
+
+@contextmanager
+def slack_start_errors(api_url: str, setting: str) -> Iterator[None]:
+    """Turn what Slack answers at start-up into SlackStartError: a refused token names `setting`, a missing scope
+    names the scope (`needed`, per https://api.slack.com/web#errors), an unreachable host names SLACK_API_URL."""
+    try:
+        yield
+    except SlackApiError as exc:
+        error = str(exc.response.get("error", "")) if exc.response is not None else ""
+        if error == "missing_scope":
+            needed = exc.response.get("needed") or "a scope"
+            raise SlackStartError(
+                f"Slack: {setting} lacks the scope {needed}: add it to the app (OAuth & Permissions → Scopes, or "
+                "from slack-manifest.yml), reinstall the app to the workspace and copy the new token into "
+                f"{setting}") from None
+        if error in _REFUSED_TOKEN:
+            kind = "app-level token (xapp-…, Basic Information → App-Level Tokens, with connections:write)" if \
+                setting == "SLACK_APP_TOKEN" else "Bot User OAuth Token (xoxb-…, OAuth & Permissions)"
+            raise SlackStartError(f"Slack refused {setting} ({error}): copy the app's {kind} into {setting}") \
+                from None
+        raise SlackStartError(f"Slack answered {error or 'an error'} at start-up: check {setting} and the app's "
+                              "settings at https://api.slack.com/apps") from None
+    except (TimeoutError, SlackClientError, aiohttp.ClientError, OSError) as exc:
+        raise SlackStartError(f"could not reach Slack at {api_url} ({type(exc).__name__}): check the network (a "
+                              "proxy, a firewall), or SLACK_API_URL") from None
+
+
+def _bolt_logger() -> logging.Logger:
+    """slack-bolt's logger, without the warning it logs at every start when SLACK_BOT_TOKEN is in the environment
+    ("As you gave `client` as well, `token` will be unused": it reads the variable itself although we hand it the
+    client built from the same token), a line before any real error that would only confuse."""
+    bolt = logging.getLogger("slack_bolt")
+    if not any(isinstance(f, _TokenUnusedFilter) for f in bolt.filters):
+        bolt.addFilter(_TokenUnusedFilter())
+    return bolt
+
+
+class _TokenUnusedFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`token` will be unused" not in record.getMessage()
+
+
 class SlackAdapter:
     name = PLATFORM
 
@@ -164,7 +242,8 @@ class SlackAdapter:
         self.settings = context.settings
         self.metrics = context.metrics
         self.flow = ChatFlow(self.kb, PLATFORM, self.metrics, state=context.state,
-                             lease_seconds=self.settings.answer_lease_seconds)
+                             lease_seconds=self.settings.answer_lease_seconds,
+                             heartbeat_seconds=self.settings.answer_heartbeat_seconds)
         self._sweeper: asyncio.Task[None] | None = None
         token = self.settings.slack_bot_token.get_secret_value() if self.settings.slack_bot_token else None
         self.client = client or AsyncWebClient(
@@ -179,16 +258,20 @@ class SlackAdapter:
         self.socket_mode = bool(self.settings.slack_app_token and self.settings.slack_app_token.get_secret_value())
         signing_secret = self.settings.slack_signing_secret.get_secret_value() if self.settings.slack_signing_secret else ""
         if not self.socket_mode and not signing_secret:
-            raise ValueError("SLACK_SIGNING_SECRET is required in HTTP mode (or set SLACK_APP_TOKEN for Socket Mode)")
+            raise SlackStartError("SLACK_SIGNING_SECRET is required in HTTP mode: copy the Signing Secret from your "
+                                  "app's Basic Information page (or set SLACK_APP_TOKEN for Socket Mode)")
         self.app = AsyncApp(
             client=self.client,
             signing_secret=signing_secret or "socket-mode-has-no-signatures",
             request_verification_enabled=not self.socket_mode,
-            logger=logging.getLogger("slack_bolt"),
+            logger=_bolt_logger(),
         )
         self.users = UserDirectory(self.client, self.settings.user_cache_seconds)
         self.audiences = ChannelAudiences(self.kb, self.flow.state, ttl_seconds=self.settings.channel_audience_ttl,
-                                          max_members=self.settings.channel_audience_max_members)
+                                          max_members=self.settings.channel_audience_max_members,
+                                          guest_access=self.settings.guest_access)
+        self.team_id: str | None = None  # the installed workspace (auth.test): users of other teams are outsiders
+        self.enterprise_id: str | None = None
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -201,9 +284,14 @@ class SlackAdapter:
         return [] if self.socket_mode else [web.post(EVENTS_PATH, self.handle_http)]
 
     async def start(self) -> None:
-        identity = await self.client.auth_test()
+        """Check the token (auth.test), then connect (Socket Mode). A refusal or an unreachable Slack raises
+        SlackStartError, one line naming the setting to fix (`ragbot run` shows it without a traceback)."""
+        with slack_start_errors(self.settings.slack_api_url, "SLACK_BOT_TOKEN"):
+            identity = await self.client.auth_test()
         self.bot_user_id = identity.get("user_id")
         self.bot_id = identity.get("bot_id")
+        self.team_id = identity.get("team_id") or None
+        self.enterprise_id = identity.get("enterprise_id") or None  # Enterprise Grid: the installing organisation
         logger.info("Slack: connected as %s in %s (%s mode)", identity.get("user"), identity.get("team"),
                     "Socket" if self.socket_mode else "HTTP")
         # Questions a crashed process claimed but never answered: finished in their placeholders (bot.chat.lease).
@@ -214,6 +302,16 @@ class SlackAdapter:
             app_token = self.settings.slack_app_token
             assert app_token is not None  # socket_mode is set only when there is an app token
             self._socket_handler = AsyncSocketModeHandler(self.app, app_token.get_secret_value())
+            socket = self._socket_handler.client
+            # The socket URL is asked for here, not by connect_async, which would log a refused app token and retry
+            # it for ever: a refusal is a one-line error naming SLACK_APP_TOKEN (connect uses the URL given).
+            try:
+                with slack_start_errors(self.settings.slack_api_url, "SLACK_APP_TOKEN"):
+                    opened = await socket.web_client.apps_connections_open(app_token=app_token.get_secret_value())
+            except SlackStartError:
+                await self.stop()  # not started, so `ragbot run` will not stop it: the sweeper and socket client
+                raise
+            socket.wss_uri = opened["url"]
             await self._socket_handler.connect_async()
 
     async def stop(self) -> None:
@@ -367,12 +465,18 @@ class SlackAdapter:
         keys.append(f"slack:msg:{self._team(body, event)}:{event['channel']}:{event['ts']}")
         return await self.flow.claim_question(*keys)
 
-    async def resume(self, pending: PendingQuestion) -> tuple[Ask, SlackReply]:
+    async def resume(self, pending: PendingQuestion) -> tuple[Ask, SlackReply | SlackEphemeralReply]:
         """A question whose holder died, rebuilt from what its claim stored: the answer replaces the placeholder
-        the holder posted (chat.update on its ts), or is posted afresh if it never got that far."""
+        the holder posted (chat.update on its ts), or is posted afresh if it never got that far. A private answer
+        (`ephemeral`) is posted ephemerally to its asker again, with the asker's access, as it would have been."""
         where = Where(**pending.target)
-        reply = SlackReply(self, where, placeholder_ts=pending.claim.placeholder)
-        ask = Ask(pending.question, pending.conversation_id, pending.asker, lambda: self._audience(where))
+        reply: SlackReply | SlackEphemeralReply = (
+            SlackEphemeralReply(self, where) if where.ephemeral
+            else SlackReply(self, where, placeholder_ts=pending.claim.placeholder)
+        )
+        # The channel's settings (its sources) apply as they did to the first attempt.
+        ask = Ask(pending.question, pending.conversation_id, pending.asker, lambda: self._audience(where),
+                  channel_key=None if where.private else where.channel_key)
         return ask, reply
 
     # Answering.
@@ -405,21 +509,23 @@ class SlackAdapter:
                 conversation = private_conversation(conversation, identity)
         ask = Ask(question, conversation, identity, lambda: self._audience(where), history,
                   channel_key=None if where.private else where.channel_key)
-        if where.ephemeral:
-            # An ephemeral answer has no placeholder to finish after a crash: it is settled once answered.
-            await self.flow.answer(ask, answer_reply)
-            await self.flow.delivered(claim)
-        else:
-            await self.flow.answer(ask, answer_reply, claim=claim, target=asdict(where))
+        # Claimed like every question (a private one too): if this process dies, a retry or the sweeper finishes it
+        # from the stored target (`resume`), ephemerally when it was private.
+        await self.flow.answer(ask, answer_reply, claim=claim, target=asdict(where))
 
     async def _audience(self, where: Where) -> Audience:
         """A DM, an assistant thread or an ephemeral answer: the asker's access. A channel: its audience."""
         identity = f"slack:{where.user}"
+        user = await self.users.get(where.user)
+        standing = user.standing(self.team_id, self.enterprise_id) if user else MEMBER
         if where.private or where.ephemeral or where.channel.startswith("D"):
-            user = await self.users.get(where.user)
-            return await private_audience(self.kb, identity, user.email if user else None)
-        return await self.audiences.audience(where.channel_key, identity,
-                                             lambda limit: self._channel_members(where.channel, limit))
+            audience = await private_audience(self.kb, identity, user.email if user and not standing.outsider else None)
+        else:
+            audience = await self.audiences.audience(where.channel_key, identity,
+                                                     lambda limit: self._channel_members(where.channel, limit))
+        if standing.outsider:
+            logger.info("Slack: %s is %s: GUEST_ACCESS=%s applies", identity, standing.why, self.settings.guest_access)
+        return outsider_audience(audience, standing, self.settings.guest_access)
 
     async def _channel_members(self, channel: str, limit: int) -> list[Member] | None:
         """None for a public channel (everyone may join it); the members of a private channel or group DM
@@ -430,8 +536,8 @@ class SlackAdapter:
             info = (await self.client.conversations_info(channel=channel)).get("channel") or {}
         except SlackClientError as exc:
             raise AudienceUnavailable(f"conversations.info failed: {_slack_error(exc)}") from exc
-        if not (info.get("is_private") or info.get("is_mpim") or info.get("is_group")):
-            return None
+        if not (info.get("is_private") or info.get("is_mpim") or info.get("is_group") or info.get("is_ext_shared")):
+            return None  # public, and not shared with another organisation: open to every member of the workspace
         ids: list[str] = []
         cursor: str | None = None
         try:
@@ -453,7 +559,7 @@ class SlackAdapter:
                 user = await self.users.get(user_id)
             if user is None:
                 raise AudienceUnavailable(f"users.info failed for {user_id}")
-            return Member(f"slack:{user_id}", user.email, user.is_bot)
+            return Member(f"slack:{user_id}", user.email, user.is_bot, user.standing(self.team_id, self.enterprise_id).outsider)
 
         return list(await asyncio.gather(*(member(u) for u in dict.fromkeys(ids))))
 
@@ -550,14 +656,26 @@ class SlackAdapter:
         channel = command.get("channel_id") or ""
         team = command.get("team_id") or "T"
         user = await self.users.get(user_id) if user_id else None
-        is_admin = bool(user and user.is_admin) or self.settings.is_listed_admin(PLATFORM, user_id)
-        caller = admin.Caller(f"slack:{user_id}", is_admin,
+        # Workspace admins and owners of the installed team only: an external user's is_admin is about their own.
+        platform_admin = bool(user and trusted_admin(user.is_admin, user.standing(self.team_id, self.enterprise_id)))
+        listed = self.settings.is_listed_admin(PLATFORM, user_id)
+        caller = admin.Caller(f"slack:{user_id}", platform_admin or listed,
                               channel_key=None if channel.startswith("D") or not channel else f"slack:{team}:{channel}",
-                              workspace=f"slack:{team}:", resolve_person=self.person)
+                              workspace=f"slack:{team}:", resolve_person=self.person,
+                              email=user.email if user else None, operator=listed,
+                              reads_channel=lambda key: self._reads_channel(key, user_id))
         result = await self.flow.command(command.get("text") or "", caller)
         await ack(response_type="ephemeral", text=to_mrkdwn(result.text))
         if result.followup is not None:
             self._spawn(self._run_followup(result.followup, respond, channel, user_id))
+
+    async def _reads_channel(self, key: str, user_id: str) -> bool:
+        """Could this user read the channel `key` ("slack:T1:C2") as a member? Public: yes; private: if a member."""
+        prefix, _, channel = key.rpartition(":")
+        if not channel or prefix != f"slack:{self.team_id or prefix.partition(':')[2]}":
+            return False  # another workspace's channel
+        return await self.audiences.may_read(key, f"slack:{user_id}",
+                                             lambda limit: self._channel_members(channel, limit))
 
     async def _run_followup(self, job: Callable[[], Awaitable[str]], respond: Any, channel: str, user_id: str) -> None:
         text = await self.flow.followup(job)
@@ -605,8 +723,9 @@ class SlackAdapter:
         if not await self.flow.claim(f"slack:share:{answer_id}"):
             return
         where = Where(team, channel, thread_ts, thread_ts, user_id, private=False)
+        # Answered again as any question in this channel: its audience and its sources (`/kb channel sources`).
         ask = Ask(delivered.question, public_conversation(delivered.conversation_id), f"slack:{user_id}",
-                  lambda: self._audience(where))
+                  lambda: self._audience(where), channel_key=where.channel_key)
         await self.flow.answer(ask, SlackReply(self, where))
 
 

@@ -8,8 +8,8 @@
   forbids scripts). No secrets are rendered: sources show their kind and location, never their configuration.
 
 Sections: sources with their last run and error, the sync history, questions per day and answer rate (SVG), gaps
-by topic (bot.chat.insights, as an operator sees them: a private conversation's questions without the asker), and
-recent feedback.
+by topic (bot.chat.insights, as an operator sees them: a private conversation's questions without the asker),
+recent feedback, and the audit log of access changes (identity mappings, channel grants).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from bot.chat.insights import InsightsReport, Viewer, build_report
 
 if TYPE_CHECKING:
     from bot.chat.state import BotState, DailyCounts
-    from knowledge import KnowledgeBase
+    from knowledge import KnowledgeBase, SyncRun
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +174,27 @@ def documents_section(report: InsightsReport) -> str:
             f"<h3>Never cited in the period ({report.never_cited_total})</h3>{never}")
 
 
+# Where the questions on this page come from, said on the page: an operator who tried the bot in the terminal
+# before setting up a chat platform would otherwise wonder why nothing shows (issue 41).
+COUNTED_FROM = ("Questions are counted from Slack, Discord and the terminal (`ragbot chat`, `ragbot ask`, "
+                "recorded as platform terminal, asked by terminal:<login name>).")
+
+# The sync history's columns, each count named (not "+0 ~0 -0 =0 !1").
+SYNC_COLUMNS = ["source", "trigger", "status", "started", "finished", "added", "updated", "deleted", "unchanged",
+                "failed", "error"]
+
+
+def sync_history_rows(runs: Sequence[SyncRun]) -> list[tuple[object, ...]]:
+    """One row per run. A run that finished with files it could not index says so in its status ("ok, 1 failed"),
+    and its error names them (knowledge.ingest.runs.failed_files_line)."""
+    rows: list[tuple[object, ...]] = []
+    for r in runs:
+        status = f"{r.status}, {r.failed} failed" if r.failed and r.status == "ok" else r.status
+        rows.append((r.source, r.trigger, status, _when(r.started_at), _when(r.finished_at), r.added, r.updated,
+                     r.deleted, r.unchanged, r.failed, r.error or ""))
+    return rows
+
+
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:2rem;max-width:1100px;color:#222}
 h1{margin-bottom:.2rem} h2{border-bottom:1px solid #ddd;padding-bottom:.2rem;margin-top:2rem}
@@ -191,6 +212,7 @@ async def render_page(kb: KnowledgeBase, state: BotState, now: datetime | None =
     runs = await kb.sync_runs(None, 50)
     report = await build_report(kb, state, timedelta(days=DAYS), Viewer(), now=now)
     feedback = await state.recent_feedback(30)
+    audit = await state.audit_entries(50)
     source_rows = []
     for s in sources:
         run = s.last_run
@@ -198,10 +220,10 @@ async def render_page(kb: KnowledgeBase, state: BotState, now: datetime | None =
                             "syncing now" if s.running else (run.status if run else "never synced"),
                             _when(run.finished_at or run.started_at) if run else "—",
                             (run.error or "") if run else ""))
-    run_rows = [(r.source, r.trigger, r.status, _when(r.started_at), _when(r.finished_at),
-                 f"+{r.added} ~{r.updated} -{r.deleted} ={r.unchanged} !{r.failed}", r.error or "") for r in runs]
     feedback_rows = [(_when(f.created_at), f.rating, f.platform, f.question)
                      for f in feedback]
+    audit_rows = [(_when(a.at), a.actor, a.actor_role, a.action, a.subject, a.principal or "", a.outcome)
+                  for a in audit]
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>ragbot admin</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><meta name="referrer" content="no-referrer">
@@ -210,17 +232,21 @@ async def render_page(kb: KnowledgeBase, state: BotState, now: datetime | None =
 <h1>ragbot admin</h1>
 <p class="meta">Read-only. Generated {_e(_when(now))} UTC; activity over the last {DAYS} days.</p>
 <nav><a href="#activity">Activity</a><a href="#sources">Sources</a><a href="#syncs">Sync history</a>
-<a href="#gaps">Gaps</a><a href="#documents">Documents</a><a href="#feedback">Feedback</a></nav>
-<section id="activity"><h2>Activity</h2>{charts(report)}</section>
+<a href="#gaps">Gaps</a><a href="#documents">Documents</a><a href="#feedback">Feedback</a><a href="#audit">Audit log</a></nav>
+<section id="activity"><h2>Activity</h2><p class="meta">{_e(COUNTED_FROM)}</p>{charts(report)}</section>
 <section id="sources"><h2>Sources</h2>
 {_table(["name", "kind", "location", "documents", "last run", "when", "error"], source_rows, "No sources yet.")}
 </section>
 <section id="syncs"><h2>Sync history</h2>
-{_table(["source", "trigger", "status", "started", "finished", "counts", "error"], run_rows, "No syncs yet.")}
+{_table(SYNC_COLUMNS, sync_history_rows(runs), "No syncs yet.")}
 </section>
 <section id="gaps"><h2>Gaps</h2><p class="meta">Questions declined, answered as uncertain or rated down, grouped by
 topic. Questions from private conversations are shown without the asker.</p>{gaps_section(report)}</section>
 <section id="documents"><h2>Documents</h2>{documents_section(report)}</section>
 <section id="feedback"><h2>Feedback</h2>
 {_table(["when", "rating", "platform", "question"], feedback_rows, "No feedback yet.")}</section>
+<section id="audit"><h2>Audit log</h2><p class="meta">Who changed who may see what (identity mappings, channel
+grants), newest first, refused attempts included (`ragbot audit` shows more).</p>
+{_table(["when", "actor", "as", "action", "subject", "principal", "outcome"], audit_rows, "No access changes yet.")}
+</section>
 </body></html>"""

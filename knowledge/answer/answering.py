@@ -34,7 +34,14 @@ from knowledge.answer.generators.anthropic_client import (
     Span,
 )
 from knowledge.answer.generators.passages import section_path
-from knowledge.answer.memory import ChatMessage, ConversationMemory, CountTokens, History, format_conversation
+from knowledge.answer.memory import (
+    ChatMessage,
+    ConversationMemory,
+    CountTokens,
+    History,
+    LanguageGap,
+    format_conversation,
+)
 from knowledge.answer.prompts import (
     CITED_SYSTEM_PROMPT,
     NO_ANSWER,
@@ -46,7 +53,7 @@ from knowledge.answer.prompts import (
     renumber_citations,
 )
 from knowledge.embedding.encoder import Embedder
-from knowledge.errors import EmptyQuestion, GenerationError
+from knowledge.errors import EmptyQuestion, GenerationError, QuestionTooLong
 from knowledge.search.retrieval import Retriever, SearchFilters, SearchHit
 from knowledge.settings import KnowledgeSettings
 from knowledge.storage import conversations as memory_store
@@ -101,11 +108,13 @@ class AnswerSettings:
     # where answer / uncertain / decline split: the decision fitted by `make calibrate` (knowledge.answer.evidence)
     calibration: Calibration = field(default_factory=Calibration.load)
     text_search_config: str = "english"
+    max_question_chars: int = 4000  # longer questions are refused (QuestionTooLong) before any work
 
     @classmethod
     def from_settings(cls, settings: KnowledgeSettings) -> AnswerSettings:
         return cls(settings.context_chunks, settings.context_token_budget, settings.prompt_token_budget,
-                   Calibration.load(settings.answer_calibration), settings.text_search_config)
+                   Calibration.load(settings.answer_calibration), settings.text_search_config,
+                   max_question_chars=settings.max_question_chars)
 
 
 @dataclass(frozen=True)
@@ -238,20 +247,29 @@ class Answerer:
         question = question.strip()
         if not question:
             raise EmptyQuestion()
+        if len(question) > self.settings.max_question_chars:
+            raise QuestionTooLong(len(question), self.settings.max_question_chars)
         settings = self.settings
         timings: dict[str, float] = {}
         started = time.perf_counter()
-        # Only turns whose cited documents this audience may still see (a revoked grant drops the earlier answers).
+        # Only turns whose prompts held nothing this audience may not see now (a narrower asker, a revoked grant).
         history = await self.memory.history(conversation_id, prior_messages, audience=principals)
         rewrite = await self.memory.standalone_query(question, history)
         query = rewrite.query
+        # A question in a language the documents are not in: with Claude, its translation is searched too; the
+        # reply says which languages the knowledge base holds (offline, at most `uncertain`: see below).
+        gap = await self.memory.language_gap(question)
+        readings = rewrite.searches()
+        translated = await self.memory.translation(question, gap) if gap is not None else None
+        if translated is not None:
+            readings = (*readings, translated)
         timings["memory_ms"] = (time.perf_counter() - started) * 1000
         started = time.perf_counter()
         filters = SearchFilters(tuple(principals), tuple(sources) if sources else None)
-        results = await self.retriever.search(query, filters, k=settings.context_chunks)
+        results = await self.retriever.search_readings(readings, filters, k=settings.context_chunks)
         timings["retrieval_ms"] = (time.perf_counter() - started) * 1000
         if not results.hits or results.best_similarity is None:
-            answer = Answer(ABSTAIN_MESSAGE, self.mode, True, [], results.hits, timings, rewrite.note)
+            answer = Answer(_noted(ABSTAIN_MESSAGE, gap), self.mode, True, [], results.hits, timings, rewrite.note)
             return await self._remember(conversation_id, question, query, principals, asker, answer, [], history)
 
         conversation, groups = self._fit_prompt(question, history, results.hits)
@@ -259,9 +277,11 @@ class Answerer:
         started = time.perf_counter()
         evidence, scored = await self._evidence(query, results.best_similarity, results.hits, groups)
         outcome = decide(evidence, settings.calibration)
+        if gap is not None and translated is None and outcome == "answer":
+            outcome = "uncertain"  # offline, a passage in another language is the closest one, never a sure answer
         timings["evidence_ms"] = (time.perf_counter() - started) * 1000
         if outcome == "decline" or not groups:
-            answer = Answer(ABSTAIN_MESSAGE, self.mode, True, [], results.hits, timings, rewrite.note,
+            answer = Answer(_noted(ABSTAIN_MESSAGE, gap), self.mode, True, [], results.hits, timings, rewrite.note,
                             # related documents only when the nearest one shares a term with the question
                             related=related_documents(groups) if evidence.coverage > 0 else [], evidence=evidence)
             return await self._remember(conversation_id, question, query, principals, asker, answer, [], history)
@@ -278,10 +298,12 @@ class Answerer:
         else:
             answer, cited = await self._extract(query, groups, in_context, outcome, scored, evidence.not_found)
         answer.evidence = evidence
+        answer.text = _noted(answer.text, gap)
         timings["generation_ms"] = (time.perf_counter() - started) * 1000
         answer.timings = timings
         answer.note = note or rewrite.note
-        return await self._remember(conversation_id, question, query, principals, asker, answer, cited, history)
+        return await self._remember(conversation_id, question, query, principals, asker, answer, cited, history,
+                                    [hit.chunk_id for hit in in_context])
 
     def _fit_prompt(
         self, question: str, history: History, hits: Sequence[SearchHit]
@@ -424,15 +446,22 @@ class Answerer:
 
     async def _remember(
         self, conversation_id: str, question: str, query: str, principals: Sequence[str], asker: str | None,
-        answer: Answer, cited_chunk_ids: Sequence[int], history: History,
+        answer: Answer, cited_chunk_ids: Sequence[int], history: History, context_chunk_ids: Sequence[int] = (),
     ) -> Answer:
-        """Keep the turn (follow-up rewriting and summaries build on it); the answer carries its id and query."""
+        """Keep the turn (follow-up rewriting and summaries build on it); the answer carries its id and query.
+        `context_chunk_ids`: every chunk the prompt held, cited or not (a model may restate what it did not cite):
+        a later asker who may not see all of them never gets this turn in their prompts."""
         answer.standalone_query = query
         answer.id = await self.memory.remember(
             conversation_id, question=question, standalone_query=query, answer=answer.text, principals=principals,
-            asker=asker, cited_chunk_ids=cited_chunk_ids, history=history,
+            asker=asker, cited_chunk_ids=cited_chunk_ids, history=history, context_chunk_ids=context_chunk_ids,
         )
         return answer
+
+
+def _noted(text: str, gap: LanguageGap | None) -> str:
+    """The reply, with a line saying which languages the knowledge base holds when the question is in another."""
+    return text if gap is None else f"{gap.note()}\n\n{text}"
 
 
 def _plain_dict(citation: Citation, fields: Sequence[str]) -> dict[str, object]:

@@ -24,7 +24,9 @@ You are given numbered sources inside <sources> and a question. Follow these rul
 5. Be concise: give the direct answer first, then only the details that help. Use plain Markdown (short lists are
    fine; no tables, no headings).
 6. A <conversation> with earlier messages may come first: use it to understand what the question refers to, but it
-   is not a source. State and cite facts only from the <sources>."""
+   is not a source. State and cite facts only from the <sources>.
+7. Answer in the language of the question, even when the sources are in another language: translate the facts
+   faithfully and keep names and figures as written."""
 
 
 # With Anthropic's Citations the sources are search_result blocks (data by construction, never escaped text in the
@@ -38,7 +40,9 @@ The search results in the message are the sources. Follow these rules:
 3. If the search results do not contain the answer, reply with exactly {NO_ANSWER} and nothing else.
 4. Be concise: give the direct answer first, then only the details that help. Plain Markdown, no headings.
 5. A <conversation> with earlier messages may come before the question: use it to understand what the question
-   refers to, but it is not a source."""
+   refers to, but it is not a source.
+6. Answer in the language of the question, even when the search results are in another language: translate the
+   facts faithfully and keep names and figures as written."""
 
 
 def build_question_text(question: str, conversation: str = "") -> str:

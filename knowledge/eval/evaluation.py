@@ -28,6 +28,7 @@ from knowledge.answer.memory import ChatMessage
 from knowledge.errors import EvalFileError, JudgeError
 from knowledge.eval.judging import AnswerJudge, Judgement
 from knowledge.ingest.parsing import SUPPORTED_SUFFIXES
+from knowledge.search.fusion import Reading
 from knowledge.search.retrieval import Mode, SearchFilters
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource, bytes_read
 from knowledge.sources.folder import FolderSource
@@ -198,22 +199,22 @@ def last_two_user_turns(question: EvalQuestion) -> str:
 
 async def search_queries(
     kb: KnowledgeBase, questions: Sequence[EvalQuestion], memory: bool = True, strategy: str | None = None
-) -> list[str]:
-    """What each question searches. `strategy` "memory" (the default when `memory` is true): the memory's
-    standalone rewrite given its history (the question itself when it has none); "last" (`memory=False`): the
-    last question alone; "last-two": the last two user turns together."""
+) -> list[tuple[Reading, ...]]:
+    """What each question searches (one reading, or several fused). `strategy` "memory" (the default when `memory`
+    is true): the memory's readings given its history (multi-query retrieval; the question itself when it has
+    none); "last" (`memory=False`): the last question alone; "last-two": the last two user turns together."""
     strategy = strategy or ("memory" if memory else "last")
     if strategy not in QUERY_STRATEGIES:
         raise ValueError(f"unknown query strategy {strategy!r}: one of {', '.join(QUERY_STRATEGIES)}")
-    queries = []
+    queries: list[tuple[Reading, ...]] = []
     for question in questions:
         if strategy == "last-two":
-            queries.append(last_two_user_turns(question))
+            queries.append((Reading(last_two_user_turns(question)),))
         elif strategy == "memory" and question.history:
             history = kb.memory.history_from_messages(list(question.history))
-            queries.append((await kb.memory.standalone_query(question.question, history)).query)
+            queries.append((await kb.memory.standalone_query(question.question, history)).searches())
         else:
-            queries.append(question.question)
+            queries.append((Reading(question.question),))
     return queries
 
 
@@ -227,11 +228,36 @@ async def evaluate_retrieval(
     results: dict[str, dict[str, float]] = {}
     for mode in modes:
         per_question = []
-        for question, query in zip(answerable, queries, strict=True):
-            found = await kb.search(query, filters, k=100, mode=mode, max_per_document=1)
+        for question, readings in zip(answerable, queries, strict=True):
+            if len(readings) == 1:
+                found = await kb.search(readings[0].query, filters, k=100, mode=mode, max_per_document=1)
+            else:
+                found = await kb.retriever.search_readings(readings, filters, k=100, mode=mode, max_per_document=1)
             per_question.append(score_ranking([hit.external_id for hit in found.hits], question.relevant))
         results[mode] = {metric: round(value, 4) for metric, value in mean_metrics(per_question).items()}
     return results
+
+
+async def compare_memory(
+    kb: KnowledgeBase, questions: Sequence[EvalQuestion], principals: Sequence[str], sources: Sequence[str] | None,
+    *, answers: bool = True,
+) -> dict[str, dict[str, float]]:
+    """Conversation memory against the naive baselines, in one run: for each strategy (memory, the last question
+    alone, the last two user turns) hybrid nDCG@10 and recall@10 over the answerable questions and, with
+    `answers`, the share of expected facts the answers quote (the baselines answer the last question, or the last
+    two user turns as one question, without history). Measured over the follow-ups (questions with history)."""
+    follow_ups = [q for q in questions if q.history]
+    filters = SearchFilters(tuple(principals), tuple(sources) if sources else None)
+    table: dict[str, dict[str, float]] = {}
+    for strategy in QUERY_STRATEGIES:
+        retrieval = (await evaluate_retrieval(kb, follow_ups, ("hybrid",), filters, strategy=strategy))["hybrid"]
+        row = {"ndcg@10": retrieval["ndcg@10"], "recall@10": retrieval["recall@10"]}
+        if answers and any(q.facts for q in follow_ups):  # a set without expected facts has no answers to score
+            summary, _ = await evaluate_answers(kb, follow_ups, principals, sources, strategy=strategy)
+            row["fact_recall"] = float(summary["fact_recall"])  # type: ignore[arg-type]  # a float by construction
+            row["right_document"] = float(summary["right_document"])  # type: ignore[arg-type]
+        table[strategy] = row
+    return table
 
 
 # --- answers ---------------------------------------------------------------------------------------------------
@@ -455,7 +481,7 @@ def _judged_metrics(answered: Sequence[AnswerScore]) -> dict[str, float]:
 
 async def evaluate_answers(
     kb: KnowledgeBase, questions: Sequence[EvalQuestion], principals: Sequence[str], sources: Sequence[str] | None = None,
-    judge: AnswerJudge | None = None,
+    judge: AnswerJudge | None = None, strategy: str = "memory",
 ) -> tuple[dict[str, object], list[AnswerScore]]:
     """Ask every question through the full answer pipeline (offline unless an API key is set) and score it; with a
     judge, every answered answerable question is also graded for faithfulness and relevance. For each answerable
@@ -467,8 +493,12 @@ async def evaluate_answers(
     for number, question in enumerate(questions):
         # Each question is its own conversation, new in every run: with one shared id, every question was read as
         # a follow-up of the ones before it (of earlier runs too), and answers depended on what ran before.
-        answer = await kb.answer(question.question, principals, f"eval:answers:{run}:{number}", sources=sources,
-                                 prior_messages=list(question.history) or None)
+        # The baselines (`strategy`, as in search_queries) answer without the conversation: the last question, or
+        # the last two user turns as one question.
+        asked = last_two_user_turns(question) if strategy == "last-two" else question.question
+        prior = list(question.history) if strategy == "memory" else []
+        answer = await kb.answer(asked, principals, f"eval:answers:{run}:{number}", sources=sources,
+                                 prior_messages=prior or None)
         score = score_answer(question, answer)
         if question.relevant:
             found = await kb.search(answer.standalone_query or question.question, filters, k=10, mode="hybrid",

@@ -35,8 +35,12 @@ class _Unit:
     separator: str  # what joins it to the unit before: "\n\n" new paragraph, "\n" new line, " " same line
 
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(\[])")
-_LIST_LINE = re.compile(r"^\s*([-*+•]|\d+[.)]|\|)\s*")
+# Chinese and Japanese end sentences with 。！？ (and a closing quote or bracket may follow) and need no space after.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[A-Z0-9\"'(\[])"
+                           r"|(?<=[。！？])(?![」』”’）)])\s*(?=\S)|(?<=[。！？][」』”’）)])\s*(?=\S)")
+# List markers of Chinese and Japanese text: 1、 一、 （1） ① ・ (besides - * + • 1. 1)).
+CJK_LIST_MARKER = r"\d+[、．]|[一二三四五六七八九十]+、|[（(]\d+[）)]|[\u2460-\u2473]|・"
+_LIST_LINE = re.compile(rf"^\s*([-*+•]|\d+[.)]|\||{CJK_LIST_MARKER})\s*")
 
 
 def chunk_document(

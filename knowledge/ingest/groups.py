@@ -3,7 +3,12 @@
 
 Which sources have one: Confluence with `visibility=permissions` (its groups gate pages), and Google Drive with an
 `admin_email` (the Directory API needs an admin to act as). A refresh either stores the whole new membership or
-records its error and keeps the last good one (which the resolver trusts for at most one TTL).
+records its error and keeps the last good one (which the resolver trusts for at most one TTL). A group whose
+members alone could not be listed is skipped and reported (`skipped`): the rest is stored, and that group keeps its
+last listed members, which expire on their own one TTL after they were listed.
+
+Every group a source defines is scoped to it (`group:<source>/<name>`, knowledge.access): the source writes them so
+on its documents and here, and the resolver never lets one directory's group grant another source's documents.
 """
 
 from __future__ import annotations
@@ -34,10 +39,12 @@ class DirectoryReport:
     api_calls: int = 0
     seconds: float = 0.0
     missing: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # group -> why its members could not be listed
 
     def to_dict(self) -> dict[str, object]:
         return {"source": self.source, "groups": self.groups, "memberships": self.memberships,
-                "api_calls": self.api_calls, "seconds": round(self.seconds, 3), "missing": self.missing}
+                "api_calls": self.api_calls, "seconds": round(self.seconds, 3), "missing": self.missing,
+                "skipped": self.skipped}
 
 
 def has_directory(kind: str, config: Mapping[str, Any]) -> bool:
@@ -73,9 +80,13 @@ async def refresh_directory(engine: AsyncEngine, name: str) -> DirectoryReport:
             await directory_store.record_failure(conn, row.id, str(exc))
         logger.warning("group directory of %s not refreshed: %s", name, exc)
         raise
+    if report.skipped:
+        logger.warning("group directory of %s refreshed without %d group(s) whose members could not be listed: %s",
+                       name, len(report.skipped), "; ".join(f"{g}: {why}" for g, why in report.skipped.items()))
     async with engine.begin() as conn:
-        state = await directory_store.replace_membership(conn, row.id, edges, domains=sorted(domains),
-                                                         api_calls=report.api_calls)
+        state = await directory_store.replace_membership(
+            conn, row.id, edges, domains=sorted(domains), api_calls=report.api_calls, kept=sorted(report.skipped),
+            skipped=[f"{g} ({why})" for g, why in sorted(report.skipped.items())])
     report.groups, report.memberships = state.groups, state.memberships
     report.seconds = time.perf_counter() - started
     return report
@@ -107,5 +118,5 @@ async def _fetch(source_id: int, name: str, kind: str, config: Mapping[str, Any]
     assert parsed.admin_email
     client = DirectoryClient(name, directory_credentials(parsed.credentials_env, parsed.admin_email))
     directory = await fetch_directory(client, parsed.admin_email)
-    report.api_calls = directory.api_calls
+    report.api_calls, report.missing, report.skipped = directory.api_calls, directory.missing, directory.skipped
     return directory.edges, directory.domains

@@ -86,6 +86,7 @@ class SyncReport:
     deleted: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # unsupported types: (external id, reason)
     failed: list[tuple[str, str]] = field(default_factory=list)  # unreadable or corrupt: (external id, reason)
+    empty: list[str] = field(default_factory=list)  # no text at all: left out, reported (never a title-only chunk)
     # Over a resource limit: (external id, "<limit> (setting NAME)"); see `skip_over_limit`.
     over_limit: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -105,6 +106,7 @@ class SyncReport:
             "metadata_updated": self.metadata_updated, "deleted": self.deleted,
             "skipped": [{"id": i, "reason": r} for i, r in self.skipped],
             "failed": [{"id": i, "reason": r} for i, r in self.failed],
+            "empty": self.empty,
             "over_limit": [{"id": i, "reason": r} for i, r in self.over_limit],
             "warnings": self.warnings,
             "chunks_written": self.chunks_written, "chunks_embedded": self.chunks_embedded,
@@ -126,6 +128,7 @@ class SyncReport:
         for name in ("added", "updated", "metadata_updated", "deleted"):
             getattr(self, name).sort()
         self.skipped.sort()
+        self.empty.sort()
         self.failed.sort()
         self.over_limit.sort()
 
@@ -435,7 +438,7 @@ class Indexer:
 
         # Into an empty index, chunks are written without the HNSW graph, which is built once at the end (see
         # store.bulk_load): about ten times less work than inserting them into it one by one.
-        async with store.bulk_load(self.engine):
+        async with store.bulk_load(self.engine, self.settings.sync_lease_seconds):
             await run_stages(read_and_prepare(), embed(), write())
         if source_failed:
             raise source_failed[0]
@@ -626,6 +629,14 @@ class Indexer:
             await self._fail(item, old, str(exc), report)
             return None
         parsed = result.document
+        if not parsed.text.strip():
+            # Nothing to answer from: indexing it would store a chunk holding only its title ("Empty" for
+            # empty.txt). Reported; a version indexed before is kept, like a file that failed.
+            report.empty.append(item.external_id)
+            logger.info("skipped %s: empty", item.external_id)
+            if old is not None:
+                await self._update_metadata_if_changed(item, old)
+            return None
         if item.title:
             parsed.title = item.title
         if result.truncated:

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from db import leases
 from knowledge.errors import RecentlySynced, Remedy, SourceBusy, SourceConfigError, SourceError, UnknownSource
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
 from knowledge.sources.base import Source, SourceInfo, as_source, build_source
@@ -29,6 +30,16 @@ from knowledge.storage.sources import SyncRun
 logger = logging.getLogger(__name__)
 
 DEFAULT_PRUNE_SECONDS = 24 * 3600
+
+
+def failed_files_line(failed: list[tuple[str, str]], shown: int = 3) -> str | None:
+    """A run that finished but could not index some files records which, and why, as its error: a run listed "ok"
+    with an empty error column while a file failed hid the failure (issue 41). None when nothing failed."""
+    if not failed:
+        return None
+    named = "; ".join(f"{item}: {reason}" for item, reason in failed[:shown])
+    more = f"; and {len(failed) - shown} more" if len(failed) > shown else ""
+    return f"{len(failed)} {'file' if len(failed) == 1 else 'files'} failed: {named}{more}"
 
 
 @dataclass
@@ -106,6 +117,7 @@ class SyncRunner:
                         async with self.engine.begin() as conn:
                             await sources_store.mark_pruned(conn, source_id)
                     status = "ok"
+                    error = failed_files_line(report.failed)
                 except SourceError as exc:
                     error = str(exc)
                     raise
@@ -128,7 +140,8 @@ class SyncRunner:
         return {
             "added": len(report.added), "updated": len(report.updated),
             "metadata_updated": len(report.metadata_updated), "deleted": len(report.deleted),
-            "unchanged": report.unchanged, "skipped": len(report.skipped) + len(report.over_limit),
+            "unchanged": report.unchanged,
+            "skipped": len(report.skipped) + len(report.over_limit) + len(report.empty),
             "failed": len(report.failed),
         }
 
@@ -146,7 +159,8 @@ class SyncRunner:
         if report.run_id is None:
             return
         counts = self._counts(report)
-        details = {"skipped": report.skipped[:200], "failed": report.failed[:200], "warnings": report.warnings,
+        details = {"skipped": report.skipped[:200], "failed": report.failed[:200], "empty": report.empty[:200],
+                   "warnings": report.warnings,
                    "over_limit": report.over_limit[:200]}
         try:
             async with self.engine.begin() as conn:
@@ -157,24 +171,17 @@ class SyncRunner:
 
     @asynccontextmanager
     async def source_lock(self, source_id: int, name: str, wait: bool = False) -> AsyncIterator[None]:
-        """Hold the source's sync lock. Raises SourceBusy if another run holds it, unless `wait` (a one-off
-        `ragbot ingest` queues behind a scheduled run of the same folder instead of failing)."""
-        conn = await self.engine.connect()
+        """Hold the source's sync lease (db.leases: a row, renewed while the run goes on, so it works behind a
+        transaction-mode pooler and hands the source over SYNC_LEASE_SECONDS after its holder died). Raises
+        SourceBusy if another run holds it, unless `wait` (a one-off `ragbot ingest` queues behind a scheduled run
+        of the same folder instead of failing)."""
         try:
-            if wait:
-                await sources_store.lock_source(conn, source_id)
-            elif not await sources_store.try_lock_source(conn, source_id):
-                raise SourceBusy(f"source {name!r} is being synced right now (by this or another process); "
-                                 "try again when that run finishes", remedy=Remedy.SHOW_STATUS, source=name)
-            try:
+            async with leases.hold(self.engine, f"{leases.SOURCE_SYNC}{source_id}",
+                                   self.indexer.settings.sync_lease_seconds, wait=wait):
                 yield
-            finally:
-                try:
-                    await sources_store.unlock_source(conn, source_id)
-                except Exception:  # a broken connection: dropping it releases the lock
-                    await conn.invalidate()
-        finally:
-            await conn.close()
+        except leases.LeaseBusy:
+            raise SourceBusy(f"source {name!r} is being synced right now (by this or another process); "
+                             "try again when that run finishes", remedy=Remedy.SHOW_STATUS, source=name) from None
 
     def _prune_due(self, row: sources_store.StoredSource) -> bool:
         if not row.prune_seconds:
@@ -191,7 +198,7 @@ class SyncRunner:
         async with self.engine.connect() as conn:
             rows = await sources_store.list_sources(conn)
             last = await sources_store.last_runs(conn)
-            running = await sources_store.locked_source_ids(conn)
+            running = await sources_store.syncing_source_ids(conn)
             documents = await sources_store.document_counts(conn)
         return [
             SourceInfo(r.name, r.kind, r.location, dict(r.config), r.schedule_seconds, r.prune_seconds,
@@ -199,8 +206,9 @@ class SyncRunner:
             for r in rows
         ]
 
-    async def runs(self, name: str | None = None, limit: int = 20) -> list[SyncRun]:
-        async with self.engine.connect() as conn:
+    async def runs(self, name: str | None = None, limit: int = 20, engine: AsyncEngine | None = None) -> list[SyncRun]:
+        """Recorded runs, newest first; `engine` is where to read them (a standby's read engine)."""
+        async with (engine or self.engine).connect() as conn:
             if name is not None and await sources_store.get_source(conn, name) is None:
                 raise UnknownSource(f"unknown source {name!r}")
             return await sources_store.list_runs(conn, name, limit)

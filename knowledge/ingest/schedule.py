@@ -3,10 +3,12 @@
 Each stored source with a schedule gets two interval jobs: a sync every `schedule_seconds` and a prune every
 `prune_seconds`, both calling the one job function `KnowledgeBase.sync_source(trigger="schedule")`. Jobs are
 jittered (start times spread, so replicas and sources do not fire together), coalesce missed runs into one, and
-allow one instance at a time. Across processes, `sync_source` holds a Postgres advisory lock per source for the
-whole run, so several schedulers on one database never sync the same source at once (the loser's run is skipped
-with SourceBusy, which is normal and logged at debug level). The lock prevents overlap, not repetition: N
-replicas would still run each source N times an interval, one after another. So, under the lock, a scheduled run
+allow one instance at a time. Across processes, `sync_source` holds a lease per source for the whole run (a row of
+`leases`, renewed while it runs: db.leases), so several schedulers on one database, on any hosts and behind a
+transaction-mode pooler, never sync the same source at once (the loser's run is skipped with SourceBusy, which is
+normal and logged at debug level); a scheduler that dies mid-run hands the source over once its lease expires
+(SYNC_LEASE_SECONDS). The lease prevents overlap, not repetition: N
+replicas would still run each source N times an interval, one after another. So, under the lease, a scheduled run
 is skipped (RecentlySynced, a SourceBusy) when a scheduled run of that source started within the last
 `interval × (1 - 2 × jitter)` by the database's clock: one run per source per interval, whatever the number of
 replicas (a run whose process died does not count, so a replica takes over within the interval). APScheduler's own job store is in memory: jobs are

@@ -118,3 +118,28 @@ class Fusion:
             confidence = 1.0
         return ((dense_weight * dense.norm if dense else 0.0)
                 + (lexical_weight * lexical.norm * confidence if lexical else 0.0))
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading of a question (multi-query retrieval): what is searched and how much its ranking counts."""
+
+    query: str
+    weight: float = 1.0
+
+
+# Reciprocal rank fusion's k for readings: small, so a reading's first hit counts clearly more than its second (with
+# the usual 60, a generic passage second in every reading outranked the answer first in two of three; chosen on
+# examples/handbook/conversations.jsonl).
+READINGS_RRF_K = 5
+
+
+def fuse_readings(rankings: Sequence[tuple[float, Sequence[int]]], rrf_k: int, limit: int) -> list[tuple[int, float]]:
+    """Reciprocal rank fusion of several readings' rankings (chunk ids, best first), each with its weight: a chunk
+    scores the weighted sum of 1 / (rrf_k + rank) over the readings that found it. Ranks, not scores, because the
+    readings' scores are not on one scale (a longer query scores higher BM25). Best `limit` first, ties by id."""
+    scores: dict[int, float] = {}
+    for weight, ranking in rankings:
+        for rank, chunk_id in enumerate(ranking, start=1):
+            scores[chunk_id] = scores.get(chunk_id, 0.0) + weight / (rrf_k + rank)
+    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]

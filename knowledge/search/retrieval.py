@@ -31,13 +31,21 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from db.engine import HNSW_EF_SEARCH
 from knowledge.access import EVERYONE
 from knowledge.embedding.encoder import Embedder, resolve_model_path
-from knowledge.search.fusion import Candidate, Fused, Fusion, LexicalCandidates
+from knowledge.search.fusion import (
+    READINGS_RRF_K,
+    Candidate,
+    Fused,
+    Fusion,
+    LexicalCandidates,
+    Reading,
+    fuse_readings,
+)
 from knowledge.settings import KnowledgeSettings
 from knowledge.storage import search as search_store
 from knowledge.storage.documents import as_vector
 from knowledge.storage.search import EVERY_TERM, SearchTuning
 
-__all__ = ["MODES", "Mode", "Retriever", "SearchFilters", "SearchHit", "SearchResults", "SearchTuning",
+__all__ = ["MODES", "Mode", "Reading", "Retriever", "SearchFilters", "SearchHit", "SearchResults", "SearchTuning",
            "collapse_near_duplicates", "ef_search_for", "rerank"]
 
 Mode = Literal["hybrid", "dense", "lexical"]
@@ -228,6 +236,50 @@ class Retriever:
             timings["rerank_ms"] = (time.perf_counter() - started) * 1000
         hits = [replace(hit, rank=i + 1) for i, hit in enumerate(collapse_near_duplicates(hits, limit=k))]
         return SearchResults(hits, best, timings)
+
+    async def search_readings(
+        self, readings: Sequence[Reading], filters: SearchFilters, *, k: int = 10, mode: Mode = "hybrid",
+        max_per_document: int | None = None,
+    ) -> SearchResults:
+        """Multi-query retrieval: each reading of a question (a follow-up alone, with the turn before, rewritten,
+        translated) searched, and the rankings fused by weighted reciprocal rank (`fuse_readings`), so a conversation
+        no longer bets on one rewrite. One reading is a plain `search`. A fused hit keeps its best score of any
+        reading (the evidence's margin reads scores on the fusion's 0..1 scale); the abstention signal is the best
+        similarity of any reading."""
+        if len(readings) == 1:
+            return await self.search(readings[0].query, filters, k=k, mode=mode, max_per_document=max_per_document)
+        # One after the other: each search already overlaps its own embedding and SQL.
+        each = [await self.search(r.query, filters, k=max(k, 20), mode=mode, max_per_document=max_per_document)
+                for r in readings]
+        best: dict[int, SearchHit] = {}
+        for found in each:
+            for hit in found.hits:
+                kept = best.get(hit.chunk_id)
+                if kept is None or hit.score > kept.score:
+                    best[hit.chunk_id] = hit
+        # Documents are fused on their own rankings (a document ranks where its best chunk ranks in each reading), so
+        # two readings that find one document through different chunks both vote for it; its chunks follow in
+        # their own fused order.
+        weights = [r.weight for r in readings]
+        documents = fuse_readings([(w, list(dict.fromkeys(h.document_id for h in found.hits)))
+                                   for w, found in zip(weights, each, strict=True)], READINGS_RRF_K, len(best))
+        chunk_scores = dict(fuse_readings([(w, [h.chunk_id for h in found.hits])
+                                           for w, found in zip(weights, each, strict=True)], READINGS_RRF_K, len(best)))
+        per_document_limit = max_per_document or self.settings.max_chunks_per_document
+        by_document: dict[int, list[SearchHit]] = {}
+        for hit in sorted(best.values(), key=lambda h: (-chunk_scores[h.chunk_id], h.chunk_id)):
+            by_document.setdefault(hit.document_id, []).append(hit)
+        hits: list[SearchHit] = []
+        for document_id, _ in documents:
+            for hit in by_document[document_id][:per_document_limit]:
+                if len(hits) < k:
+                    hits.append(replace(hit, rank=len(hits) + 1))
+        similarities = [found.best_similarity for found in each if found.best_similarity is not None]
+        timings: dict[str, float] = {}
+        for found in each:
+            for key, value in found.timings.items():
+                timings[key] = timings.get(key, 0.0) + value
+        return SearchResults(hits, max(similarities) if similarities else None, timings)
 
 
 _WORD = re.compile(r"\w+")

@@ -20,8 +20,10 @@ each ancestor). Space permissions come from Cloud's `/wiki/api/v2/spaces/{id}/pe
 `/rest/api/space/{KEY}/permissions`; restrictions from `/rest/api/content/{id}/restriction/byOperation`. A space
 readable anonymously or by the all-users group (`everyone_group`) is `everyone`. Users become `user:<email>` when
 Confluence shows the email, else `user:confluence:<accountId>` (Cloud) or `user:confluence:<username>` (Data
-Center); map chat identities to those with the bot's user map. Intersections are exact and fail closed: a principal
-must appear at every restricted level (group membership is not expanded), so a page restricted to individual
+Center); map chat identities to those with the bot's user map. Groups become `group:<source>/<name>`: a group name
+is only unique within its own site, so it is scoped to this source's directory (knowledge.access) and never grants
+what another source shared with a same-named group. Intersections are exact and fail closed: a principal
+must appear at every restricted level (group membership is not expanded here), so a page restricted to individual
 users inside a space readable only by some groups is visible to those users only if they also hold space access
 directly or the space is open to everyone.
 """
@@ -47,7 +49,7 @@ from bs4 import BeautifulSoup
 from bs4.element import NavigableString
 from markdownify import markdownify
 
-from knowledge.access import EVERYONE
+from knowledge.access import EVERYONE, check_scope_name, fold_ascii, group_scope, scoped_group
 from knowledge.errors import ItemUnavailable, SourceAuthError, SourceConfigError, SourceError, SourceUnavailable
 from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, bytes_read, register_source
 
@@ -734,13 +736,18 @@ class ConfluenceSource:
         the group directory fetches (knowledge.sources.confluence_groups)."""
         access = await self._space_access(key)
         ids = {name: group_id for group_id, name in self._cache.groups.items()}
-        names = [p.removeprefix("group:") for p in access if p.startswith("group:")]
+        names = [group_scope(p)[1] for p in access if p.startswith(self.group_prefix)]
         return {name: ids.get(name) for name in names}
+
+    @property
+    def group_prefix(self) -> str:
+        """What every group principal of this source starts with (`group:<source>/`)."""
+        return scoped_group(self.spec.name, "")
 
     def _group_principal(self, name: str) -> str:
         if name.lower() == self.config.everyone_group.lower():
             return EVERYONE
-        return f"group:{name}"
+        return scoped_group(self.spec.name, name)
 
     async def _group_name(self, group_id: str) -> str:
         if group_id not in self._cache.groups:
@@ -754,7 +761,7 @@ class ConfluenceSource:
     async def _user_principal(self, user: Mapping[str, Any]) -> str:
         """`user:<email>` when Confluence shows it, else `user:confluence:<accountId|username>`."""
         if user.get("email"):
-            return f"user:{str(user['email']).lower()}"
+            return f"user:{fold_ascii(str(user['email']))}"
         key = str(user.get("accountId") or user.get("userKey") or user.get("username") or "")
         if key not in self._cache.users:
             params = {"accountId": key} if self.config.cloud else (
@@ -764,7 +771,7 @@ class ConfluenceSource:
             except ConfluenceNotFound:
                 found = {}
             if found.get("email"):
-                self._cache.users[key] = f"user:{str(found['email']).lower()}"
+                self._cache.users[key] = f"user:{fold_ascii(str(found['email']))}"
             else:
                 ident = found.get("accountId") or found.get("username") or user.get("username") or key
                 self._cache.users[key] = f"user:confluence:{ident}"
@@ -833,6 +840,8 @@ def _web_url(base: str, content: Mapping[str, Any]) -> str | None:
 
 @register_source("confluence")
 def build_confluence_source(name: str, config: Mapping[str, Any]) -> ConfluenceSource:
+    if (problem := check_scope_name(name)) is not None:
+        raise SourceConfigError(problem)
     return ConfluenceSource(name, ConfluenceConfig.from_dict(config))
 
 

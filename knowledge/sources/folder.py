@@ -2,7 +2,11 @@
 
 Access rules (every ambiguity fails closed, and is reported in the sync report):
 - `.access` files list one principal per line (`everyone`, `user:alice@example.com`, `group:eng`,
-  `domain:example.com`; `#` starts a comment line). One applies to the folder it sits in and everything below;
+  `domain:example.com`; `#` starts a comment line), parsed by knowledge.access.parse_principal: emails and domains
+  fold in ASCII, and a non-ASCII look-alike (a Kelvin sign for a `k`) is an error. `group:eng` is a local group:
+  no synced directory defines it, so only people given it (an admin mapping, `--as group:eng`) hold it;
+  `group:<source>/<name>` names a group of that source's synced directory (e.g. `group:drive/eng@acme.com`), whose
+  members then see the folder's documents. One applies to the folder it sits in and everything below;
   the nearest one wins, looking all the way up the file system (indexing a subfolder or a single file never loses a
   restriction set above it). No `.access` anywhere above a document means `everyone`; one with no principals means
   nobody.
@@ -27,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import re
 import stat
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -35,16 +38,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from knowledge.access import EVERYONE
-from knowledge.errors import ItemUnavailable, Remedy, SourceConfigError, SourceUnavailable
+from knowledge.access import EVERYONE, parse_principal
+from knowledge.errors import InvalidPrincipal, ItemUnavailable, Remedy, SourceConfigError, SourceUnavailable
 from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 
 ACCESS_FILE = ".access"
 MAX_ACCESS_FILE_BYTES = 64 * 1024
 NOBODY: tuple[str, ...] = ()
-# everyone, or kind:value with no spaces, for the kinds ragbot's sources produce.
-# Control characters (a NUL, which Postgres text cannot even hold) are never part of a principal.
-_PRINCIPAL = re.compile(r"everyone|(?:user|group|domain):[^\s\x00-\x1f\x7f]+")
+# The kinds an `.access` line may hold (parse_principal checks the rest: no spaces, no control characters such as
+# a NUL, which Postgres text cannot even hold, no look-alikes).
+ACCESS_KINDS = (EVERYONE, "user", "group", "domain")
 
 
 @dataclass(frozen=True)
@@ -84,11 +87,11 @@ def parse_access_lines(content: str) -> AccessFile:
         entry = line.strip()
         if not entry or entry.startswith("#"):
             continue
-        if not _PRINCIPAL.fullmatch(entry):
-            return AccessFile(
-                NOBODY, f"line {number} is not a principal (everyone, user:…, group:… or domain:…): {entry[:60]!r}"
-            )
-        principals.append(entry)
+        try:
+            principals.append(parse_principal(entry, kinds=ACCESS_KINDS))
+        except InvalidPrincipal as exc:
+            return AccessFile(NOBODY, f"line {number} is not a principal (everyone, user:…, group:… or domain:…): "
+                                      f"{str(exc)[:200]}")
     return AccessFile(tuple(dict.fromkeys(principals)))
 
 

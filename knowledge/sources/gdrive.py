@@ -14,8 +14,9 @@ How a sync goes:
   name: sharing changes move neither, so they update access without fetching content again.
 - Content: Docs are exported as HTML (headings, lists and tables kept), Sheets as XLSX read sheet by sheet into rows
   that repeat the header in every chunk, Slides as plain text; PDF, DOCX, TXT, MD, HTML and CSV are downloaded.
-- Access: `permissions.list` → `user:<email>`, `group:<email>`, `domain:<domain>` (or `everyone` for the domains
-  in GDRIVE_EVERYONE_DOMAINS), anyone-with-the-link → `everyone`. Shared-drive members come back from
+- Access: `permissions.list` → `user:<email>`, `group:<source>/<email>` (a Google group, scoped to this source's
+  directory: knowledge.access), `domain:<domain>` (or `everyone` for the domains in GDRIVE_EVERYONE_DOMAINS),
+  anyone-with-the-link → `everyone`. Emails and domains fold in ASCII only. Shared-drive members come back from
   `permissions.list` as inherited permissions, so they count.
 
 Requests go through knowledge.sources.google_api (as the group directory's do): google-api-python-client is
@@ -43,7 +44,7 @@ from googleapiclient.errors import HttpError
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from knowledge.access import EVERYONE
+from knowledge.access import EVERYONE, check_scope_name, fold_ascii, scoped_group
 from knowledge.errors import ItemUnavailable, SourceAuthError, SourceConfigError, SourceUnavailable
 from knowledge.sources.base import ChangeBatch, ItemRef, SourceItem, SourceSpec, register_source
 from knowledge.sources.google_api import GoogleApiClient, error_reason, http_reason, short_message
@@ -112,7 +113,7 @@ class GoogleDriveSettings(BaseSettings):
     api_endpoint: str | None = None
 
     def everyone_domain_set(self) -> set[str]:
-        return {d.strip().lower() for d in self.everyone_domains.split(",") if d.strip()}
+        return {fold_ascii(d.strip()) for d in self.everyone_domains.split(",") if d.strip()}
 
 
 @dataclass(frozen=True)
@@ -653,8 +654,10 @@ def _unreachable(what: str, ident: str, error: Any) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def principals_from_permissions(permissions: list[dict[str, Any]], everyone_domains: set[str]) -> tuple[str, ...]:
-    """Drive permissions → ragbot principals. Every role can read; deleted principals are dropped."""
+def principals_from_permissions(permissions: list[dict[str, Any]], everyone_domains: set[str],
+                                scope: str) -> tuple[str, ...]:
+    """Drive permissions → ragbot principals. Every role can read; deleted principals are dropped. A group is the
+    Google group of this source's directory (`group:<scope>/<email>`), never a same-named group of another source."""
     found: set[str] = set()
     for permission in permissions:
         if permission.get("deleted"):
@@ -663,15 +666,17 @@ def principals_from_permissions(permissions: list[dict[str, Any]], everyone_doma
         if kind == "anyone":
             found.add(EVERYONE)
         elif kind == "domain" and permission.get("domain"):
-            domain = permission["domain"].lower()
+            domain = fold_ascii(permission["domain"])
             found.add(EVERYONE if domain in everyone_domains else f"domain:{domain}")
-        elif kind in ("user", "group") and permission.get("emailAddress"):
-            found.add(f"{kind}:{permission['emailAddress'].lower()}")
+        elif kind == "user" and permission.get("emailAddress"):
+            found.add(f"user:{fold_ascii(permission['emailAddress'])}")
+        elif kind == "group" and permission.get("emailAddress"):
+            found.add(scoped_group(scope, fold_ascii(permission["emailAddress"])))
     return tuple(sorted(found))
 
 
 async def file_access(client: DriveClient, entry: DriveEntry, config: GoogleDriveConfig,
-                      settings: GoogleDriveSettings) -> tuple[str, ...]:
+                      settings: GoogleDriveSettings, scope: str) -> tuple[str, ...]:
     """Who may see the file. Raises DriveFileError when its permissions cannot be read (the caller fails closed)."""
     if config.visibility == "everyone":
         return (EVERYONE,)
@@ -680,7 +685,7 @@ async def file_access(client: DriveClient, entry: DriveEntry, config: GoogleDriv
     except HttpError as error:
         raise DriveFileError(f"could not read its permissions ({http_reason(error)}); it is hidden from everyone until "
                              f"the service account can list them") from None
-    return principals_from_permissions(permissions, settings.everyone_domain_set())
+    return principals_from_permissions(permissions, settings.everyone_domain_set(), scope)
 
 
 def content_plan(entry: DriveEntry, settings: GoogleDriveSettings) -> tuple[str, str | None]:
@@ -855,7 +860,7 @@ class GoogleDriveSource:
         except DriveFileError as error:
             filename, problem = _unsupported_name(entry), error
         try:
-            access = await self._guard(file_access(self.client, entry, self.config, self.settings))
+            access = await self._guard(file_access(self.client, entry, self.config, self.settings, self.spec.name))
             version: str | None = entry.version
         except DriveFileError as error:
             # Fail closed: nobody sees the file until its permissions can be read; the read reports why.
@@ -907,6 +912,8 @@ def _typed(name: str, error: DriveSourceError) -> Exception:
 def build_gdrive_source(name: str, config: Any) -> GoogleDriveSource:
     """A stored Google Drive source: config as `GoogleDriveConfig.to_dict()`."""
     parsed = GoogleDriveConfig.from_dict(dict(config))
+    if (problem := check_scope_name(name)) is not None:
+        raise SourceConfigError(problem)
     if not parsed.folders and not parsed.shared_drives:
         raise SourceConfigError(f"source {name!r}: a Google Drive source needs at least one folder or shared "
                                 f"drive; remove it and add it again with its folders or shared drives")

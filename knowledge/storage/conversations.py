@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from knowledge.storage.words import lexical_text
+
 
 @dataclass(frozen=True)
 class StoredTurn:
@@ -28,15 +30,26 @@ class StoredSummary:
 async def record_turn(
     conn: AsyncConnection, conversation_id: str, *, question: str, standalone_query: str, answer: str,
     principals: Sequence[str], asker: str | None, cited_chunk_ids: Sequence[int],
+    context_chunk_ids: Sequence[int] = (), history_turn_ids: Sequence[int] = (), summary_through: int = 0,
 ) -> int:
+    """Store a turn. Its context is every chunk its prompt held (`context_chunk_ids`) plus, transitively, the
+    context of the earlier turns its history showed (`history_turn_ids`, and every turn up to `summary_through`
+    when a summary was shown): the answer may restate any of them, cited or not."""
     return int((
         await conn.execute(
             text(
                 "INSERT INTO conversation_turns (conversation_id, question, standalone_query, answer, principals, "
-                "asker, cited_chunk_ids) VALUES (:c, :q, :s, :a, :p, :asker, CAST(:chunks AS bigint[])) RETURNING id"
+                "asker, cited_chunk_ids, context_chunk_ids) VALUES (:c, :q, :s, :a, :p, :asker, "
+                "CAST(:chunks AS bigint[]), ARRAY("
+                "  SELECT DISTINCT x FROM ("
+                "    SELECT unnest(CAST(:context AS bigint[])) AS x UNION ALL SELECT unnest(CAST(:chunks AS bigint[]))"
+                "    UNION ALL SELECT unnest(coalesce(t.context_chunk_ids, t.cited_chunk_ids)) FROM conversation_turns t"
+                "    WHERE t.conversation_id = :c AND (t.id = ANY(CAST(:hist AS bigint[])) OR t.id <= :through)"
+                "  ) AS all_chunks WHERE x IS NOT NULL ORDER BY x)) RETURNING id"
             ),
             {"c": conversation_id, "q": question, "s": standalone_query, "a": answer, "p": list(principals),
-             "asker": asker, "chunks": list(cited_chunk_ids)},
+             "asker": asker, "chunks": list(cited_chunk_ids), "context": list(context_chunk_ids),
+             "hist": list(history_turn_ids), "through": summary_through},
         )
     ).scalar_one())
 
@@ -89,21 +102,25 @@ async def rarest_term_fraction(conn: AsyncConnection, text_: str, config: str) -
                 "WHERE s.id = 1 AND l.df > 0 "
                 "AND l.lexeme = ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :text)))"
             ),
-            {"config": config, "text": text_},
+            {"config": config, "text": lexical_text(text_)},
         )
     ).scalar()
 
 
 async def turns_hidden_from(conn: AsyncConnection, conversation_id: str, principals: Sequence[str]) -> set[int]:
-    """Turns of the conversation that cite a chunk these principals may not see now, or one that no longer exists
-    (its document changed or was removed: what it said cannot be checked, so it counts as hidden). Turns citing
-    nothing (abstentions) are never hidden."""
+    """Turns of the conversation whose prompt held a chunk these principals may not see now, or one that no longer
+    exists (its document changed or was removed: what it said cannot be checked, so it counts as hidden). The
+    prompt's chunks (`context_chunk_ids`), not only the cited ones: an answer may restate a passage it did not cite.
+    Turns stored before that column existed fall back to their cited chunks, and are hidden as well from anyone
+    who does not hold every principal they were answered for (what else their prompt held is unknown). A turn
+    whose prompt held no chunk (an abstention before generation) is never hidden."""
     rows = await conn.execute(
         text(
-            "SELECT t.id FROM conversation_turns t WHERE t.conversation_id = :c "
-            "AND coalesce(cardinality(t.cited_chunk_ids), 0) > 0 "
-            "AND EXISTS (SELECT 1 FROM unnest(t.cited_chunk_ids) AS cited(id) LEFT JOIN chunks ch ON ch.id = cited.id "
-            "            WHERE ch.id IS NULL OR NOT (ch.access && CAST(:p AS text[])))"
+            "SELECT t.id FROM conversation_turns t WHERE t.conversation_id = :c AND ("
+            "  (t.context_chunk_ids IS NULL AND NOT (t.principals <@ CAST(:p AS text[])))"
+            "  OR EXISTS (SELECT 1 FROM unnest(coalesce(t.context_chunk_ids, t.cited_chunk_ids)) AS used(id) "
+            "             LEFT JOIN chunks ch ON ch.id = used.id "
+            "             WHERE ch.id IS NULL OR NOT (ch.access && CAST(:p AS text[]))))"
         ),
         {"c": conversation_id, "p": list(principals)},
     )
@@ -111,24 +128,47 @@ async def turns_hidden_from(conn: AsyncConnection, conversation_id: str, princip
 
 
 async def delete_turns_older_than(conn: AsyncConnection, days: int) -> int:
-    """Retention: turns older than `days`, and summaries of conversations left with no turn."""
+    """Retention: turns older than `days`, and the summary of every conversation that lost a turn. A summary folds
+    a conversation's oldest turns (and, at id 0, the thread messages read before its first turn), and retention
+    deletes the oldest turns first: a summary is never left quoting a deleted turn. The memory folds the turns that
+    remain into a new summary once they pass the budget again (`Memory.history`)."""
     turns = (
         await conn.execute(
-            text("DELETE FROM conversation_turns WHERE created_at < now() - make_interval(days => :d)"), {"d": days}
+            text(
+                "WITH gone AS (DELETE FROM conversation_turns WHERE created_at < now() - make_interval(days => :d) "
+                "              RETURNING conversation_id), "
+                "     dropped AS (DELETE FROM conversation_summaries s WHERE s.conversation_id IN "
+                "                 (SELECT conversation_id FROM gone) RETURNING 1) "
+                "SELECT (SELECT count(*) FROM gone) AS turns, (SELECT count(*) FROM dropped) AS summaries"
+            ),
+            {"d": days},
         )
-    ).rowcount or 0
+    ).one().turns
     await conn.execute(
         text(
             "DELETE FROM conversation_summaries s WHERE NOT EXISTS "
             "(SELECT 1 FROM conversation_turns t WHERE t.conversation_id = s.conversation_id)"
         )
     )
-    return turns
+    return int(turns)
 
 
-async def delete_turns_of(conn: AsyncConnection, askers: Sequence[str]) -> tuple[int, int]:
+async def delete_turn(conn: AsyncConnection, turn_id: int) -> None:
+    """One turn, and its conversation's summary if that folded it."""
+    await conn.execute(
+        text(
+            "WITH gone AS (DELETE FROM conversation_turns WHERE id = :t RETURNING conversation_id, id) "
+            "DELETE FROM conversation_summaries s USING gone "
+            "WHERE s.conversation_id = gone.conversation_id AND s.through_turn_id >= gone.id"
+        ),
+        {"t": turn_id},
+    )
+
+
+async def delete_turns_of(conn: AsyncConnection, askers: Sequence[str], principals: Sequence[str] = ()) -> tuple[int, int]:
     """A person's turns (by their platform identities), and the summaries of every conversation they took part in
-    (a summary may retell what they said). Returns (turns, summaries) deleted."""
+    (a summary may retell what they said); their principals (`user:<email>`) are also removed from the audience
+    recorded on other people's turns. Returns (turns, summaries) deleted."""
     ids = list(askers)
     conversations = list(
         (
@@ -147,6 +187,11 @@ async def delete_turns_of(conn: AsyncConnection, askers: Sequence[str]) -> tuple
             {"c": conversations},
         )
     ).rowcount or 0
+    for principal in principals:
+        await conn.execute(
+            text("UPDATE conversation_turns SET principals = array_remove(principals, :p) WHERE :p = ANY(principals)"),
+            {"p": principal},
+        )
     return turns, summaries
 
 
@@ -171,7 +216,7 @@ async def term_statistics(conn: AsyncConnection, question: str, passages: Sequen
                 "FROM unnest(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :question))) AS q(lexeme) "
                 "CROSS JOIN corpus_stats s LEFT JOIN lexemes l ON l.lexeme = q.lexeme WHERE s.id = 1"
             ),
-            {"config": config, "question": question, "passages": list(passages)},
+            {"config": config, "question": lexical_text(question), "passages": [lexical_text(p) for p in passages]},
         )
     ).all()
     return [TermStat(row[0], int(row[1]), int(row[2]), tuple(row[3])) for row in rows]
@@ -194,7 +239,24 @@ async def best_chunk_coverage(conn: AsyncConnection, question: str, config: str,
                 "SELECT coalesce(max((SELECT sum(idf) FROM w WHERE w.lexeme = ANY(cand.lex))), 0) "
                 "       / nullif((SELECT sum(idf) FROM w), 0) FROM cand"
             ),
-            {"config": config, "question": question, "scan": scan},
+            {"config": config, "question": lexical_text(question), "scan": scan},
         )
     ).scalar()
     return float(value or 0.0)
+
+
+async def cited_titles(conn: AsyncConnection, chunk_ids: Sequence[int]) -> list[str]:
+    """The titles of the documents these chunks belong to, in the order first cited (what "that document" or "there"
+    in the next question may mean)."""
+    if not chunk_ids:
+        return []
+    rows = await conn.execute(
+        text("SELECT d.title FROM unnest(CAST(:ids AS bigint[])) WITH ORDINALITY AS x(id, i) "
+             "JOIN chunks c ON c.id = x.id JOIN documents d ON d.id = c.document_id ORDER BY x.i"),
+        {"ids": list(chunk_ids)},
+    )
+    titles: list[str] = []
+    for row in rows:
+        if row.title not in titles:
+            titles.append(row.title)
+    return titles

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -18,11 +18,12 @@ import numpy as np
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from db import locks
+from db import leases, locks
 from db.engine import BinaryArray
 from db.models import BM25_SPARSE_DIM
 from knowledge.errors import SourceConflict
 from knowledge.storage.sources import SyncRun
+from knowledge.storage.words import lexical_text
 
 __all__ = ["SourceConflict"]  # re-exported: raised by ensure_source
 
@@ -309,7 +310,8 @@ async def _tokenise_adding_new_words(
 ) -> list[str]:
     await conn.execute(text("SET LOCAL work_mem = '64MB'"))
     rows = await conn.execute(text(_TOKENISE_ADDING_NEW_WORDS),
-                              {"texts": BinaryArray(search_texts), "config": text_search_config})
+                              {"texts": BinaryArray([lexical_text(t) for t in search_texts]),
+                               "config": text_search_config})
     return list(rows.scalars())
 
 
@@ -661,57 +663,49 @@ async def ensure_vector_index(conn: AsyncConnection, dimension: int) -> None:
 
 
 @asynccontextmanager
-async def bulk_load(engine: AsyncEngine) -> AsyncIterator[bool]:
+async def bulk_load(engine: AsyncEngine, lease_seconds: float = 60.0) -> AsyncIterator[bool]:
     """Around a sync: when the index holds no chunks, write them without the HNSW graph and build it once at the
     end. Yields whether it did.
 
     Why: inserting a chunk into the graph costs about 1.5–3 ms on this machine's CPU, building the graph afterwards
     about 0.3 ms per chunk (bench/ingest.py), and a first sync is the one that writes a whole corpus. Searches in
-    the meantime are exact scans (correct, slower). A session advisory lock marks the load in progress: if the
-    process dies mid-load, its lock goes with its connection, and the next sync (this function, not loading)
-    finds the graph missing and builds it."""
-    claimed = await _claim_bulk_load(engine)
-    if claimed is None:
-        yield False
-        return
-    holder, dimension = claimed
-    try:
-        yield True
-    finally:
+    the meantime are exact scans (correct, slower). A lease (db.leases, `bulk_load`, renewed while the load goes
+    on) marks the load in progress: if the process dies mid-load, its lease expires, and the next sync (this
+    function, not loading) finds the graph missing and builds it. A lease rather than a session advisory lock, so
+    that it also holds behind a transaction-mode pooler."""
+    async with AsyncExitStack() as stack:
         try:
+            await stack.enter_async_context(leases.hold(engine, leases.BULK_LOAD, lease_seconds))
+        except leases.LeaseBusy:
+            yield False  # another process is bulk loading: it builds the graph when it ends
+            return
+        dimension = await _claim_bulk_load(engine)
+        if dimension is None:
+            await stack.aclose()
+            yield False
+            return
+        try:
+            yield True
+        finally:
             async with engine.begin() as conn:
                 await ensure_vector_index(conn, dimension)
             async with engine.connect() as conn:  # fresh planner statistics for the searches to come
                 conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
                 await conn.execute(text("ANALYZE chunks"))
-        finally:
-            await holder.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": locks.BULK_LOAD})
-            await holder.close()
 
 
-async def _claim_bulk_load(engine: AsyncEngine) -> tuple[AsyncConnection, int] | None:
-    """The connection holding the bulk-load lock and the vector dimension when the index is empty (its graph then
-    dropped); None otherwise, after building a graph that a killed load left missing."""
-    holder = await engine.connect()
-    try:
-        holder = await holder.execution_options(isolation_level="AUTOCOMMIT")
-        if not (await holder.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": locks.BULK_LOAD})).scalar():
-            await holder.close()
-            return None  # another process is bulk loading: it builds the graph when it ends
-        async with engine.begin() as conn:
-            await lock_index_for_writing(conn)
-            dimension = int(await get_meta(conn, "embedding_dimension") or 0)  # set with the model's vector index
-            empty = (await conn.execute(text("SELECT NOT EXISTS (SELECT 1 FROM chunks)"))).scalar()
-            if dimension and empty:
-                await drop_vector_indexes(conn)
-                return holder, dimension
-            if dimension:
-                await ensure_vector_index(conn, dimension)  # missing after a load that was killed
-    except BaseException:
-        await holder.invalidate()  # closed for good, not returned to the pool: a lock it took goes with it
-        raise
-    await holder.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": locks.BULK_LOAD})
-    await holder.close()
+async def _claim_bulk_load(engine: AsyncEngine) -> int | None:
+    """The vector dimension when the index is empty (its graph then dropped); None otherwise, after building a graph
+    that a killed load left missing. Call holding the bulk-load lease."""
+    async with engine.begin() as conn:
+        await lock_index_for_writing(conn)
+        dimension = int(await get_meta(conn, "embedding_dimension") or 0)  # set with the model's vector index
+        empty = (await conn.execute(text("SELECT NOT EXISTS (SELECT 1 FROM chunks)"))).scalar()
+        if dimension and empty:
+            await drop_vector_indexes(conn)
+            return dimension
+        if dimension:
+            await ensure_vector_index(conn, dimension)  # missing after a load that was killed
     return None
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from db.engine import read_rows
 from db.models import BM25_SPARSE_DIM
+from knowledge.storage.words import INDEX_MARKERS, INDEX_SCRIPTS, lexical_text
 
 # The posting budget (SearchTuning.candidate_postings) counts postings in every chunk, also ones the asker may not
 # see, so a reader of few documents can find fewer than k candidates among the rarest terms' chunks although more of
@@ -398,7 +399,9 @@ def _dense_statement(dimension: int, *, exact: bool = False) -> TextClause:
 
 async def lexical_rows(conn: AsyncConnection, params: Mapping[str, Any], *, among_permitted: bool = False) -> list[Any]:
     """BM25's candidates, best first, each with what its hit shows and the full-match score. `among_permitted`: the
-    statement with the asker's filters open to the indexes (LEXICAL_SQL_AMONG_PERMITTED)."""
+    statement with the asker's filters open to the indexes (LEXICAL_SQL_AMONG_PERMITTED). The question is tokenised
+    as the chunks were (`lexical_text`: Chinese and Japanese split into words and bigrams)."""
+    params = {**params, "query": lexical_text(str(params["query"]))}
     if among_permitted:
         return await read_rows(conn, _LEXICAL_AMONG_PERMITTED, params)
     # Its plan cannot use the question (its terms are found while it runs) and barely the asker: the same rows
@@ -422,3 +425,22 @@ async def permitted_count(conn: AsyncConnection, params: Mapping[str, Any]) -> i
     """How many chunks the asker may see, counted up to params["n"]."""
     (permitted,) = await read_rows(conn, _PERMITTED_COUNT, params)
     return int(permitted.n)
+
+
+async def indexed_languages(conn: AsyncConnection, config: str) -> set[str]:
+    """The languages the index holds documents in, read from its vocabulary (knowledge.storage.words.INDEX_MARKERS:
+    two marker words of a language, or, for Japanese, Korean and Russian, any word in their script). One statement."""
+    markers = [(language, lexical_text(words)) for language, words in INDEX_MARKERS.items()]
+    parts = [f"SELECT CAST(:l{i} AS text) AS language WHERE (SELECT count(*) FROM lexemes WHERE df > 0 AND lexeme = "
+             f"ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :w{i})))) >= 2"
+             for i in range(len(markers))]
+    scripts = list(INDEX_SCRIPTS.items())
+    parts += [f"SELECT CAST(:s{i} AS text) WHERE EXISTS (SELECT 1 FROM lexemes WHERE df > 0 AND lexeme ~ :p{i})"
+              for i in range(len(scripts))]
+    params: dict[str, object] = {"config": config}
+    for i, (language, words) in enumerate(markers):
+        params[f"l{i}"], params[f"w{i}"] = language, words
+    for i, (language, pattern) in enumerate(scripts):
+        params[f"s{i}"], params[f"p{i}"] = language, pattern
+    rows = await conn.execute(text(" UNION ALL ".join(parts)), params)
+    return {str(r[0]) for r in rows}

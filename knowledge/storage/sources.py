@@ -1,8 +1,8 @@
-"""The SQL of stored sources, their checkpoints, sync runs and the per-source sync lock.
+"""The SQL of stored sources, their checkpoints and sync runs.
 
-The lock is a session-level Postgres advisory lock keyed by (SYNC_LOCK_CLASS, source id), taken on a connection
-that stays open for the whole run: two processes on one database never sync the same source at once, and if the
-process dies its connection closes and Postgres releases the lock. `pg_locks` then tells whether a run is live.
+One sync at a time per source is a lease (db.leases, `source:ID`), a row renewed while the run goes on: two
+processes on one database, on any hosts and through a transaction-mode pooler, never sync the same source at once,
+and a process that dies hands the source over once its lease expires. The unexpired leases tell which runs are live.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Literal
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from db import locks
+from db import leases
 
 # --- sync runs: what is recorded and shown -------------------------------------------------------------------
 
@@ -25,7 +25,7 @@ RunStatus = Literal["running", "ok", "failed", "interrupted"]
 
 @dataclass(frozen=True)
 class SyncRun:
-    """One recorded sync run (table `sync_runs`). `status` is "running" while a process holds the source's lock,
+    """One recorded sync run (table `sync_runs`). `status` is "running" while a process holds the source's lease,
     "interrupted" when the process died mid-run (found by the next run), else "ok" or "failed" (with `error`)."""
 
     id: int
@@ -51,9 +51,6 @@ class SyncRun:
             "added": self.added, "updated": self.updated, "deleted": self.deleted, "unchanged": self.unchanged,
             "skipped": self.skipped, "failed": self.failed, "pruned": self.pruned, "error": self.error,
         }
-
-
-SYNC_LOCK_CLASS = locks.SOURCE_SYNC_CLASS  # (class, source id); every key lives in db/locks.py
 
 
 @dataclass(frozen=True)
@@ -136,39 +133,12 @@ async def mark_pruned(conn: AsyncConnection, source_id: int) -> None:
     await conn.execute(text("UPDATE sources SET last_pruned_at = now() WHERE id = :s"), {"s": source_id})
 
 
-# --- the per-source lock -------------------------------------------------------------------------------------
+# --- the per-source lease (db.leases) --------------------------------------------------------------------------
 
 
-async def try_lock_source(conn: AsyncConnection, source_id: int) -> bool:
-    """Take the source's sync lock on this connection (session level: it outlives transactions)."""
-    got = (
-        await conn.execute(text("SELECT pg_try_advisory_lock(:k, :s)"), {"k": SYNC_LOCK_CLASS, "s": source_id})
-    ).scalar_one()
-    await conn.commit()
-    return bool(got)
-
-
-async def lock_source(conn: AsyncConnection, source_id: int) -> None:
-    """Wait for the source's sync lock."""
-    await conn.execute(text("SELECT pg_advisory_lock(:k, :s)"), {"k": SYNC_LOCK_CLASS, "s": source_id})
-    await conn.commit()
-
-
-async def unlock_source(conn: AsyncConnection, source_id: int) -> None:
-    await conn.execute(text("SELECT pg_advisory_unlock(:k, :s)"), {"k": SYNC_LOCK_CLASS, "s": source_id})
-    await conn.commit()
-
-
-async def locked_source_ids(conn: AsyncConnection) -> set[int]:
-    """Sources some process is syncing right now (its lock is held)."""
-    rows = await conn.execute(
-        text(
-            "SELECT objid::bigint AS source_id FROM pg_locks "
-            "WHERE locktype = 'advisory' AND classid = CAST(:k AS bigint)::oid AND objsubid = 2 AND granted"
-        ),
-        {"k": SYNC_LOCK_CLASS},
-    )
-    return {int(r.source_id) for r in rows}
+async def syncing_source_ids(conn: AsyncConnection) -> set[int]:
+    """Sources some process is syncing right now (it holds the source's unexpired lease)."""
+    return {int(name.removeprefix(leases.SOURCE_SYNC)) for name in await leases.held(conn, leases.SOURCE_SYNC)}
 
 
 # --- sync runs -----------------------------------------------------------------------------------------------
@@ -188,7 +158,7 @@ def _run(row: Any) -> SyncRun:
 async def ran_within(conn: AsyncConnection, source_id: int, trigger: str, seconds: float, *, pruned: bool) -> bool:
     """Whether a run of this source with this trigger (a pruning one, if `pruned`) started in the last `seconds`,
     by the database's clock (replicas' clocks may differ). Runs whose process died (still "running" or
-    "interrupted") do not count: their work is not done. Call while holding the source's lock."""
+    "interrupted") do not count: their work is not done. Call while holding the source's lease."""
     return bool((await conn.execute(
         text(
             "SELECT EXISTS (SELECT 1 FROM sync_runs WHERE source_id = :s AND trigger = :t "
@@ -200,7 +170,7 @@ async def ran_within(conn: AsyncConnection, source_id: int, trigger: str, second
 
 
 async def start_run(conn: AsyncConnection, source_id: int, trigger: str, full: bool) -> int:
-    """Record a run as running. Call while holding the source's lock: any other "running" row of this source is
+    """Record a run as running. Call while holding the source's lease: any other "running" row of this source is
     then a run whose process died, and is marked interrupted."""
     await conn.execute(
         text(

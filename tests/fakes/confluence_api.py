@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, quote, urlencode, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 
 @dataclass
@@ -88,6 +88,7 @@ class FakeConfluence:
         self.users: dict[str, User] = {}
         self.groups: dict[str, str] = {}  # id -> name
         self.group_members: dict[str, list[str]] = {}  # group name -> user ids (accountId / username)
+        self.member_requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every group-member listing
         self.requests: list[str] = []
         self.v2_pages = 0  # v2 permission pages served
         self.restriction_requests: list[tuple[str, bool, int]] = []  # (page id, paged form?, start)
@@ -459,28 +460,42 @@ def fake_route(fake: FakeConfluence, handler: Any, path: str, query: dict[str, s
             headers["Link"] = f'<{following}>; rel="next"'
         fake.v2_pages += 1
         return handler.send_json(body, headers)
-    # Group members, paged by start/limit with `_links.next` relative to `_links.base`. Cloud: "Get group members"
-    # (GET /wiki/rest/api/group/member?groupId=, REST v1 reference, Group) and "Get group" by name
-    # (GET /wiki/rest/api/group/by-name?name=); Data Center: "Get members of group"
-    # (GET /rest/api/group/{groupName}/member, Confluence Data Center REST API, Group). Results are User objects
-    # (UserArray: results, start, limit, size, _links).
+    # Group members, paged by start/limit with `_links.next` relative to `_links.base`; results are User objects
+    # (UserArray: results, start, limit, size, _links). Only what Atlassian's references document:
+    # - Cloud (Confluence Cloud REST API v1 reference, developer.atlassian.com/cloud/confluence/rest/v1/api-group-group/):
+    #   "Get group members" by id, GET /wiki/rest/api/group/{groupId}/membersByGroupId?start=&limit=
+    #   (&shouldReturnTotalSize, &expand), `limit` at most 200 (a larger one is a 400); the deprecated
+    #   GET /wiki/rest/api/group/member?name= takes a group NAME (a `groupId` there is not a parameter of it: 400);
+    #   "Get group" GET /wiki/rest/api/group/by-name?name= and /group/by-id?id=.
+    # - Data Center (Confluence Data Center REST API, Group, "Get members of group"):
+    #   GET /rest/api/group/{groupName}/member?start=&limit= (Cloud no longer documents this path).
     if path == "/rest/api/group/by-name" and fake.edition == "cloud":
         name = query["name"]
         gid = next(g for g, n in fake.groups.items() if n == name)
         return handler.send_json({"type": "group", "name": name, "id": gid,
                                   "_links": {"self": f"{fake.base_url}/rest/api/group/by-id?id={gid}"}})
     member_path = None
-    if path == "/rest/api/group/member" and fake.edition == "cloud":
-        name = fake.groups[query["groupId"]]
-        member_path = f"/rest/api/group/member?groupId={query['groupId']}"
-    else:
+    by_id = re.fullmatch(r"/rest/api/group/([^/]+)/membersByGroupId", path)
+    if by_id and fake.edition == "cloud":
+        gid = unquote(by_id.group(1))
+        if int(query.get("limit", 200)) > 200:
+            return handler._send(400, error_body(400, "limit must be at most 200", v2=False))
+        if gid not in fake.groups:
+            raise KeyError(gid)
+        name = fake.groups[gid]
+        member_path = f"/rest/api/group/{quote(gid, safe='')}/membersByGroupId?"
+    elif path == "/rest/api/group/member" and fake.edition == "cloud":
+        if "name" not in query:  # e.g. ?groupId=…: not a parameter of this (deprecated, by-name) operation
+            return handler._send(400, error_body(400, "Parameter 'name' is required", v2=False))
+        name = query["name"]
+        member_path = f"/rest/api/group/member?name={quote(name, safe='')}"
+    elif fake.edition == "datacenter":
         match = re.fullmatch(r"/rest/api/group/([^/]+)/member", path)
         if match:
-            from urllib.parse import unquote
-
             name = unquote(match.group(1))
             member_path = f"/rest/api/group/{quote(name, safe='')}/member?"
     if member_path is not None:
+        fake.member_requests.append((path, dict(query)))
         if name not in fake.group_members:
             raise KeyError(name)
         members = fake.group_members[name]
@@ -531,8 +546,6 @@ def fake_route(fake: FakeConfluence, handler: Any, path: str, query: dict[str, s
                                 f"?version={att.version}&api=v2")
     match = re.fullmatch(r"/download/attachments/([^/]+)/(.+)", path)
     if match:
-        from urllib.parse import unquote
-
         att = next(a for a in fake.attachments.values()
                    if a.page == match.group(1) and a.filename == unquote(match.group(2)))
         return handler.send_bytes(att.data, att.media_type)

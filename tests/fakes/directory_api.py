@@ -9,7 +9,9 @@ etag, members: [Member], nextPageToken}`; Member = `{kind: "admin#directory#memb
 USER|GROUP|CUSTOMER, status}`; a CUSTOMER member carries the customer id and no email). Errors use Google's JSON
 error shape (`{"error": {"code", "message", "errors": [{"domain", "reason", "message"}]}}`). Pages are small
 (`page_size`, default 2) so every list is followed by its `nextPageToken`; `rate_limit(n)` answers the next n
-directory calls with 429.
+directory calls with 429. `forbid(email)` makes members.list of that group answer 403 `forbidden` "Not Authorized
+to access this resource/api" (Admin SDK, "Directory API: common errors"), as it does for a group the acting admin
+may not manage.
 
     drive.directory.add_group("eng@acme.example", ["alice@acme.example", ("group", "platform@acme.example")])
 """
@@ -40,6 +42,7 @@ class FakeDirectory:
         self.storm: list[DriveError] = []
         self.down = False  # every call answers 503 (an unreachable directory)
         self.calls: list[str] = []
+        self.forbidden: set[str] = set()  # group emails whose members.list answers 403
 
     def add_group(self, email: str, members: list[Any], name: str | None = None) -> FakeGroup:
         """members: "user@x" (a USER), ("group", "g@x"), ("customer", "") or ("user", "u@x")."""
@@ -52,6 +55,9 @@ class FakeDirectory:
     def remove_member(self, group_email: str, member_email: str) -> None:
         group = self.groups[group_email]
         group.members = [m for m in group.members if m[1] != member_email]
+
+    def forbid(self, group_email: str, forbidden: bool = True) -> None:
+        (self.forbidden.add if forbidden else self.forbidden.discard)(group_email)
 
     def rate_limit(self, count: int) -> None:
         self.storm.extend(DriveError(429, "rateLimitExceeded", "Rate Limit Exceeded", {"Retry-After": "0"})
@@ -76,6 +82,8 @@ class FakeDirectory:
             group = next((g for g in self.groups.values() if key in (g.id, g.email)), None)
             if group is None:
                 raise DriveError(404, "notFound", "Resource Not Found: groupKey")
+            if group.email in self.forbidden:
+                raise DriveError(403, "forbidden", "Not Authorized to access this resource/api")
             items = [self._member_json(kind, ident) for kind, ident in group.members]
             return self._page("admin#directory#members", "members", items, params)
         raise DriveError(404, "notFound", "Not Found")

@@ -61,7 +61,8 @@ def guild_payload(guild_id: int, channel_ids: list[int]) -> dict[str, Any]:
 
 
 def message_payload(fake: FakeDiscordAPI, content: str, *, channel_id: int, guild_id: int | None, author_id: int,
-                    author_name: str = "alice", mention_bot: bool = False) -> dict[str, Any]:
+                    author_name: str = "alice", mention_bot: bool = False,
+                    roles: list[int] | None = None) -> dict[str, Any]:
     """MESSAGE_CREATE for a user's message (with `<@bot>` in front and the bot in `mentions` when it mentions it)."""
     bot = fake.bot_user
     if mention_bot:
@@ -74,7 +75,10 @@ def message_payload(fake: FakeDiscordAPI, content: str, *, channel_id: int, guil
     }
     if guild_id is not None:
         payload["guild_id"] = str(guild_id)
-        payload["member"] = {"roles": [], "joined_at": now_iso(), "deaf": False, "mute": False, "flags": 0}
+        # Guild member object (https://discord.com/developers/docs/resources/guild#guild-member-object): `roles`
+        # holds role ids (never @everyone's).
+        payload["member"] = {"roles": [str(r) for r in roles or ()], "joined_at": now_iso(), "deaf": False,
+                             "mute": False, "flags": 0}
     return payload
 
 
@@ -102,10 +106,11 @@ class DiscordHarness:
                 self.state.parse_thread_create({k: v for k, v in thread.items() if not k.startswith("_")})
 
     async def message(self, content: str, *, channel_id: int, guild_id: int | None, author_id: int,
-                      author_name: str = "alice", mention_bot: bool = False) -> dict[str, Any]:
+                      author_name: str = "alice", mention_bot: bool = False,
+                      roles: list[int] | None = None) -> dict[str, Any]:
         """A user posts a message: MESSAGE_CREATE, then wait until the bot has handled it."""
         payload = message_payload(self.fake, content, channel_id=channel_id, guild_id=guild_id, author_id=author_id,
-                                  author_name=author_name, mention_bot=mention_bot)
+                                  author_name=author_name, mention_bot=mention_bot, roles=roles)
         self.fake.record_user_message(payload)
         self.state.parse_message_create(payload)
         await self.settle()

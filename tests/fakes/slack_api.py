@@ -107,6 +107,7 @@ class FakeSlackAPI:
     def __init__(self) -> None:
         self.calls: list[Call] = []
         self.users: dict[str, dict[str, Any]] = {}
+        self.enterprise_id: str | None = None  # an Enterprise Grid install: auth.test names the organisation
         self.messages: list[Message] = []
         self.responses: list[dict[str, Any]] = []  # POSTs to response_url (slash command follow-ups)
         self.socket_acks: list[dict[str, Any]] = []
@@ -128,15 +129,27 @@ class FakeSlackAPI:
     # Set-up and scripting.
 
     def add_user(self, user_id: str, *, email: str | None = None, is_admin: bool = False, is_owner: bool = False,
-                 is_bot: bool = False, name: str | None = None) -> None:
+                 is_bot: bool = False, name: str | None = None, team_id: str = TEAM_ID, is_restricted: bool = False,
+                 is_ultra_restricted: bool = False, is_stranger: bool = False,
+                 enterprise_id: str | None = None) -> None:
+        """A user object as users.info returns it (https://api.slack.com/types/user): `team_id` (another team's
+        id for a Slack Connect user), `is_restricted` (multi-channel guest), `is_ultra_restricted` (single-channel
+        guest); `is_stranger` is present only on users of another organisation ("User object", is_stranger)."""
         self.users[user_id] = {
-            "id": user_id, "team_id": TEAM_ID, "name": name or user_id.lower(), "is_bot": is_bot,
+            "id": user_id, "team_id": team_id, "name": name or user_id.lower(), "is_bot": is_bot,
             "is_admin": is_admin, "is_owner": is_owner, "is_primary_owner": False, "deleted": False,
+            "is_restricted": is_restricted, "is_ultra_restricted": is_ultra_restricted, "is_app_user": False,
             "profile": {"email": email} if email else {},
         }
+        if is_stranger:
+            self.users[user_id]["is_stranger"] = True
+        if enterprise_id:  # a user of an Enterprise Grid organisation ("enterprise_user" in the user object)
+            self.users[user_id]["enterprise_user"] = {"id": user_id, "enterprise_id": enterprise_id,
+                                                      "enterprise_name": "Acme Org", "is_admin": False,
+                                                      "is_owner": False, "teams": [team_id]}
 
     def add_channel(self, channel_id: str, *, private: bool, members: list[str], name: str | None = None,
-                    mpim: bool = False) -> None:
+                    mpim: bool = False, ext_shared: bool = False) -> None:
         """A channel conversations.info describes and conversations.members lists (the bot is a member too).
         conversations.info (https://api.slack.com/methods/conversations.info): {"ok", "channel": {"id", "name",
         "is_channel", "is_group", "is_im", "is_mpim", "is_private", "is_archived", "created", "creator", ...}}; a
@@ -144,7 +157,8 @@ class FakeSlackAPI:
         self.channels[channel_id] = {
             "id": channel_id, "name": name or channel_id.lower(), "is_channel": not mpim, "is_group": False,
             "is_im": False, "is_mpim": mpim, "is_private": private or mpim, "created": 1700000000,
-            "is_archived": False, "is_general": False, "is_shared": False, "is_org_shared": False,
+            "is_archived": False, "is_general": False, "is_shared": ext_shared, "is_org_shared": False,
+            "is_ext_shared": ext_shared,  # shared with another organisation (Slack Connect)
             "is_member": True, "creator": members[0] if members else "U0", "unlinked": 0,
             "name_normalized": name or channel_id.lower(), "topic": {"value": "", "creator": "", "last_set": 0},
             "purpose": {"value": "", "creator": "", "last_set": 0},
@@ -318,8 +332,12 @@ class FakeSlackAPI:
         return web.json_response(handler(args))
 
     def _m_auth_test(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "url": "https://acme.slack.com/", "team": "Acme", "user": "ragbot", "team_id": TEAM_ID,
-                "user_id": BOT_USER_ID, "bot_id": BOT_ID, "is_enterprise_install": False}
+        # auth.test (https://api.slack.com/methods/auth.test): `enterprise_id` only on an Enterprise Grid workspace.
+        response = {"ok": True, "url": "https://acme.slack.com/", "team": "Acme", "user": "ragbot", "team_id": TEAM_ID,
+                    "user_id": BOT_USER_ID, "bot_id": BOT_ID, "is_enterprise_install": False}
+        if self.enterprise_id:
+            response["enterprise_id"] = self.enterprise_id
+        return response
 
     def _m_users_info(self, args: dict[str, Any]) -> dict[str, Any]:
         user = self.users.get(args.get("user", ""))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from knowledge.answer.generators.passages import Unit, breadcrumb, render_units, units_of
 from knowledge.embedding.encoder import Embedder
+from knowledge.storage.words import tokens
 
 OFFLINE_NOTE = "_Quoted from your documents as written (offline mode: set ANTHROPIC_API_KEY for composed answers)._"
 
@@ -36,7 +37,6 @@ MAX_UNITS_PER_DOCUMENT = 4
 # the lead) if it scores at least this fraction of the best unit: retrieval's ranking reads the whole chunk.
 TOP_DOCUMENT_RATIO = 0.8
 
-_WORD = re.compile(r"[a-z0-9]+")
 _STOP = frozenset(
     "a an the is are was were be been to of in on for and or with at by from do does did i my me we our you your "
     "how what when where who which can could should would will it this that there as if about get many much".split()
@@ -71,9 +71,10 @@ class OfflineAnswer:
 
 
 def _terms(text: str) -> set[str]:
-    """The content words of a text, lower-cased: every term comparison of the offline answer goes through here
-    (quote selection, widening a unit, the rows a question names), so one tokeniser serves them all."""
-    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+    """The content words of a text, lower-cased (Chinese and Japanese: words and character bigrams,
+    knowledge.storage.words): every term comparison of the offline answer goes through here (quote selection,
+    widening a unit, the rows a question names), so one tokeniser serves them all."""
+    return {w for w in tokens(text) if w not in _STOP}
 
 
 _CASED_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")

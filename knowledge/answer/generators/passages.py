@@ -15,11 +15,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from knowledge.ingest.chunking import split_sentences
+from knowledge.ingest.chunking import CJK_LIST_MARKER, split_sentences
 
 BREADCRUMB_SEPARATOR = " › "
 
-_LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)])\s+(?:\[[ xX]\]\s+)?")
+_LIST_ITEM = re.compile(rf"^\s*(?:(?:[-*+•]|\d+[.)])\s+|(?:{CJK_LIST_MARKER})\s*)(?:\[[ xX]\]\s+)?")
 # A sentence opening with one of these usually leans on the sentence before it.
 _DEPENDENT_START = re.compile(
     r"^(?:this|that|these|those|it|its|they|them|their|such|however|but|also|otherwise|then|instead|therefore|"
@@ -96,11 +96,11 @@ def units_of(text: str, ordinal: int = 0) -> list[Unit]:
             if not prose:  # noqa: B023 (the closure runs within this iteration)
                 return
             for sentence in split_sentences(" ".join(prose)):  # noqa: B023 (the closure runs within this iteration)
-                lean = previous_sentence if (_DEPENDENT_START.match(sentence) or previous_sentence.endswith(":")) else ""
+                lean = previous_sentence if (_DEPENDENT_START.match(sentence) or previous_sentence.endswith((":", "："))) else ""
                 units.append(Unit("text", sentence, lead=lean, position=(ordinal, index)))
                 index += 1
                 previous_sentence = sentence
-            lead_in = previous_sentence if previous_sentence.endswith(":") else ""
+            lead_in = previous_sentence if previous_sentence.endswith((":", "：")) else ""
             prose.clear()  # noqa: B023 (the closure runs within this iteration)
 
         for line in lines:

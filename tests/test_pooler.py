@@ -1,0 +1,138 @@
+"""ragbot behind a real PgBouncer in transaction pooling mode (DATABASE_POOLER=transaction), in front of the embedded
+server: each transaction may run on another server connection, so nothing may be prepared on one connection and
+used on the next, no session setting is assumed, and the one-sync-per-source rule holds by leases, not session
+advisory locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import HANDBOOK, test_settings
+from fakes.confluence_api import FakeConfluence
+from pg_cluster import Bouncer, _system_user, backend_of
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from db.settings import DatabaseSettings
+from knowledge import KnowledgeBase, SearchFilters
+from knowledge.errors import SourceBusy
+from knowledge.ingest.schedule import start_scheduler
+from knowledge.sources.folder import FolderSource
+
+QUESTIONS = ["How many PTO days do I get in my first year?", "How many sick days do we get per year?",
+             "Can I carry over unused vacation days?", "Who approves parental leave?"]
+
+
+@pytest.fixture
+def bouncer(server_url: str) -> Iterator[Callable[..., Bouncer]]:
+    """Start pgbouncers (transaction mode, `pool_size` server connections) in front of the embedded server."""
+    started: list[Bouncer] = []
+    root = Path(tempfile.mkdtemp(prefix="ragbot-bouncer-"))  # readable by the user pgbouncer runs as
+    root.chmod(0o777)
+
+    def start(pool_size: int, server_lifetime: int = 3600) -> Bouncer:
+        started.append(Bouncer(backend_of(server_url), root, _system_user(), pool_size=pool_size,
+                               server_lifetime=server_lifetime))
+        return started[-1]
+
+    yield start
+    for made in started:
+        made.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+async def open_pooled(url: str) -> KnowledgeBase:
+    return await KnowledgeBase.open(test_settings(), DatabaseSettings(  # type: ignore[call-arg]
+        _env_file=None, database_url=url, database_pooler="transaction"))
+
+
+async def test_answers_and_syncs_work_through_pgbouncer_in_transaction_mode(bouncer, fresh_database, kb_factory):
+    name = make_url(fresh_database()).database
+    direct = await kb_factory(fresh_database())
+    # PgBouncer replaces its server connections after a second here (an hour by default): statements prepared on
+    # the old ones are gone, which a client that prepared them would find out at its next run of them.
+    pooled = await open_pooled(bouncer(2, server_lifetime=1).url_for(name))
+    try:
+        for kb in (direct, pooled):
+            report = await kb.sync(FolderSource(HANDBOOK / "policies", "policies"))
+            assert report.added and not report.failed
+        # Many times the same statements, several at once: psycopg would prepare them on the fifth run, and the
+        # next transaction, on another server connection, would not find them.
+        expected = [[h.text for h in (await direct.search(q, SearchFilters(), k=5)).hits] for q in QUESTIONS * 2]
+        for _ in range(3):
+            # One after another (one pooled connection runs each statement often enough for psycopg to prepare
+            # it), then several at once; between rounds the pooler's server connections are replaced.
+            got = [await pooled.search(q, SearchFilters(), k=5) for q in QUESTIONS * 2]
+            got += await asyncio.gather(*(pooled.search(q, SearchFilters(), k=5) for q in QUESTIONS * 2))
+            assert [[h.text for h in r.hits] for r in got] == expected * 2
+            await asyncio.sleep(2)  # past the server connections' lifetime
+        for n, question in enumerate(QUESTIONS):
+            assert (await pooled.answer(question, ["everyone"], f"c{n}")).text == (
+                await direct.answer(question, ["everyone"], f"c{n}")).text
+        assert (await pooled.status()).chunks == (await direct.status()).chunks
+    finally:
+        await pooled.close()
+
+
+async def test_a_source_held_by_one_process_is_busy_for_another_behind_one_server_connection(
+        bouncer, fresh_database, tmp_path):
+    """One server connection behind the pooler: a session lock taken through it would be taken again, by the other
+    process, on the same connection. The source's lease is a row: the second process finds the source busy."""
+    name = make_url(fresh_database()).database
+    url = bouncer(1).url_for(name)
+    first, second = await open_pooled(url), await open_pooled(url)
+    try:
+        (tmp_path / "docs").mkdir()
+        (tmp_path / "docs" / "a.md").write_text("# A\n\nAlpha.")
+        await first.add_source("docs", "folder", {"path": str(tmp_path / "docs")})
+        async with first.engine.connect() as conn:
+            row_id = (await conn.execute(text("SELECT id FROM sources WHERE name = 'docs'"))).scalar_one()
+        async with first.syncs.source_lock(row_id, "docs"):
+            with pytest.raises(SourceBusy, match="being synced right now"):
+                await second.sync_source("docs")
+            assert (await second.list_sources())[0].running
+        assert (await second.sync_source("docs")).added == ["a.md"]
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_two_schedulers_behind_one_pooler_never_run_a_source_twice(bouncer, fresh_database, monkeypatch):
+    monkeypatch.setenv("CONFLUENCE_API_TOKEN", "good-token")
+    name = make_url(fresh_database()).database
+    url = bouncer(2).url_for(name)
+    first, second = await open_pooled(url), await open_pooled(url)
+    try:
+        with FakeConfluence(edition="cloud") as wiki:
+            wiki.add_space("ENG", "Engineering")
+            for n in range(4):
+                wiki.add_page("ENG", f"Page {n}", f"<p>Fact number {n}: the build takes {n + 3} minutes.</p>")
+            wiki.search_delay = 0.25  # each run takes a while, so two schedulers firing together would overlap
+            await first.add_source("wiki", "confluence", {"url": wiki.base_url, "spaces": ["ENG"],
+                                                          "email": wiki.email, "visibility": "everyone"},
+                                   schedule_seconds=1, prune_seconds=2)
+            handles = [await start_scheduler(kb, refresh_seconds=0.5, jitter_fraction=0.0) for kb in (first, second)]
+            try:
+                for _ in range(150):
+                    runs = await first.sync_runs("wiki", limit=100)
+                    if sum(r.status == "ok" for r in runs) >= 3:
+                        break
+                    await asyncio.sleep(0.2)
+            finally:
+                for handle in handles:
+                    await handle.stop()
+            wiki.search_delay = 0
+        runs = sorted(await first.sync_runs("wiki", limit=100), key=lambda r: r.started_at)
+        assert len(runs) >= 3 and all(r.status == "ok" for r in runs), [(r.status, r.error) for r in runs]
+        for earlier, later in zip(runs, runs[1:], strict=False):
+            assert earlier.finished_at <= later.started_at, "two runs of one source overlapped"
+        assert runs[0].added == 4 and all(r.added == 0 for r in runs[1:])
+    finally:
+        await first.close()
+        await second.close()
