@@ -77,6 +77,17 @@ def _terms(text: str) -> set[str]:
     return {w for w in tokens(text) if w not in _STOP}
 
 
+_STOP_WORD = re.compile(r"\b(?:" + "|".join(sorted(_STOP, key=len, reverse=True)) + r")\b", re.IGNORECASE)
+
+
+def content_text(question: str) -> str:
+    """The question without the offline answer's stop words ("how", "many", "get"): the terms the evidence weighs
+    (knowledge.answer.evidence). Postgres's own stop list keeps "many", "much" and "get"; in a small knowledge base
+    no chunk holds them, so they read as rare terms the document lacks and the decision hedged a plainly answered
+    question. Chinese and Japanese text is left as it is (the stop words are English)."""
+    return _STOP_WORD.sub(" ", question)
+
+
 _CASED_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")
 
 
