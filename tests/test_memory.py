@@ -373,7 +373,7 @@ async def test_after_a_grant_is_removed_the_earlier_answer_never_reaches_the_rew
     granted = ["everyone", "group:finance"]  # the channel's audience while it held the finance grant
     fake_anthropic.reply_text("Employees get 10 paid sick days a year [1].")
     await kb.answer("How many sick days do employees get?", EVERYONE, chat)  # before the grant
-    fake_anthropic.reply_text("What is the Q3 revenue forecast?")  # the rewrite (a short question in a thread)
+    # no rewrite: the question stands on its own (its terms find focused hits), so Claude is asked once
     fake_anthropic.reply_text("The Q3 revenue forecast is 48.7 million euros [1].")
     first = await kb.answer("What is the Q3 revenue forecast?", granted, chat)
     assert cited_ids(first) == ["finance/forecast.md"]
@@ -414,7 +414,7 @@ async def test_a_restricted_passage_restated_without_a_citation_never_reaches_a_
     granted = ["everyone", "group:finance"]
     fake_anthropic.reply_text("Employees get 10 paid sick days a year [1].")
     await kb.answer("How many sick days do employees get?", EVERYONE, chat)  # before the grant
-    fake_anthropic.reply_text("What is the Q3 revenue forecast?")  # the rewrite (a short question in a thread)
+    # no rewrite: the question stands on its own (its terms find focused hits), so Claude is asked once
     fake_anthropic.reply_text("The Q3 revenue forecast is 48.7 million euros, codename heron.")  # no citation
     first = await kb.answer("What is the Q3 revenue forecast?", granted, chat)
     assert "48.7" in fake_anthropic.requests[-1].user_text  # the forecast was in the prompt

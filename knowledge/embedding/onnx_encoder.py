@@ -106,6 +106,7 @@ class OnnxBertEncoder(BertTextEncoder):
 
     def __init__(self, model_path: str | Path, onnx_file: Path, precision: Precision) -> None:
         import onnxruntime  # lazy for start-up speed: only when questions use ONNX
+        onnxruntime.disable_telemetry_events()  # ONNX Runtime would report usage to Microsoft: nothing leaves
 
         super().__init__(model_path)
         self.precision = precision
