@@ -9,8 +9,8 @@ TEST_STAMP := $(VENV)/.test-stamp
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup setup-run setup-test chromium test-tools run test test-fast bench clean-db image image-base image-local image-test \
-	compose-config
+.PHONY: setup setup-run setup-test chromium test-tools run test test-fast bench calibrate clean-db image image-base \
+	image-local image-test compose-config
 
 $(RUN_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,13 @@ bench: setup-test
 	$(BIN)/python bench/ingest.py --store-repeats 3
 	$(BIN)/python bench/bot_bench.py
 	$(BIN)/python bench/report.py
+
+# Fit the answer / `uncertain` / decline decision on SQuAD 2.0 articles and report it on held-out ones
+# (docs/answers.md); writes knowledge/answer/calibration.json. The evidence is cached in .ragbot/calibration
+# (delete it, or pass ARGS=--refresh, after changing how evidence is computed). About 15 minutes on 2 cores.
+CALIBRATION_DATA ?= ../shared/data/squad2-calibration
+calibrate: setup-run
+	$(BIN)/python scripts/calibrate.py --data $(CALIBRATION_DATA) $(ARGS)
 
 clean-db:
 	-$(BIN)/ragbot db stop

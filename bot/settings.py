@@ -144,6 +144,14 @@ def known_settings() -> set[str]:
             | settings_of(TeamsSettings) | set(GOOGLE_SETTINGS) | set(CREDENTIAL_VARIABLES))
 
 
+# Settings ragbot no longer reads, and the one that replaced them: a `.env` still setting one is told so.
+RETIRED_SETTINGS = dict.fromkeys(
+    ("ANSWER_DECLINE_BELOW_SIMILARITY", "ANSWER_DECLINE_BELOW_COVERAGE", "ANSWER_SUPPORT", "ANSWER_COVERAGE",
+     "ANSWER_STRONG_SUPPORT", "ANSWER_STRONG_MARGIN"),
+    "ANSWER_CALIBRATION",  # the fitted answer / uncertain / decline decision (docs/answers.md)
+)
+
+
 def unknown_settings(names: Iterable[str]) -> list[tuple[str, str]]:
     """(name, closest real setting) for each name that is not a setting but looks like a misspelt one (difflib):
     a setting that does nothing is found at once instead of being ignored. Names close to no setting (a token
@@ -152,6 +160,9 @@ def unknown_settings(names: Iterable[str]) -> list[tuple[str, str]]:
     found = []
     for name in names:
         if name.upper() in known:
+            continue
+        if name.upper() in RETIRED_SETTINGS:
+            found.append((name, RETIRED_SETTINGS[name.upper()]))
             continue
         close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.6)
         if close:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr
@@ -95,19 +96,10 @@ class KnowledgeSettings(BaseSettings):
     anthropic_rewrite_model: str = "claude-haiku-4-5"
     rewrite_max_tokens: int = Field(default=100, ge=16)
     summary_max_tokens: int = Field(default=400, ge=32)
-    # Answer, hedge ("uncertain": the closest passages, labelled) or decline: decided on several signals, not one
-    # cosine (knowledge/answer/evidence.py; tuned on examples/handbook, reported on a held-out set: docs/answers.md).
-    # Decline when the best chunk and the best passage are both below this similarity to the question ...
-    answer_decline_below_similarity: float = Field(default=0.25, ge=0.0, le=1.0)
-    # ... and the top document holds less than this idf-weighted share of the question's terms.
-    answer_decline_below_coverage: float = Field(default=0.5, ge=0.0, le=1.0)
-    # Answer (rather than hedge) when the best passage is this similar and the top document holds this share ...
-    answer_support: float = Field(default=0.5, ge=0.0, le=1.0)
-    answer_coverage: float = Field(default=0.6, ge=0.0, le=1.0)
-    # ... or when the best passage is this similar, both retrievers put the top document first, and its fused score
-    # leads the next document's by this much.
-    answer_strong_support: float = Field(default=0.55, ge=0.0, le=1.0)
-    answer_strong_margin: float = Field(default=0.2, ge=0.0, le=1.0)
+    # Answer, hedge ("uncertain": the closest passages, labelled) or decline: a small model fitted on a public
+    # answerability benchmark (SQuAD 2.0) by `make calibrate`, stored as data (knowledge/answer/calibration.json;
+    # docs/answers.md). Set this to a calibration file of your own, fitted by the same script, to replace it.
+    answer_calibration: Path | None = None
 
     # Group membership (knowledge.access). A source's synced groups grant access for at most this long after its
     # last successful directory refresh; past it they grant nothing (fail closed) until a refresh succeeds.

@@ -21,6 +21,7 @@ from knowledge.eval.evaluation import (
     last_two_user_turns,
     load_jsonl_questions,
     outcome_of,
+    quoted_characters,
     score_answer,
     summarise_answers,
 )
@@ -87,6 +88,7 @@ def test_answer_eval_with_a_corpus_needs_no_index_of_its_own(fresh_database, mon
     summary = answers_json(str(questions), "--corpus", str(corpus))
 
     assert summary["answered"] == 1.0 and summary["right_document"] == 1.0
+    assert summary["fact_recall"] == 1.0
     # The folder's own question files are not documents of the corpus.
     assert ok_json("status")["documents"] == len(CORPUS)
 
@@ -198,3 +200,14 @@ def test_eval_of_conversations_reports_the_last_two_turns_baseline(fresh_databas
     assert last["mrr@10"] < 1.0
     both = cli("eval", str(path), "--corpus", str(corpus), "--no-memory", "--last-two")
     assert both.exit_code == 2 and "--no-memory or --last-two" in both.stderr
+
+
+def test_quote_length_counts_the_quoted_text_not_the_notes_and_headings():
+    table = "**Parts** [1]\n\n| part | price |\n|---|---|\n| PX-1 | 10 EUR |\n\n_Quoted from your documents as written._"
+    assert quoted_characters(table) == len("| part | price |") + len("| PX-1 | 10 EUR |")
+    scores = [score_answer(ANSWERABLE[0], reply("answer", text=table)),
+              score_answer(ANSWERABLE[1], reply("uncertain", text="25 days a year.")),
+              score_answer(ANSWERABLE[2], reply("decline", abstained=True, text="I couldn't find this"))]
+    # Per reply that quoted anything: (33 + 15) / 2; a decline quotes nothing and is left out.
+    assert summarise_answers(scores)["quote_length"] == 24.0
+    assert summarise_answers(scores)["by_side"]["answerable"]["quote_length"] == 24.0

@@ -1,6 +1,7 @@
 """Every setting the documentation names is one the code reads, and every setting the code reads is documented in
 .env.example (issue 41: the README's `ABSTAIN_BELOW_SIMILARITY` did nothing; the working one is
-`ANSWER_DECLINE_BELOW_SIMILARITY`). A misspelt setting in `.env` gets a warning naming the closest real one."""
+`ANSWER_DECLINE_BELOW_SIMILARITY`, since replaced by `ANSWER_CALIBRATION`). A misspelt or retired setting in `.env`
+gets a warning naming the closest real one, or the one that replaced it."""
 
 from __future__ import annotations
 
@@ -91,11 +92,14 @@ def test_the_checker_catches_a_setting_that_does_nothing() -> None:
 def test_a_misspelt_setting_in_dotenv_is_warned_about_with_the_closest_real_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / ".env").write_text("ABSTAIN_BELOW_SIMILARITY=0.3\nWIKI_PAT=secret\nPORT=3001\n", encoding="utf-8")
+    (tmp_path / ".env").write_text("ANSWER_CALIBRATON=fit.json\nANSWER_DECLINE_BELOW_SIMILARITY=0.3\nWIKI_PAT=secret\n"
+                                   "PORT=3001\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DATABASE_URL", "postgresql://u@127.0.0.1:9/x")  # `db stop` refuses at once: no server
     result = CliRunner().invoke(app, ["db", "stop"])
     warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
-    assert len(warnings) == 1, result.stderr
-    assert "ABSTAIN_BELOW_SIMILARITY" in warnings[0] and "did you mean ANSWER_DECLINE_BELOW_SIMILARITY?" in warnings[0]
+    assert len(warnings) == 2, result.stderr
+    assert "ANSWER_CALIBRATON" in warnings[0] and "did you mean ANSWER_CALIBRATION?" in warnings[0]
+    # a threshold the fitted decision replaced does nothing any more: the warning names its replacement
+    assert "ANSWER_DECLINE_BELOW_SIMILARITY" in warnings[1] and "did you mean ANSWER_CALIBRATION?" in warnings[1]
     assert "secret" not in result.stderr  # a token variable a source names is nobody's business, nor its value

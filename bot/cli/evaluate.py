@@ -134,7 +134,8 @@ def render_answer_eval(summary: dict[str, object]) -> None:
     console.print(table)
     groups = {**_figures(summary.get("by_side")), **_figures(summary.get("by_category"))}
     if groups:
-        columns = ("questions", "answered", "uncertain", "declined", "right_document", "fact_recall", "credit")
+        columns = ("questions", "answered", "uncertain", "declined", "right_document", "fact_recall", "quote_length",
+                   "credit")
         by_group = Table("questions", *columns)
         for name, figures in groups.items():
             by_group.add_row(name, *(_cell(figures.get(c)) for c in columns))

@@ -17,7 +17,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeGuard
 
-from knowledge.answer.evidence import Evidence, EvidenceSettings, Outcome, coverage, decide
+from knowledge.answer.evidence import (
+    Calibration,
+    Evidence,
+    Outcome,
+    absent_specific,
+    coverage,
+    decide,
+    missing_rare,
+)
 from knowledge.answer.generators import extractive
 from knowledge.answer.generators.anthropic_client import (
     AnthropicGenerator,
@@ -97,20 +105,16 @@ class AnswerSettings:
     context_chunks: int = 8  # at most this many retrieved chunks in the prompt
     context_token_budget: int = 3000  # retrieved text in the prompt, in tokens
     prompt_token_budget: int = 6000  # the whole prompt: system + conversation + sources + question
-    evidence: EvidenceSettings = EvidenceSettings()  # where answer / uncertain / decline split
+    # where answer / uncertain / decline split: the decision fitted by `make calibrate` (knowledge.answer.evidence)
+    calibration: Calibration = field(default_factory=Calibration.load)
     text_search_config: str = "english"
     max_question_chars: int = 4000  # longer questions are refused (QuestionTooLong) before any work
 
     @classmethod
     def from_settings(cls, settings: KnowledgeSettings) -> AnswerSettings:
-        evidence = EvidenceSettings(
-            decline_below_similarity=settings.answer_decline_below_similarity,
-            decline_below_coverage=settings.answer_decline_below_coverage,
-            answer_support=settings.answer_support, answer_coverage=settings.answer_coverage,
-            strong_support=settings.answer_strong_support, strong_margin=settings.answer_strong_margin,
-        )
-        return cls(settings.context_chunks, settings.context_token_budget, settings.prompt_token_budget, evidence,
-                   settings.text_search_config, max_question_chars=settings.max_question_chars)
+        return cls(settings.context_chunks, settings.context_token_budget, settings.prompt_token_budget,
+                   Calibration.load(settings.answer_calibration), settings.text_search_config,
+                   max_question_chars=settings.max_question_chars)
 
 
 @dataclass(frozen=True)
@@ -272,7 +276,7 @@ class Answerer:
         in_context = [hit for group in groups for hit in group.hits]
         started = time.perf_counter()
         evidence, scored = await self._evidence(query, results.best_similarity, results.hits, groups)
-        outcome = decide(evidence, settings.evidence)
+        outcome = decide(evidence, settings.calibration)
         if gap is not None and translated is None and outcome == "answer":
             outcome = "uncertain"  # offline, a passage in another language is the closest one, never a sure answer
         timings["evidence_ms"] = (time.perf_counter() - started) * 1000
@@ -290,9 +294,9 @@ class Answerer:
             except GenerationError as exc:
                 logger.warning("LLM unavailable, answering with excerpts: %s", exc)
                 note = str(exc) if gate is None or not gate.sent else f"the answer stopped while being written ({exc})"
-                answer, cited = await self._extract(query, groups, in_context, outcome, scored)
+                answer, cited = await self._extract(query, groups, in_context, outcome, scored, evidence.not_found)
         else:
-            answer, cited = await self._extract(query, groups, in_context, outcome, scored)
+            answer, cited = await self._extract(query, groups, in_context, outcome, scored, evidence.not_found)
         answer.evidence = evidence
         answer.text = _noted(answer.text, gap)
         timings["generation_ms"] = (time.perf_counter() - started) * 1000
@@ -366,14 +370,28 @@ class Answerer:
         cited = [hit.chunk_id for n in used for hit in by_number[n].hits]
         return Answer(text_out, self.generator.mode, False, citations, hits), cited
 
+    async def evidence_for(
+        self, question: str, principals: Sequence[str], sources: Sequence[str] | None = None,
+    ) -> tuple[Evidence | None, list[SearchHit]]:
+        """The evidence a question without history is decided on, and the hits it came from (None when nothing
+        was found): what `make calibrate` fits the decision on, computed exactly as `answer` computes it."""
+        filters = SearchFilters(tuple(principals), tuple(sources) if sources else None)
+        results = await self.retriever.search(question, filters, k=self.settings.context_chunks)
+        if not results.hits or results.best_similarity is None:
+            return None, results.hits
+        _, groups = self._fit_prompt(question, History("", []), results.hits)
+        evidence, _ = await self._evidence(question, results.best_similarity, results.hits, groups)
+        return evidence, results.hits
+
     async def _evidence(
         self, query: str, best_similarity: float, hits: Sequence[SearchHit], groups: Sequence[_SourceGroup],
     ) -> tuple[Evidence, list[extractive.ScoredUnit] | None]:
         """What the outcome is decided on (knowledge.answer.evidence). Offline, the passage-level support is the
         best quotable unit's similarity (the units are scored once, for the quote too); with Claude, which judges
-        the passages itself, the best chunk's similarity stands in for it (no extra embedding)."""
+        the passages itself, the best chunk's similarity stands in for it (no extra embedding), and the best
+        chunk's section stands in for the best unit's."""
         if not groups:
-            return Evidence(best_similarity, best_similarity, 0.0, 0.0, 0), None
+            return Evidence(best_similarity, best_similarity, 0.0, 0.0, 0, 0.0, 1.0), None
         top = groups[0].first.document_id
         best_by_document: dict[int, float] = {}
         for hit in hits:
@@ -384,25 +402,40 @@ class Answerer:
         lexical_best = max(hits, key=lambda h: -1.0 if h.lexical_score is None else h.lexical_score)
         agreement = int(dense_best.document_id == top) + int(lexical_best.lexical_score is not None
                                                              and lexical_best.document_id == top)
-        group = groups[0]
-        passage = " ".join([group.first.title] + [f"{h.heading} {h.text}" for h in group.hits])
-        async with self.retriever.engine.connect() as conn:
-            stats = await memory_store.term_statistics(conn, query, [passage], self.settings.text_search_config)
         scored = None
         support = best_similarity
         if self.generator is None:
             scored = await asyncio.to_thread(extractive.score_units, query, _passages(groups), self.embedder)
             support = scored[0].similarity if scored else 0.0
-        return Evidence(best_similarity, support, coverage(stats), margin, agreement), scored
+        by_number = {g.n: g for g in groups}
+        answering = by_number.get(scored[0].source_n, groups[0]) if scored else groups[0]
+        heading = scored[0].passage.heading if scored else answering.first.heading
+        unit_text = scored[0].unit.scoring_text() if scored else answering.first.text
+        passages = [
+            _document_text(groups[0]),  # the top document
+            " ".join([answering.first.title, heading] + [h.text for h in answering.hits if h.heading == heading]),
+            _document_text(answering),  # the document the answer quotes first
+            unit_text,  # the unit it quotes first
+        ]
+        specific = extractive.specific_words(query)
+        async with self.retriever.engine.connect() as conn:
+            config = self.settings.text_search_config
+            stats = await memory_store.term_statistics(conn, extractive.content_text(query), passages, config)
+            named = await memory_store.term_statistics(conn, " ".join(specific), passages, config) if specific else []
+        not_found = tuple(_surface(lexeme, specific) for lexeme in absent_specific(named, 2))
+        return Evidence(best_similarity, support, coverage(stats), margin, agreement, coverage(stats, 1),
+                        missing_rare(stats, 1), not_found, coverage(stats, 3), missing_rare(stats, 3),
+                        extractive.negation_mismatch(query, unit_text), extractive.answer_type(query, unit_text)), scored
 
     async def _extract(
         self, query: str, groups: list[_SourceGroup], hits: list[SearchHit], outcome: Outcome = "answer",
-        scored: list[extractive.ScoredUnit] | None = None,
+        scored: list[extractive.ScoredUnit] | None = None, not_found: Sequence[str] = (),
     ) -> tuple[Answer, list[int]]:
         """Offline: quote the passage that best answers the standalone query (a follow-up's own words are too thin);
         for an `uncertain` outcome, the closest passages, labelled as possibly not answering."""
         offline = await asyncio.to_thread(
-            extractive.compose, query, _passages(groups), self.embedder, scored=scored, hedge=outcome == "uncertain"
+            extractive.compose, query, _passages(groups), self.embedder, scored=scored, hedge=outcome == "uncertain",
+            not_found=not_found,
         )
         if offline is None:  # retrieved, but nothing quotable in it
             return Answer(ABSTAIN_MESSAGE, "extractive", True, [], hits, related=related_documents(groups)), []
@@ -442,6 +475,16 @@ def _quotes(spans: Sequence[Span], n: int) -> list[str]:
 def _passages(groups: Sequence[_SourceGroup]) -> list[extractive.Passage]:
     """The chunks of the first three sources, as the offline answer reads them."""
     return [extractive.Passage(g.n, h.title, h.heading, h.ordinal, h.text) for g in groups[:3] for h in g.hits]
+
+
+def _document_text(group: _SourceGroup) -> str:
+    """A source's title with its retrieved chunks and their headings: what "the document holds" is checked on."""
+    return " ".join([group.first.title] + [f"{h.heading} {h.text}" for h in group.hits])
+
+
+def _surface(lexeme: str, words: Sequence[str]) -> str:
+    """The question's own spelling of a stemmed term ("offic" → "offices"), for saying what was not found."""
+    return next((w for w in words if w.casefold().startswith(lexeme)), lexeme)
 
 
 def _is_no_answer(reply: str) -> bool:

@@ -300,6 +300,7 @@ class AnswerScore:
     judge_error: str | None = None
     outcome: str = ""  # "answer" | "uncertain" | "decline"; empty means derived from `abstained`
     retrieved_first: bool | None = None
+    quote_length: int = 0  # characters quoted (see `quoted_characters`); 0 for a decline
 
     @property
     def result(self) -> str:
@@ -316,6 +317,16 @@ def _plain(text: str) -> str:
     return " ".join(re.sub(r"[*_`\\]", "", text).split()).casefold()
 
 
+_NOTE_LINE = re.compile(r"^\s*(?:_.*_|\*\*.*\*\*.*\[\d+\]|\|[-| ]+\|)\s*$")
+
+
+def quoted_characters(text: str) -> int:
+    """Characters of an answer that quote (or state) something: its text without the offline answer's notes
+    (italic lines), its "**Title** › Section [n]" lines and table rules. What keeps "quote the whole table" from
+    passing as fact recall."""
+    return sum(len(line.strip()) for line in text.splitlines() if line.strip() and not _NOTE_LINE.match(line))
+
+
 def score_answer(question: EvalQuestion, answer: Answer) -> AnswerScore:
     cited = tuple(c.external_id for c in answer.citations)
     text = _plain(answer.text)
@@ -324,6 +335,7 @@ def score_answer(question: EvalQuestion, answer: Answer) -> AnswerScore:
     return AnswerScore(
         question, outcome == "decline", found, bool(set(cited) & set(question.relevant)),
         sum(1 for c in cited if c not in question.relevant), cited, outcome=outcome,
+        quote_length=quoted_characters(answer.text) if outcome != "decline" else 0,
     )
 
 
@@ -337,6 +349,12 @@ def _outcome_shares(scores: Sequence[AnswerScore]) -> dict[str, float]:
         "uncertain": _share(sum(s.result == "uncertain" for s in scores), len(scores)),
         "declined": _share(sum(s.result == "decline" for s in scores), len(scores)),
     }
+
+
+def quote_length(scores: Sequence[AnswerScore]) -> float:
+    """Mean characters quoted per reply that quoted anything (answers and `uncertain` replies)."""
+    replies = [s for s in scores if s.result != "decline"]
+    return round(sum(s.quote_length for s in replies) / len(replies), 1) if replies else 0.0
 
 
 def _mean_credit(scores: Sequence[AnswerScore]) -> float:
@@ -360,6 +378,7 @@ def _answerable_side(answerable: Sequence[AnswerScore]) -> dict[str, float]:
         **_outcome_shares(answerable),
         "right_document": _share(sum(s.right_document for s in answerable), len(answerable)),
         "fact_recall": _share(sum(s.facts_found for s in answerable), facts_total),
+        "quote_length": quote_length(answerable),
         "credit": _mean_credit(answerable),
     }
     if measured:
@@ -375,6 +394,7 @@ def _unanswerable_side(unanswerable: Sequence[AnswerScore]) -> dict[str, float]:
         **_outcome_shares(unanswerable),
         "abstention_accuracy": _share(sum(s.result == "decline" for s in unanswerable), len(unanswerable)),
         "declined_or_uncertain": _share(sum(s.result != "answer" for s in unanswerable), len(unanswerable)),
+        "quote_length": quote_length(unanswerable),
         "credit": _mean_credit(unanswerable),
     }
 
@@ -403,6 +423,8 @@ def summarise_answers(scores: Sequence[AnswerScore]) -> dict[str, object]:
     - near_miss_declined / off_topic_declined: share of unanswerable questions of that kind that were declined;
     - abstention_accuracy: share of unanswerable questions declined;
     - balanced_score: see `balanced_score`;
+    - quote_length: mean characters quoted per reply that quoted anything (`quoted_characters`), so quoting a
+      whole table cannot pass as recall;
     - answerable / unanswerable: the outcome shares (answered, uncertain, declined) on each side, with the side's
       own metrics and its mean credit; by_category: the same per category."""
     answerable = [s for s in scores if s.question.relevant]
@@ -425,6 +447,7 @@ def summarise_answers(scores: Sequence[AnswerScore]) -> dict[str, object]:
         "off_topic_declined": declined("off_topic"),
         "abstention_accuracy": _abstention_accuracy(scores),
         "balanced_score": balanced_score(scores),
+        "quote_length": quote_length(scores),
         **_judged_metrics(answered),
         "by_side": {"answerable": _answerable_side(answerable), "unanswerable": _unanswerable_side(unanswerable)},
         "by_category": summarise_by_category(scores),

@@ -33,6 +33,9 @@ SAME_DOCUMENT_GAP = 0.25
 # A second document is quoted when its best unit scores at least this fraction of the best unit.
 SECOND_SOURCE_RATIO = 0.95
 MAX_UNITS_PER_DOCUMENT = 4
+# When the best unit is not in the document retrieval ranked first, that document's best unit is quoted too (after
+# the lead) if it scores at least this fraction of the best unit: retrieval's ranking reads the whole chunk.
+TOP_DOCUMENT_RATIO = 0.8
 
 _STOP = frozenset(
     "a an the is are was were be been to of in on for and or with at by from do does did i my me we our you your "
@@ -68,8 +71,71 @@ class OfflineAnswer:
 
 
 def _terms(text: str) -> set[str]:
-    """Lower-cased words (Chinese and Japanese: words and character bigrams, knowledge.storage.words)."""
+    """The content words of a text, lower-cased (Chinese and Japanese: words and character bigrams,
+    knowledge.storage.words): every term comparison of the offline answer goes through here (quote selection,
+    widening a unit, the rows a question names), so one tokeniser serves them all."""
     return {w for w in tokens(text) if w not in _STOP}
+
+
+_STOP_WORD = re.compile(r"\b(?:" + "|".join(sorted(_STOP, key=len, reverse=True)) + r")\b", re.IGNORECASE)
+
+
+def content_text(question: str) -> str:
+    """The question without the offline answer's stop words ("how", "many", "get"): the terms the evidence weighs
+    (knowledge.answer.evidence). Postgres's own stop list keeps "many", "much" and "get"; in a small knowledge base
+    no chunk holds them, so they read as rare terms the document lacks and the decision hedged a plainly answered
+    question. Chinese and Japanese text is left as it is (the stop words are English)."""
+    return _STOP_WORD.sub(" ", question)
+
+
+_CASED_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")
+
+
+def specific_words(question: str) -> list[str]:
+    """The words of a question that name something specific: a year, a number or a code (any word with a digit),
+    an acronym, or a capitalised word past the first (a name, a place, a product). The evidence checks that the
+    answering document holds them (knowledge.answer.evidence, `not_found`)."""
+    words = _CASED_WORD.findall(question)
+    found: list[str] = []
+    for i, word in enumerate(words):
+        if word.lower() in _STOP or word in found:
+            continue
+        has_digit = any(ch.isdigit() for ch in word)
+        acronym = len(word) >= 2 and word.isupper()
+        if has_digit or acronym or (i > 0 and word[0].isupper()):
+            found.append(word)
+    return found
+
+
+_NEGATION = re.compile(r"\b(?:not|no|never|none|nobody|nothing|neither|nor|cannot|without)\b|n't\b", re.IGNORECASE)
+_ASKS_TIME = re.compile(r"^\s*(?:when|what\s+(?:year|date|day|month|time|century|decade))\b|\bin\s+what\s+year\b",
+                        re.IGNORECASE)
+_ASKS_NUMBER = re.compile(r"\bhow\s+(?:many|much|long|old|far|often|big|large|high)\b|\bwhat\s+(?:percentage|"
+                          r"number|amount|share|price|rate)\b", re.IGNORECASE)
+_ASKS_NAME = re.compile(r"^\s*(?:who|whom|whose)\b", re.IGNORECASE)
+_MONTH = re.compile(r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b|\b(?:19|20|1[0-8])\d\d\b|"
+                    r"\b\d{1,2}(?:st|nd|rd|th)?\s+century\b|\b\d{1,4}s?\b", re.IGNORECASE)
+
+
+def negation_mismatch(question: str, unit_text: str) -> float:
+    """1.0 when exactly one of the question and the unit is negated ("not", "never", "n't"), else 0.0."""
+    return float(bool(_NEGATION.search(question)) != bool(_NEGATION.search(unit_text)))
+
+
+def answer_type(question: str, unit_text: str) -> float:
+    """Whether the unit holds what the question's form asks for: a year, date or century for "when", a number for
+    "how many/much", a capitalised name the question does not already hold for "who". 1.0 yes, 0.0 no, 0.5 when
+    the question asks for nothing in particular."""
+    if _ASKS_TIME.search(question):
+        return float(bool(_MONTH.search(unit_text)))
+    if _ASKS_NUMBER.search(question):
+        return float(any(ch.isdigit() for ch in unit_text) or bool(re.search(
+            r"\b(?:one|two|three|four|five|six|seven|eight|nine|ten|twelve|twenty|hundred|thousand|million|billion|"
+            r"dozen|half|several|few)\b", unit_text, re.IGNORECASE)))
+    if _ASKS_NAME.search(question):
+        asked = {w.lower() for w in _CASED_WORD.findall(question)}
+        return float(any(w[0].isupper() and w.lower() not in asked for w in _CASED_WORD.findall(unit_text)[1:]))
+    return 0.5
 
 
 def score_units(question: str, passages: Sequence[Passage], embedder: Embedder) -> list[ScoredUnit]:
@@ -106,15 +172,19 @@ def _context(passage: Passage, unit: Unit) -> str:
 
 def compose(
     question: str, passages: Sequence[Passage], embedder: Embedder, *, scored: Sequence[ScoredUnit] | None = None,
-    hedge: bool = False,
+    hedge: bool = False, not_found: Sequence[str] = (),
 ) -> OfflineAnswer | None:
     """The offline answer (None when no unit was found). Whether to answer at all is decided before, from the
-    evidence (knowledge.answer.evidence); `hedge` labels the quote as the closest passages, which may not answer."""
+    evidence (knowledge.answer.evidence); `hedge` labels the quote as the closest passages, which may not answer,
+    and `not_found` names the parts of the question the documents did not hold."""
     scored = list(scored) if scored is not None else score_units(question, passages, embedder)
     if not scored:
         return None
     best = scored[0]
     chosen: dict[int, list[ScoredUnit]] = {best.source_n: [best]}
+    defining = _defining_unit(question, [s for s in scored if s.source_n == best.source_n])
+    if defining is not None:
+        chosen[best.source_n] = [defining]  # "What is X?": the sentence that defines X, alone
     for candidate in scored[1:]:
         if candidate.source_n == best.source_n:
             picked = chosen[best.source_n]
@@ -123,33 +193,70 @@ def compose(
                                                        and candidate.unit.kind == "row")
                 for p in picked
             )  # overlapping chunks repeat units; a row brings its table anyway
-            if not repeated and len(picked) < MAX_UNITS_PER_DOCUMENT and candidate.score >= best.score - SAME_DOCUMENT_GAP:
+            if (defining is None and not repeated and len(picked) < MAX_UNITS_PER_DOCUMENT
+                    and candidate.score >= best.score - SAME_DOCUMENT_GAP):
                 picked.append(candidate)
         elif (
             not hedge and len(chosen) < 2 and candidate.source_n not in chosen
             and candidate.score >= SECOND_SOURCE_RATIO * best.score and candidate.similarity >= MIN_UNIT_SIMILARITY
         ):
             chosen[candidate.source_n] = [candidate]
+    first = next((s for s in scored if s.source_n == 1), None)  # sources are numbered in retrieval's order
+    if first is not None and 1 not in chosen and first.score >= TOP_DOCUMENT_RATIO * best.score:
+        chosen[1] = [first]  # retrieval's first document is quoted too when its best unit is nearly as good
+    stale = _older_version(scored, best, chosen)
+    if stale is not None:
+        current, older = stale
+        if current.source_n not in chosen:
+            chosen = {current.source_n: [current], **chosen}
+        chosen[older.source_n] = [older]
     for source_n in chosen:
         chosen[source_n] = whole_units(question, chosen[source_n], [s for s in scored if s.source_n == source_n])
     sources = list(chosen)  # the lead document first
-    return OfflineAnswer(render(chosen, sources, hedge=hedge), sources, best.similarity)
+    notes: list[str] = []
+    if stale is not None:
+        current, older = stale
+        sources = [current.source_n] + [n for n in sources if n != current.source_n]
+        notes.append(version_note(current, older, sources))
+    return OfflineAnswer(render(chosen, sources, hedge=hedge, not_found=not_found, notes=notes,
+                                later=[stale[1].source_n] if stale else ()), sources, best.similarity)
 
 
-# A table of at most this many rows is quoted whole once one of its rows answers: "How many PTO days?" asks for
-# the table, and a row without its neighbours hides the figure the asker's own case needs.
+# --- the whole unit that answers ---------------------------------------------------------------------------------
+
+# A table of at most this many rows is quoted whole once one of its rows answers and the question singles out no
+# row: "How many PTO days?" asks for the table. A question naming a row ("for managers", a part number) gets that
+# row with its header, plus at most MATCHING_ROWS rows naming the same terms.
 SMALL_TABLE_ROWS = 8
+MATCHING_ROWS = 3
 # A list of at most this many items is quoted whole, under its lead-in, once one of its items answers.
 SMALL_LIST_ITEMS = 8
+# The steps of a procedure ("How do I…?") are quoted whole up to this many items or sentences.
+MAX_STEPS = 15
 _FIGURE = re.compile(r"\$?\d[\d,.:]*%?|\b(?:19|20)\d\d\b")
+_PROCEDURE = re.compile(
+    r"^\s*(?:how\s+(?:do|can|should|would|to|does)\b|what\s+(?:are\s+)?the\s+steps\b|steps?\s+(?:to|for)\b)|"
+    r"\b(?:procedure|process|steps|instructions)\b", re.IGNORECASE)
+
+
+def is_procedure(question: str) -> bool:
+    """A question asking how to do something: its answer is a sequence of steps, quoted whole."""
+    return bool(_PROCEDURE.search(question))
+
+
+def _is_question(unit: Unit) -> bool:
+    """An FAQ's question line ("**How do I reset my password?**", "Q: …?"): it names the answer, it is not one."""
+    return unit.kind == "text" and unit.text.rstrip("*_ ").endswith("?")
 
 
 def whole_units(question: str, picked: list[ScoredUnit], document: Sequence[ScoredUnit]) -> list[ScoredUnit]:
-    """Widen the picked units of one document to the unit that answers: every row of a small table (of a large
-    one, the rows the question names), every item of a short list, and any unit stating a figure the question asks
-    about (an amount, a year, a number) that the pick left out."""
-    result = list(picked)
-    have = {(s.passage.heading, s.unit.scoring_text()) for s in result}
+    """Widen the picked units of one document to the unit that answers: an FAQ question to the answer under it
+    (without the question), a procedure to its steps (the section's list, or its paragraphs), a table row to its
+    header and the rows the question names (a small table whole when it names none), a list item to its list
+    under its lead-in, and any unit stating a figure the question asks about (an amount, a year, a number) that the
+    pick left out."""
+    result: list[ScoredUnit] = []
+    have: set[tuple[str, str]] = set()
 
     def add(item: ScoredUnit) -> None:
         key = (item.passage.heading, item.unit.scoring_text())
@@ -157,17 +264,25 @@ def whole_units(question: str, picked: list[ScoredUnit], document: Sequence[Scor
             have.add(key)
             result.append(item)
 
+    ordered = _distinct(sorted(document, key=lambda s: (s.passage.ordinal, s.unit.position)))
     question_terms = _terms(question)
-    for item in list(picked):
-        if item.unit.kind == "row":
+    procedure = is_procedure(question)
+    for item in picked:
+        if _is_question(item.unit):
+            answer = _faq_answer(item, ordered)
+            if answer:
+                for unit in answer:
+                    add(unit)
+                continue
+        add(item)
+        if procedure and item.unit.kind != "row":
+            for step in _section_steps(item, ordered):
+                add(step)
+        elif item.unit.kind == "row":
             rows = _distinct([s for s in document if s.unit.kind == "row" and s.unit.header == item.unit.header])
-            if len(rows) <= SMALL_TABLE_ROWS:
-                for row in rows:
-                    add(row)
-            else:
-                for row in rows:
-                    if question_terms & _terms(" ".join(row.unit.cells)):
-                        add(row)
+            named = _named_rows(question_terms, item, rows)
+            for row in named if named or len(rows) > SMALL_TABLE_ROWS else rows:
+                add(row)
         elif item.unit.kind == "text" and item.unit.text.endswith(":"):
             # a lead-in is quoted with the list it introduces
             items = _distinct([s for s in document if s.unit.kind == "list" and s.unit.lead == item.unit.text])
@@ -189,6 +304,125 @@ def whole_units(question: str, picked: list[ScoredUnit], document: Sequence[Scor
     return result
 
 
+def _faq_answer(question_unit: ScoredUnit, ordered: Sequence[ScoredUnit]) -> list[ScoredUnit]:
+    """The units after an FAQ question line, in the same section, up to the next question line."""
+    heading = question_unit.passage.heading
+    start = next((i for i, s in enumerate(ordered) if s.unit.text == question_unit.unit.text
+                  and s.passage.heading == heading), None)
+    if start is None:
+        return []
+    answer: list[ScoredUnit] = []
+    for unit in ordered[start + 1:]:
+        if unit.passage.heading != heading or _is_question(unit.unit) or len(answer) >= MAX_STEPS:
+            break
+        answer.append(unit)
+    return answer
+
+
+def _section_steps(item: ScoredUnit, ordered: Sequence[ScoredUnit]) -> list[ScoredUnit]:
+    """The steps of the section the picked unit is in: its list items (with their lead-in), or, without a list, its
+    sentences, in order, up to the next heading."""
+    section = [s for s in ordered if s.passage.heading == item.passage.heading and not _is_question(s.unit)]
+    steps = [s for s in section if s.unit.kind == "list"]
+    return (steps or [s for s in section if s.unit.kind == "text"])[:MAX_STEPS]
+
+
+def _named_rows(question_terms: set[str], picked: ScoredUnit, rows: Sequence[ScoredUnit]) -> list[ScoredUnit]:
+    """The rows a question singles out: those holding the question's most telling terms (a term in fewer rows
+    tells more; header words and terms in most rows tell nothing), at most MATCHING_ROWS, the picked row first when
+    it is one of them. Empty when the question names no row."""
+    header_terms = _terms(" ".join(picked.unit.header))
+    cells = {id(row): _terms(" ".join(row.unit.cells)) - header_terms for row in rows}
+    in_rows = {term: sum(term in cells[id(row)] for row in rows) for term in question_terms}
+    telling = {term for term, count in in_rows.items() if 0 < count <= max(1, len(rows) // 2)}
+    if not telling:
+        return []
+    weight = {id(row): sum(1.0 / in_rows[t] for t in telling & cells[id(row)]) for row in rows}
+    top = max(weight.values())
+    named = [row for row in rows if weight[id(row)] >= top > 0]
+    named.sort(key=lambda row: row.unit.text != picked.unit.text)
+    return named[:MATCHING_ROWS]
+
+
+_DEFINITION_QUESTION = re.compile(
+    r"^\s*(?:what\s+(?:is|are|does)\s+(?:an?\s+|the\s+)?(?P<a>.+?)(?:\s+mean|\s+stand\s+for)?|define\s+(?P<b>.+?)|"
+    r"what\s+is\s+meant\s+by\s+(?P<c>.+?))\s*\??\s*$", re.IGNORECASE)
+_DEFINES = re.compile(r"\b(?:is|are|means|refers\s+to|stands\s+for|is\s+defined\s+as)\b", re.IGNORECASE)
+
+
+def _defining_unit(question: str, document: Sequence[ScoredUnit]) -> ScoredUnit | None:
+    """For "What is X?" / "What does X mean?": the sentence of the document that defines X ("X is …", "X means …"),
+    when there is one."""
+    match = _DEFINITION_QUESTION.match(question)
+    if not match:
+        return None
+    subject = _terms(match.group("a") or match.group("b") or match.group("c") or "")
+    if not subject or len(subject) > 4:
+        return None
+    for item in document:
+        if item.unit.kind != "text":
+            continue
+        verb = _DEFINES.search(item.unit.text)
+        if verb and verb.start() <= 80 and subject <= _terms(item.unit.text[: verb.start()]):
+            return item
+    return None
+
+
+# --- the current version -------------------------------------------------------------------------------------------
+
+# Another document's unit is read as a version of the same statement when it scores at least this share of the best
+# unit's score and states a different figure.
+VERSION_RATIO = 0.85
+_YEAR = re.compile(r"\b(?:19|20)\d\d\b")
+_EFFECTIVE = re.compile(r"\b(?:effective|as of|valid from|from|starting|since|updated|revised)\b[^.\n]{0,30}?"
+                        r"\b((?:19|20)\d\d)\b", re.IGNORECASE)
+_REPLACES = re.compile(r"\b(?:supersedes?|superseded|replaces?|no longer|instead of|previously|was changed)\b",
+                       re.IGNORECASE)
+_NOTES = re.compile(r"\b(?:meeting|minutes|notes|proposals?|proposed|draft|discussion|agenda)\b", re.IGNORECASE)
+
+
+def currency(passages: Sequence[Passage]) -> tuple[int, int, int]:
+    """How current a document reads, higher is newer: whether it says it replaces something ("supersedes",
+    "replaces", "no longer"), whether it is a settled document rather than notes of a meeting or a proposal, and
+    its year (of its title, else of an effective date in its text, else 0)."""
+    title = passages[0].title if passages else ""
+    text = " ".join(p.text for p in passages)
+    years = [int(y) for y in _YEAR.findall(title)] or [int(y) for y in _EFFECTIVE.findall(text)]
+    settled = not _NOTES.search(f"{title} {' '.join(p.heading for p in passages)}")
+    return int(bool(_REPLACES.search(text))), int(settled), max(years, default=0)
+
+
+def _older_version(
+    scored: Sequence[ScoredUnit], best: ScoredUnit, chosen: dict[int, list[ScoredUnit]],
+) -> tuple[ScoredUnit, ScoredUnit] | None:
+    """(the current document's unit, the older document's unit) when two documents state the same kind of fact
+    differently, else None."""
+    rival = next((s for s in scored if s.source_n != best.source_n and s.score >= VERSION_RATIO * best.score
+                  and s.similarity >= MIN_UNIT_SIMILARITY), None)
+    if rival is None:
+        return None
+    figures = set(_FIGURE.findall(best.unit.scoring_text())), set(_FIGURE.findall(rival.unit.scoring_text()))
+    if not figures[0] or not figures[1] or figures[0] == figures[1]:
+        return None
+
+    def of(source_n: int) -> tuple[int, int, int]:
+        seen = {s.passage.ordinal: s.passage for s in scored if s.source_n == source_n}
+        return currency([seen[k] for k in sorted(seen)])
+
+    best_currency, rival_currency = of(best.source_n), of(rival.source_n)
+    if best_currency == rival_currency:
+        return None
+    return (best, rival) if best_currency > rival_currency else (rival, best)
+
+
+def version_note(current: ScoredUnit, older: ScoredUnit, sources: Sequence[int]) -> str:
+    """The line that says an older document differs, naming both, in citation numbers."""
+    numbers = {n: i for i, n in enumerate(sources, start=1)}
+    return (f"_Note: {_escape_markdown(older.passage.title)} [{numbers[older.source_n]}] states this differently; "
+            f"{_escape_markdown(current.passage.title)} [{numbers[current.source_n]}], quoted first, is the current "
+            "version._")
+
+
 def _distinct(items: Sequence[ScoredUnit]) -> list[ScoredUnit]:
     """One of each unit (overlapping chunks repeat rows and items)."""
     seen: set[str] = set()
@@ -203,11 +437,24 @@ def _distinct(items: Sequence[ScoredUnit]) -> list[ScoredUnit]:
 HEDGE_NOTE = "_These are the closest passages I found; they may not answer your question._"
 
 
-def render(chosen: dict[int, list[ScoredUnit]], sources: Sequence[int], *, hedge: bool = False) -> str:
+def not_found_note(words: Sequence[str]) -> str:
+    """Which part of the question the documents did not hold: "Not found in these documents: “Tokyo”."."""
+    return "_Not found in these documents: " + ", ".join(f"“{_escape_markdown(w)}”" for w in words) + "._"
+
+
+def render(
+    chosen: dict[int, list[ScoredUnit]], sources: Sequence[int], *, hedge: bool = False,
+    not_found: Sequence[str] = (), notes: Sequence[str] = (), later: Sequence[int] = (),
+) -> str:
     """One block per document and section: a "**Title** › Section [n]" line, then the quoted units (after a label
-    saying they may not answer, for a hedge)."""
+    saying they may not answer, for a hedge, and naming what the documents did not hold); `notes` follow."""
     blocks = [HEDGE_NOTE] if hedge else []
+    if not_found:
+        blocks.append(not_found_note(not_found))
     for number, source_n in enumerate(sources, start=1):
+        if source_n in later:
+            blocks.extend(notes)  # the older version comes after the note that says it is older
+            notes = ()
         by_section: dict[str, list[ScoredUnit]] = {}
         for item in sorted(chosen[source_n], key=lambda s: (s.passage.ordinal, s.unit.position)):
             by_section.setdefault(item.passage.heading, []).append(item)
@@ -217,6 +464,7 @@ def render(chosen: dict[int, list[ScoredUnit]], sources: Sequence[int], *, hedge
             rest = crumb[len(title):] if crumb.startswith(title) else f" › {crumb}"
             blocks.append(f"**{_escape_markdown(title)}**{_escape_markdown(rest)} [{number}]")
             blocks.append(render_units([item.unit for item in items]))
+    blocks.extend(notes)
     blocks.append(OFFLINE_NOTE)
     return "\n\n".join(blocks)
 
