@@ -16,7 +16,7 @@ import psycopg
 from psycopg.rows import namedtuple_row
 from sqlalchemy import TextClause, event
 from sqlalchemy.engine import Dialect, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError, StatementError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from db.embedded import embedded_database_url
@@ -123,16 +123,20 @@ async def read_rows(
                 await cursor.execute(f"SET plan_cache_mode = {CUSTOM_PLANS}")
         return rows
     except psycopg.Error as exc:
-        await conn.invalidate()
-        # The error SQLAlchemy's own execute would raise (callers catch DBAPIError), without the parameters (a
-        # question and its 384 floats) in its message.
-        raise DBAPIError.instance(
-            str(statement), None, exc, psycopg.Error, hide_parameters=True, connection_invalidated=True,
-            dialect=conn.dialect,
-        ) from exc
+        raise await _driver_failure(conn, statement, exc) from exc
     except BaseException:
         await conn.invalidate()
         raise
+
+
+async def _driver_failure(conn: AsyncConnection, statement: TextClause, exc: psycopg.Error) -> StatementError:
+    """The connection a driver-level read failed on is dropped, and the error is the one SQLAlchemy's own execute
+    would raise (callers catch DBAPIError), without the parameters (a question and its 384 floats) in its message."""
+    await conn.invalidate()
+    return DBAPIError.instance(
+        str(statement), None, exc, psycopg.Error, hide_parameters=True, connection_invalidated=True,
+        dialect=conn.dialect,
+    )
 
 
 async def _read_rows_pooled(
@@ -156,11 +160,7 @@ async def _read_rows_pooled(
             rows = await cursor.fetchall()
         return rows
     except psycopg.Error as exc:
-        await conn.invalidate()
-        raise DBAPIError.instance(
-            str(statement), None, exc, psycopg.Error, hide_parameters=True, connection_invalidated=True,
-            dialect=conn.dialect,
-        ) from exc
+        raise await _driver_failure(conn, statement, exc) from exc
     except BaseException:
         await conn.invalidate()
         raise
