@@ -30,6 +30,7 @@ from aiohttp import web
 from bot.chat.retention import RetentionService
 from bot.chat.state import BotState
 from bot.context import BotContext
+from bot.platforms import platforms
 from bot.server import BotMetrics, StartupError, build_web_app, start_web_server
 from bot.settings import BotSettings
 from bot.web.admin import admin_routes
@@ -57,18 +58,8 @@ class Service(Protocol):
 
 
 def configured_adapters(context: BotContext) -> list[Adapter]:
-    """One adapter per platform whose token is set."""
-    adapters: list[Adapter] = []
-    platforms = context.settings.chat_platforms
-    if "slack" in platforms:
-        from bot.slack.adapter import SlackAdapter  # only the configured platforms' client libraries are loaded
-
-        adapters.append(SlackAdapter(context))
-    if "discord" in platforms:
-        from bot.discord.adapter import DiscordAdapter  # only the configured platforms' client libraries are loaded
-
-        adapters.append(DiscordAdapter(context))
-    return adapters
+    """One adapter per registered platform whose token is set (bot.platforms); only their client libraries load."""
+    return [spec.adapter(context) for spec in platforms() if spec.configured(context.settings)]
 
 
 @dataclass
@@ -189,7 +180,7 @@ def run(settings: BotSettings | None = None, runner: Callable[..., object] | Non
         terminal_chat()
         return
     app = build_app(settings, KnowledgeSettings(), DatabaseSettings())
-    what = " and ".join(settings.chat_platforms) or "without a chat platform (no SLACK_BOT_TOKEN or DISCORD_TOKEN)"
+    what = " and ".join(settings.chat_platforms) or "without a chat platform (no platform's token is set: see .env.example)"
     print(f"ragbot: starting {what} (health and metrics on port {settings.port})", flush=True)
 
     async def serve() -> int:

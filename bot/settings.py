@@ -1,28 +1,27 @@
-"""Chat platform settings, read once by the composition root (`bot/app.py`) and handed to every adapter."""
+"""Chat settings, read once by the composition root (`bot/app.py`) and handed to every adapter.
+
+`BotSettings` is the core's fields (`ChatSettings`) plus every registered platform's settings class whose fields
+have no prefix of their own (bot.platforms), so this module names no platform: a platform brings its settings with
+it. A settings class with an env prefix (TEAMS_…) is read on its own by its adapter; `known_settings` lists both.
+"""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bot.platforms import platforms
 
-class BotSettings(BaseSettings):
+
+class ChatSettings(BaseSettings):
+    """The settings every platform shares; `BotSettings` adds the platforms' own."""
+
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
-
-    slack_bot_token: SecretStr | None = None
-    slack_app_token: SecretStr | None = None  # set: Socket Mode; unset: HTTP mode on PORT
-    slack_signing_secret: SecretStr | None = None
-    # The Slack Web API base URL in slack_sdk's form (a test or proxy can point it elsewhere).
-    slack_api_url: str = "https://slack.com/api/"
-    # Answer replies in a thread the bot already answered in without a new @mention.
-    slack_thread_followups: bool = True
-    # Stream Claude's answers into Slack as they are written (falls back to a placeholder + update if refused).
-    slack_stream_answers: bool = True
 
     # Comma-separated platform user ids that count as bot admins besides workspace admins/owners
     # ("U012ABC", "slack:U012ABC", "discord:4242").
@@ -72,38 +71,30 @@ class BotSettings(BaseSettings):
     # text (for a terminal) or json (one object per line: time, level, logger, message) for a log collector.
     log_format: Literal["text", "json"] = "text"
 
-    # Discord. DISCORD_TOKEN is the bot token from the Developer Portal (DISCORD_BOT_TOKEN is accepted too).
-    discord_bot_token: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("DISCORD_TOKEN", "DISCORD_BOT_TOKEN", "discord_bot_token")
-    )
-    # Sync the slash commands to this server only (they appear at once); unset: globally (can take up to an hour).
-    discord_guild_id: int | None = None
-    # Another base URL for Discord's REST API (tests point it at a local fake), e.g. http://127.0.0.1:8080/api/v10.
-    discord_api_url: str | None = None
-    # Another gateway (websocket) URL, e.g. ws://127.0.0.1:8080/gateway for a local fake; unset: Discord's.
-    discord_gateway_url: str | None = None
-    # Read the text of thread replies that do not mention the bot (the privileged Message Content intent, to be
-    # switched on in the Developer Portal). Off: follow-ups in a thread need an @mention.
-    discord_message_content: bool = True
-    # Seconds between edits of a message while an answer streams in (Discord allows about 5 edits per 5 s).
-    discord_edit_interval_seconds: float = Field(default=1.2, ge=0.0)
-    # Discord has no guests: with this on, a server member holding no role besides @everyone is treated as one
-    # (GUEST_ACCESS applies to them, and they are never admins).
-    discord_guest_without_role: bool = False
-
     @property
     def chat_platforms(self) -> list[str]:
-        platforms = []
-        if self.slack_bot_token and self.slack_bot_token.get_secret_value():
-            platforms.append("slack")
-        if self.discord_bot_token and self.discord_bot_token.get_secret_value():
-            platforms.append("discord")
-        return platforms
+        """The registered platforms whose token is set, which `ragbot run` starts."""
+        return [spec.name for spec in platforms() if spec.configured(self)]
 
     def is_listed_admin(self, platform: str, user_id: str) -> bool:
         """Is this user named in ADMIN_USER_IDS, bare ("U1") or platform-qualified ("slack:U1")?"""
         listed = {item.strip() for item in self.admin_user_ids.split(",") if item.strip()}
         return user_id in listed or f"{platform}:{user_id}" in listed
+
+    if TYPE_CHECKING:  # a platform's own fields (mixed in below) are typed by its settings class
+        def __getattr__(self, name: str) -> Any: ...
+
+
+def _merged_settings() -> tuple[type[BaseSettings], ...]:
+    """The platforms' settings classes read as part of BotSettings: those without an env prefix of their own."""
+    return tuple(spec.settings for spec in platforms()
+                 if spec.settings is not None and not spec.settings.model_config.get("env_prefix"))
+
+
+class BotSettings(ChatSettings, *_merged_settings()):  # type: ignore[misc]
+    """Every chat setting: the shared ones and each registered platform's (SLACK_BOT_TOKEN, DISCORD_TOKEN, …)."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
 
 
 # The Google settings (knowledge.sources.gdrive.GoogleDriveSettings, prefix GDRIVE_, and
@@ -135,13 +126,16 @@ def settings_of(model: type[BaseSettings]) -> set[str]:
 
 
 def known_settings() -> set[str]:
-    """Every setting ragbot reads (bot, knowledge core, database, Google sources) and the credential variables."""
-    from bot.teams.settings import TeamsSettings
+    """Every setting ragbot reads (bot, each registered platform's, knowledge core, database, Google sources) and the
+    credential variables."""
     from db.settings import DatabaseSettings
     from knowledge import KnowledgeSettings
 
-    return (settings_of(BotSettings) | settings_of(KnowledgeSettings) | settings_of(DatabaseSettings)
-            | settings_of(TeamsSettings) | set(GOOGLE_SETTINGS) | set(CREDENTIAL_VARIABLES))
+    names = settings_of(BotSettings) | settings_of(KnowledgeSettings) | settings_of(DatabaseSettings)
+    for spec in platforms():
+        if spec.settings is not None:
+            names |= settings_of(spec.settings)
+    return names | set(GOOGLE_SETTINGS) | set(CREDENTIAL_VARIABLES)
 
 
 # Settings ragbot no longer reads, and the one that replaced them: a `.env` still setting one is told so.

@@ -27,6 +27,8 @@ _EXPORTS: dict[str, str] = {
     "parse_principal": "knowledge.access",
     "describe_scope": "knowledge.access",
     "check_as_principal": "knowledge.access",
+    "register_identity_kind": "knowledge.chat_identities",
+    "identity_kinds": "knowledge.chat_identities",
     # asking
     "Answer": "knowledge.answer.answering",
     "Citation": "knowledge.answer.answering",
@@ -77,8 +79,8 @@ __all__ = ["Answer", "ChatMessage", "Citation", "DocumentRef", "DocumentVerdict"
     "QuestionTooLong", "RecentlySynced", "Remedy", "ResolvedPrincipals", "SearchFilters", "SearchHit", "SearchResults", "SearchTuning",
     "SourceAuthError", "SourceBusy", "SourceConfigError", "SourceConflict", "SourceError", "SourceInfo",
     "SourceItem", "SourceSpec", "SourceStatus", "SourceUnavailable", "StaticSource", "SyncReport", "SyncRun", "SyncWarning",
-    "UnknownSource", "check_as_principal", "check_principal", "describe_scope", "format_interval", "normalise",
-    "parse_interval", "parse_principal"]
+    "UnknownSource", "check_as_principal", "check_principal", "describe_scope", "format_interval", "identity_kinds",
+    "normalise", "parse_interval", "parse_principal", "register_identity_kind"]
 
 
 def __getattr__(name: str) -> Any:
@@ -108,6 +110,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports on 
     )
     from knowledge.answer.answering import Answer, Citation
     from knowledge.answer.memory import ChatMessage
+    from knowledge.chat_identities import identity_kinds, register_identity_kind
     from knowledge.errors import (
         EmbeddingModelError,
         EmptyQuestion,

@@ -34,6 +34,7 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from knowledge.chat_identities import identity_kinds
 from knowledge.errors import InvalidPrincipal
 from knowledge.storage import directory as directory_store
 
@@ -179,9 +180,8 @@ def parse_principal(value: str, kinds: Collection[str] | None = None) -> str:
 # The kinds a person can be asked as (`ragbot ask --as`, `chat --as`): a typo such as `grp:eng` matches no document,
 # so it would answer from `everyone` alone without a word; it is refused instead, naming these.
 ASKABLE_KINDS = ("everyone", "user", "group", "domain")
-# Chat identities (`slack:U1`): asking as one applies its admin mappings. The one list of them in the core, until
-# platforms register themselves (issue 42).
-IDENTITY_KINDS = ("slack", "discord", "teams")
+# Chat identities (`<platform>:<id>`): asking as one applies its admin mappings. The chat side registers the kinds
+# (`bot.platforms` registers every platform's name: knowledge.chat_identities), since knowledge may not import bot.
 
 
 def check_as_principal(principal: str) -> str:
@@ -189,12 +189,13 @@ def check_as_principal(principal: str) -> str:
     such as `slack:U1`, whose mappings apply), parsed by
     `parse_principal`; any other kind is an error listing the known ones (InvalidPrincipal)."""
     kind = principal.strip().partition(":")[0]
-    if kind in IDENTITY_KINDS:
-        return parse_principal(principal, IDENTITY_KINDS)
+    kinds = identity_kinds()
+    if kind in kinds:
+        return parse_principal(principal, kinds)
     if principal.strip() != EVERYONE and ":" in principal and kind not in ASKABLE_KINDS:
         raise InvalidPrincipal(f"unknown principal kind {kind + ':'!r} in {principal.strip()!r}: the known kinds are "
                                f"{', '.join(k if k == EVERYONE else k + ':<name>' for k in ASKABLE_KINDS)}, or a chat "
-                               f"identity ({', '.join(k + ':<id>' for k in IDENTITY_KINDS)})")
+                               f"identity ({', '.join(k + ':<id>' for k in kinds) or 'none registered'})")
     return parse_principal(principal, ASKABLE_KINDS)
 
 
@@ -310,7 +311,7 @@ class Person:
         if isinstance(value, Person):
             return value
         values = [value] if isinstance(value, str) else list(value)
-        identity = next((v for v in values if v.split(":", 1)[0] in IDENTITY_KINDS), None)
+        identity = next((v for v in values if v.split(":", 1)[0] in identity_kinds()), None)
         return cls(tuple(v for v in values if v != identity), identity)
 
     @property

@@ -203,3 +203,87 @@ def test_the_rules_can_fail() -> None:
     finally:
         path.unlink()
     assert "bot.cli.main" in imported and "bot.app" not in imported
+
+
+# ---- no core module names a platform (issue 42) ----------------------------------------------------------------------
+# The chat core and the knowledge side work for any registered platform (bot.platforms); a platform is one package
+# (bot/slack, bot/discord, bot/teams, or a third-party one through the `ragbot.platforms` entry points). So the core's
+# CODE may not name one: no string literal (f-string parts included) and no identifier (names, attributes, functions,
+# classes, arguments, keywords, imports) containing a platform's name. Docstrings and comments are prose: they may
+# name a platform as an example ("a chat identity such as `slack:U1`"); they are not what runs.
+PLATFORM_WORDS = ("slack", "discord", "teams")
+CORE_PATHS = ("knowledge", "bot/chat", "bot/app.py", "bot/settings.py", "bot/server.py", "bot/web")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the string constants that are docstrings (first statement of a module, class or function)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(
+                    first.value.value, str):
+                found.add(id(first.value))
+    return found
+
+
+def _names_of(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.arg):
+        return [node.arg]
+    if isinstance(node, ast.keyword) and node.arg:
+        return [node.arg]
+    if isinstance(node, ast.alias):
+        return [node.name, node.asname or ""]
+    if isinstance(node, ast.ImportFrom):
+        return [node.module or ""]
+    return []
+
+
+def platform_mentions(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every string literal or identifier in `source` naming a platform, docstrings excepted."""
+    tree = ast.parse(source)
+    docstrings = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        texts = _names_of(node)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            texts.append(node.value)
+        for text in texts:
+            if any(word in text.lower() for word in PLATFORM_WORDS):
+                found.append((getattr(node, "lineno", 0), text if len(text) < 80 else text[:77] + "..."))
+    return found
+
+
+def _core_files() -> list[Path]:
+    files: list[Path] = []
+    for part in CORE_PATHS:
+        path = REPO / part
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return files
+
+
+def test_no_core_module_names_a_platform() -> None:
+    named = {f"{path.relative_to(REPO)}:{line}": text for path in _core_files()
+             for line, text in platform_mentions(path.read_text(encoding="utf-8"))}
+    assert not named, f"core modules naming a chat platform (iterate bot.platforms instead): {named}"
+
+
+def test_the_platform_check_can_fail() -> None:
+    """Each kind of mention is caught; a docstring or a comment is not one."""
+    source = ('"""Answers Slack and Discord alike."""\n'
+              'import bot.slack.adapter  # Slack\n'
+              'from bot.discord import PLATFORM\n'
+              'KINDS = ("slack", "discord")\n'
+              'def f(teams_id):\n    """For Teams."""\n    return settings.slack_bot_token, f"{x}:discord:{y}"\n'
+              'g(discord_token=1)\nclass SlackReply: pass\n')
+    found = [text for _, text in platform_mentions(source)]
+    assert found.count("slack") == 1 and found.count("discord") == 1
+    assert {"bot.slack.adapter", "bot.discord", "teams_id", "slack_bot_token", ":discord:", "discord_token",
+            "SlackReply"} <= set(found)
+    assert not any("Slack and Discord" in text or "For Teams" in text for text in found)

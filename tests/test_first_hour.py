@@ -80,7 +80,7 @@ async def test_the_admin_page_names_the_sync_counts_and_the_failed_file(tmp_path
         assert f"<th>{column}</th>" in history
     assert "<td>ok, 1 failed</td>" in history and "1 file failed: broken.pdf" in history
     assert "+1 ~0" not in history
-    assert "counted from Slack, Discord and the terminal" in page
+    assert "counted from Slack, Discord, Teams and the terminal" in page  # every registered platform
 
 
 # --- item 6: empty files ------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from bot.chat.access import private_audience
 from bot.chat.channels import ChannelSettings, Mode, channel_settings, parse_mode, set_auto, set_mode, set_sources
 from bot.chat.errors import chat_message
 from bot.chat.insights import Viewer, build_report, gaps_text
-from knowledge import InvalidPrincipal, KnowledgeError, check_principal, format_interval, normalise
+from knowledge import InvalidPrincipal, KnowledgeError, check_principal, format_interval, identity_kinds, normalise
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -447,12 +447,13 @@ async def access_text(kb: KnowledgeBase, person: Person | str | Sequence[str], d
 
 async def _access(kb: KnowledgeBase, args: list[str], caller: Caller) -> CommandResult:
     if not args or len(args) > 2:
-        return CommandResult("Usage: `/kb access USER [DOCUMENT]` (USER: @someone, slack:U1, discord:ID or "
-                             "user:alice@acme.com)", ok=False)
+        kinds = ", ".join(f"{kind}:ID" for kind in identity_kinds())
+        return CommandResult(f"Usage: `/kb access USER [DOCUMENT]` (USER: @someone, {kinds} or user:alice@acme.com)",
+                             ok=False)
     who, document = args[0], (args[1] if len(args) == 2 else None)
     if caller.resolve_person is not None:
         person = await caller.resolve_person(who)
-    elif who.split(":", 1)[0] in ("slack", "discord"):
+    elif who.split(":", 1)[0] in identity_kinds():
         person = who
     else:
         person = check_principal(who)

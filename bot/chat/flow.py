@@ -24,17 +24,21 @@ from bot.chat.auto import is_answer, outcome_of
 from bot.chat.channels import ChannelSettings, channel_settings
 from bot.chat.errors import apology, new_error_id
 from bot.chat.guests import OUTSIDER_REPLY
+from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo
 from bot.chat.state import BotState
 from knowledge import QuestionTooLong
 
 if TYPE_CHECKING:
-    from bot.chat.state import LeaseClaim, Rating
+    from bot.chat.state import LeaseClaim, PendingQuestion, Rating
     from bot.server import BotMetrics
     from knowledge import Answer, ChatMessage, KnowledgeBase
 
 logger = logging.getLogger(__name__)
 
 OnText = Callable[[str], Awaitable[None]]
+# How an adapter answers a resumed question: a `Reply` for the plain data it stored (`AnswerTarget.post`) and the
+# placeholder posted before the crash (None: none was); None when it can no longer answer there (a token expired).
+ReplyFor = Callable[[Mapping[str, Any], "str | None"], Awaitable["Reply | None"]]
 
 
 class Reply(Protocol):
@@ -76,8 +80,10 @@ class ChatFlow:
 
     def __init__(self, kb: KnowledgeBase, platform: str, metrics: BotMetrics | None = None, *,
                  state: BotState | None = None, lease_seconds: float = lease.LEASE_SECONDS,
-                 heartbeat_seconds: float = lease.HEARTBEAT_SECONDS, max_attempts: int = lease.MAX_ATTEMPTS) -> None:
+                 heartbeat_seconds: float = lease.HEARTBEAT_SECONDS, max_attempts: int = lease.MAX_ATTEMPTS,
+                 rule: AudienceRule | None = None) -> None:
         self.kb = kb
+        self.rule = rule  # who reads an answer (bot.chat.readers): `ask` and `resume` need it
         self.state = state if state is not None else BotState(kb.engine)  # the bot tables (bot.chat.state)
         self.platform = platform
         self.metrics = metrics
@@ -98,6 +104,33 @@ class ChatFlow:
                      f" in {where}" if where else "", exc_info=exc or True)
         self.count("errors", stage)
         return apology(error_id, doing)
+
+    def ask(self, question: str, conversation_id: str, asker: str, target: AnswerTarget, *,
+            history: Callable[[], Awaitable[Sequence[ChatMessage] | None]] | None = None, auto: bool = False,
+            person: PersonInfo | None = None) -> Ask:
+        """The `Ask` for a question answered at `target`: its audience by the one rule (`AudienceRule`) from
+        `target.readers`, its channel settings from `target.settings`. A resumed question is rebuilt by the same
+        call from the stored target, so a live answer and a resumed one always have the same readers. `person`:
+        what the live event told of the asker (their email and standing), else asked of the adapter."""
+        rule = self.rule
+        if rule is None:
+            raise RuntimeError("ChatFlow.ask needs the adapter's AudienceRule: pass rule= to ChatFlow")
+        return Ask(question, conversation_id, asker, lambda: rule.audience(asker, target.readers, person), history,
+                   channel_key=target.settings, auto=auto)
+
+    async def resume(self, pending: PendingQuestion, reply_for: ReplyFor) -> tuple[Ask, Reply] | None:
+        """A question whose holder died (`bot.chat.lease`), rebuilt from its stored `AnswerTarget`: the Ask here,
+        with the same readers as the first attempt; only the `Reply` for the stored place comes from the adapter.
+        None when it cannot be answered any more (the sweeper then settles it)."""
+        target = AnswerTarget.from_json(pending.target)
+        if target is None:
+            logger.warning("%s: %s was stored by an older version; it cannot be resumed", self.platform,
+                           pending.claim.key)
+            return None
+        reply = await reply_for(target.post, pending.claim.placeholder)
+        if reply is None:
+            return None
+        return self.ask(pending.question, pending.conversation_id, pending.asker, target), reply
 
     async def claim(self, *keys: str) -> bool:
         """True the first time every key is seen: a retried event, the same message delivered as two events, or a

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from bot.chat.state import BotState
+from knowledge import identity_kinds
 
 if TYPE_CHECKING:
     from knowledge import KnowledgeBase
@@ -145,8 +146,9 @@ class ForgetReport:
 
     def text(self) -> str:
         if not self.identities:
+            kinds = ", ".join(f"{kind}:<id>" for kind in identity_kinds()) or "<platform>:<id>"
             return (f"No chat identity is known for {self.person}: nothing was deleted. Give one with --identity "
-                    "(slack:U123, discord:42).")
+                    f"({kinds}).")
         lines = [f"Forgot {self.person} ({', '.join(self.identities)}): {self.turns} conversation turns, "
                  f"{self.answers} delivered answers, {self.feedback} feedback rows, {self.summaries} conversation "
                  f"summaries deleted; {self.cancelled} pending questions cancelled."]

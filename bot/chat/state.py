@@ -21,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import knowledge.storage.identities as identities
-from knowledge import InvalidPrincipal, check_principal
+from knowledge import InvalidPrincipal, check_principal, identity_kinds
 
 Rating = Literal["up", "down"]
 RATINGS: tuple[Rating, ...] = ("up", "down")
@@ -320,7 +320,8 @@ class BotState:
         """`identity` ("discord:42", "slack:U1") asks as `principal` too. False if that mapping existed."""
         principal = check_principal(principal)
         if not re.match(r"^[a-z][a-z0-9_-]*:\S+$", identity.strip()):
-            raise InvalidPrincipal(f"{identity!r} is not a platform identity: use slack:<user id> or discord:<user id>")
+            kinds = " or ".join(f"{kind}:<user id>" for kind in identity_kinds()) or "<platform>:<user id>"
+            raise InvalidPrincipal(f"{identity!r} is not a platform identity: use {kinds}")
         async with self.engine.begin() as conn:
             inserted = await conn.execute(
                 text(

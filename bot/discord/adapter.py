@@ -39,22 +39,27 @@ import yarl
 from discord import app_commands
 
 from bot.chat import access, admin
-from bot.chat.audience import AudienceUnavailable, ChannelAudiences, Member
+from bot.chat.audience import AudienceUnavailable, Member
 from bot.chat.auto import looks_like_question
 from bot.chat.delivery import channel_mode
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_rating
 from bot.chat.flow import Ask, ChatFlow, OnText
-from bot.chat.guests import MEMBER, Standing, outsider_audience, trusted_admin
+from bot.chat.guests import MEMBER, Standing, trusted_admin
 from bot.chat.lease import start_sweeper, stop_sweeper
+from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
 from bot.chat.render import SourceEntry, sources_list, split_text
 from bot.chat.sanitize import quote_safe
+from bot.chat.state import BotState
 from bot.server import StartupError
 from bot.settings import BotSettings
 from knowledge import ChatMessage
 
 if TYPE_CHECKING:
-    from bot.chat.state import BotState, LeaseClaim, PendingQuestion, Rating
+    from collections.abc import Mapping
+
+    from bot.chat.flow import Reply
+    from bot.chat.state import LeaseClaim, PendingQuestion, Rating
     from bot.context import BotContext
     from bot.server import BotMetrics
     from knowledge import Answer, KnowledgeBase
@@ -368,15 +373,18 @@ class RagbotDiscord(discord.Client):
         self.kb = kb
         self.settings = settings
         self.metrics = metrics
-        self.flow = ChatFlow(kb, PLATFORM, metrics, state=state, lease_seconds=settings.answer_lease_seconds,
-                             heartbeat_seconds=settings.answer_heartbeat_seconds)
+        self.rule = AudienceRule(kb, state if state is not None else BotState(kb.engine), self,
+                                 ttl_seconds=settings.channel_audience_ttl,
+                                 max_members=settings.channel_audience_max_members,
+                                 guest_access=settings.guest_access)
+        self.audiences = self.rule.channels  # channel member lists, invalidated on member/role/channel events
+        self.flow = ChatFlow(kb, PLATFORM, metrics, state=self.rule.channels.state,
+                             lease_seconds=settings.answer_lease_seconds,
+                             heartbeat_seconds=settings.answer_heartbeat_seconds, rule=self.rule)
         self._sweeper: asyncio.Task[None] | None = None
         self.tree = app_commands.CommandTree(self)
         self.tree.error(self._on_command_error)  # discord.py's documented way to replace the tree's on_error
         self.background: set[asyncio.Task[Any]] = set()  # reindex jobs still running
-        self.audiences = ChannelAudiences(kb, self.flow.state, ttl_seconds=settings.channel_audience_ttl,
-                                          max_members=settings.channel_audience_max_members,
-                                          guest_access=settings.guest_access)
         _register_commands(self)
 
     # ---- start-up -------------------------------------------------------------------------------------------------
@@ -430,15 +438,28 @@ class RagbotDiscord(discord.Client):
         return Standing(True, "a user without a role in the bot's servers")
 
     async def private_audience(self, user: discord.abc.User) -> access.Audience:
-        audience = await access.private_audience(self.kb, self.identity(user))
-        return outsider_audience(audience, self.standing(user), self.settings.guest_access)
+        return await self.rule.audience(self.identity(user), Readers(None), self.person_of(user))
 
     async def shared_audience(self, user: discord.abc.User, guild_id: int, channel_id: int) -> access.Audience:
         """Who reads an answer in this channel (a thread passes its parent): `everyone` + grants where @everyone
-        may view it, the members' common principals + grants where the overwrites hide it (bot.chat.audience)."""
-        audience = await self.audiences.audience(channel_key(guild_id, channel_id), self.identity(user),
-                                                 lambda limit: self.channel_members(guild_id, channel_id, limit))
-        return outsider_audience(audience, self.standing(user), self.settings.guest_access)
+        may view it, the members' common principals + grants where the overwrites hide it (bot.chat.readers)."""
+        return await self.rule.audience(self.identity(user), Readers(channel_key(guild_id, channel_id)),
+                                        self.person_of(user))
+
+    def person_of(self, user: discord.abc.User) -> PersonInfo:
+        """Discord tells no email (the identity map gives a person's documents); the standing from the event's user."""
+        return PersonInfo(None, self.standing(user))
+
+    # The core's Directory (bot.chat.readers), for a question resumed from its stored target.
+
+    async def person(self, identity: str) -> PersonInfo:
+        """By id alone: the user as the gateway cached them (a role in any of the bot's servers makes a member)."""
+        user_id = int(identity.partition(":")[2] or 0)
+        return PersonInfo(None, self.standing(self.get_user(user_id) or discord.Object(user_id)))  # type: ignore[arg-type]
+
+    async def channel_members(self, key: str, limit: int) -> list[Member] | None:
+        _, guild_id, channel_id = key.split(":")
+        return await self.guild_channel_members(int(guild_id), int(channel_id), limit)
 
     async def reads_channel(self, key: str, user: discord.abc.User) -> bool:
         """Could this user view the channel `key` ("discord:<guild>:<channel>")? For `/kb gaps`."""
@@ -447,9 +468,9 @@ class RagbotDiscord(discord.Client):
             return False
         guild_id, channel_id = int(parts[1]), int(parts[2])
         return await self.audiences.may_read(key, self.identity(user),
-                                             lambda limit: self.channel_members(guild_id, channel_id, limit))
+                                             lambda limit: self.guild_channel_members(guild_id, channel_id, limit))
 
-    async def channel_members(self, guild_id: int, channel_id: int, limit: int) -> list[Member] | None:
+    async def guild_channel_members(self, guild_id: int, channel_id: int, limit: int) -> list[Member] | None:
         """None when @everyone may view the channel; otherwise every guild member who may (Discord's own
         permission arithmetic: roles, overwrites, Administrator, the owner). Members come from the gateway cache
         when it holds the whole guild, else from `GET /guilds/{id}/members` paged by `after` (it needs the Server
@@ -522,29 +543,30 @@ class RagbotDiscord(discord.Client):
 
     # ---- answering ------------------------------------------------------------------------------------------------
 
-    async def answer_into(self, send: Send, question: str, audience: Callable[[], Awaitable[access.Audience]],
-                          conversation_id: str, asker: str,
-                          history: Callable[[], Awaitable[list[ChatMessage]]] | None = None,
-                          private: bool = False, *, channel: str | None = None, auto: bool = False,
-                          claim: LeaseClaim | None = None, target: dict[str, Any] | None = None,
+    async def answer_into(self, send: Send, question: str, user: discord.abc.User, target: AnswerTarget,
+                          conversation_id: str, history: Callable[[], Awaitable[list[ChatMessage]]] | None = None,
+                          private: bool = False, *, auto: bool = False, claim: LeaseClaim | None = None,
                           ) -> Answer | None:
         """Answer `question` through the shared chat flow and post it through `send`: progressively while Claude
         writes, then the final answer split within Discord's limits, its sources and 👍/👎 buttons. A failure
         anywhere becomes a short message with an error id (the same id is in the log with the traceback). A private
-        answer in a server carries "Share in channel"."""
+        answer in a server carries "Share in channel". Who reads it is `target.readers`, by the core's rule."""
         reply = (PrivateReply if private else ProgressiveReply)(send, self.settings.discord_edit_interval_seconds)
-        ask = Ask(question, conversation_id, asker, audience, history, channel_key=channel, auto=auto)
-        return await self.flow.answer(ask, reply, claim=claim, target=target)
+        ask = self.flow.ask(question, conversation_id, self.identity(user), target, history=history, auto=auto,
+                            person=self.person_of(user))
+        return await self.flow.answer(ask, reply, claim=claim, target=target.to_json() if claim is not None else None)
 
-    async def resume(self, pending: PendingQuestion) -> tuple[Ask, ProgressiveReply] | None:
-        """A question whose holder died, rebuilt from its claim: `target` says which channel to answer in and
-        whose documents apply (`audience_channel` None: the asker's own, as in a DM); the answer replaces the
-        message the holder had started, or is posted afresh. An `/ask` is finished through its interaction's
-        follow-up webhook (ephemeral when it was private); None once its token has expired."""
-        target = pending.target
+    async def resume(self, pending: PendingQuestion) -> tuple[Ask, Reply] | None:
+        """A question whose holder died: rebuilt by the chat core from its stored target (`ChatFlow.resume`)."""
+        return await self.flow.resume(pending, self.reply_for)
+
+    async def reply_for(self, post: Mapping[str, Any], placeholder: str | None) -> Reply | None:
+        """The `Reply` for a resumed question: the answer replaces the message the dead holder had started, or is
+        posted afresh. An `/ask` is finished through its interaction's follow-up webhook (ephemeral when it was
+        private); None once its token has expired."""
         interval = self.settings.discord_edit_interval_seconds
         reply: ProgressiveReply
-        if hook := target.get("interaction"):
+        if hook := post.get("interaction"):
             if time.time() > float(hook["expires"]):
                 return None
             webhook = discord.Webhook.from_state({"id": int(hook["application"]), "type": 3, "token": hook["token"]},
@@ -554,22 +576,13 @@ class RagbotDiscord(discord.Client):
             async def followup(**kwargs: Any) -> Any:
                 return await webhook.send(wait=True, ephemeral=ephemeral, **kwargs)
 
-            posted = _FollowupMessage(webhook, int(pending.claim.placeholder)) if pending.claim.placeholder else None
+            posted = _FollowupMessage(webhook, int(placeholder)) if placeholder else None
             reply = (PrivateReply if hook.get("share") else ProgressiveReply)(followup, interval, message=posted)
         else:
-            channel = self.get_partial_messageable(int(target["channel"]))
-            started = channel.get_partial_message(int(pending.claim.placeholder)) if pending.claim.placeholder else None
+            channel = self.get_partial_messageable(int(post["channel"]))
+            started = channel.get_partial_message(int(placeholder)) if placeholder else None
             reply = ProgressiveReply(channel.send, interval, message=started)
-        asker = pending.asker
-        guild, audience_channel = target.get("guild"), target.get("audience_channel")
-
-        async def audience() -> access.Audience:
-            if audience_channel is None or guild is None:
-                return await access.private_audience(self.kb, asker)
-            return await access.shared_audience(self.flow.state, asker, channel_key(int(guild), int(audience_channel)))
-
-        settings_of = channel_key(int(guild), int(audience_channel)) if guild and audience_channel else None
-        return Ask(pending.question, pending.conversation_id, asker, audience, channel_key=settings_of), reply
+        return reply
 
     def question_from(self, message: discord.Message) -> str:
         """The message text without the bot's mention (`<@id>` or `<@!id>`)."""
@@ -591,9 +604,9 @@ class RagbotDiscord(discord.Client):
         mentioned = any(user.id == self.user.id for user in message.mentions)  # not via @everyone
         if message.guild is None:  # a DM: answered as the asker
             if question and (claim := await self.claim(message)):
-                await self.answer_into(message.channel.send, question, lambda: self.private_audience(message.author),
-                                       f"{PLATFORM}:dm:{message.channel.id}", self.identity(message.author),
-                                       claim=claim, target=_target(message.channel.id, None, None))
+                await self.answer_into(message.channel.send, question, message.author,
+                                       _target(message.channel.id, None, None), f"{PLATFORM}:dm:{message.channel.id}",
+                                       claim=claim)
             return
         guild_id, channel = message.guild.id, message.channel
         # A thread (or a channel discord.py has not cached, which may be one): replies there are follow-ups when
@@ -607,11 +620,9 @@ class RagbotDiscord(discord.Client):
                 return
             parent = channel.parent_id if isinstance(channel, discord.Thread) else None
             await self.answer_into(
-                channel.send, question, lambda: self.shared_audience(message.author, guild_id, parent or channel.id),
-                conversation, self.identity(message.author),
-                None if followup else (lambda: self.thread_history(channel, before=message)),
-                channel=channel_key(guild_id, parent or channel.id),
-                claim=claim, target=_target(channel.id, guild_id, parent or channel.id),
+                channel.send, question, message.author, _target(channel.id, guild_id, parent or channel.id),
+                conversation, None if followup else (lambda: self.thread_history(channel, before=message)),
+                claim=claim,
             )
             return
         if not mentioned:
@@ -634,10 +645,8 @@ class RagbotDiscord(discord.Client):
             await message.reply("I couldn't open a thread for the answer here: do I have the Create Public Threads "
                                 f"permission in this channel? (error id `{error_id}`)", allowed_mentions=NO_PINGS)
             return
-        await self.answer_into(thread.send, question, lambda: self.shared_audience(message.author, guild_id, channel.id),
-                               f"{PLATFORM}:{guild_id}:{thread.id}", self.identity(message.author),
-                               channel=channel_key(guild_id, channel.id),
-                               claim=claim, target=_target(thread.id, guild_id, channel.id))
+        await self.answer_into(thread.send, question, message.author, _target(thread.id, guild_id, channel.id),
+                               f"{PLATFORM}:{guild_id}:{thread.id}", claim=claim)
 
     async def auto_answer(self, message: discord.Message, question: str, guild_id: int) -> None:
         """A top-level message, not addressed to the bot, in a channel with `/kb channel auto on`: when it reads as a
@@ -661,9 +670,8 @@ class RagbotDiscord(discord.Client):
             return await thread.send(**kwargs)
 
         # A thread started from a message has the message's id: the conversation is known before it exists.
-        await self.answer_into(send, question, lambda: self.shared_audience(message.author, guild_id, message.channel.id),
-                               f"{PLATFORM}:{guild_id}:{message.id}", self.identity(message.author),
-                               channel=key, auto=True, claim=claim)
+        await self.answer_into(send, question, message.author, _target(message.channel.id, guild_id, message.channel.id),
+                               f"{PLATFORM}:{guild_id}:{message.id}", auto=True, claim=claim)
 
     async def thread_history(self, thread: Any, before: discord.Message) -> list[ChatMessage]:
         """The messages of a thread the bot is mentioned in for the first time, oldest first, as history."""
@@ -702,10 +710,9 @@ class RagbotDiscord(discord.Client):
             return await interaction.followup.send(wait=True, **kwargs)
 
         # Answered again as any question in this channel: its audience and its sources (`/kb channel sources`).
-        await self.answer_into(send, delivered.question, lambda: self.shared_audience(interaction.user, guild_id,
-                                                                                     channel_id),
-                               f"{PLATFORM}:{guild_id}:{interaction.channel_id}:share:{answer_id}", asker,
-                               channel=channel_key(guild_id, channel_id))
+        await self.answer_into(send, delivered.question, interaction.user,
+                               _target(interaction.channel_id or 0, guild_id, channel_id),
+                               f"{PLATFORM}:{guild_id}:{interaction.channel_id}:share:{answer_id}")
 
     async def record_feedback(self, interaction: discord.Interaction, answer_id: int, vote: Rating) -> None:
         ack = await self.flow.feedback(answer_id, self.identity(interaction.user), vote)
@@ -739,23 +746,29 @@ class _FollowupMessage:
 
 
 def _interaction_target(interaction: discord.Interaction, audience_channel_id: int | None, *, ephemeral: bool,
-                        share: bool) -> dict[str, Any]:
-    """`_target` for an `/ask`, plus what finishing it through the interaction needs: the application id and the
-    interaction token (a credential for this interaction's follow-ups only, valid 15 minutes; dropped from the
-    claim once the answer is delivered), and whether the answer is ephemeral and carries "Share in channel"."""
-    target = _target(interaction.channel_id or 0, interaction.guild_id, audience_channel_id)
-    target["interaction"] = {
+                        share: bool) -> AnswerTarget:
+    """`_target` for an `/ask` (its channel's settings apply, also to a private answer), plus what finishing it
+    through the interaction needs: the application id and the interaction token (a credential for this
+    interaction's follow-ups only, valid 15 minutes; dropped from the claim once the answer is delivered), and
+    whether the answer is ephemeral and carries "Share in channel"."""
+    target = _target(interaction.channel_id or 0, interaction.guild_id, audience_channel_id,
+                     settings=_interaction_channel_key(interaction))
+    post = {**target.post, "interaction": {
         "application": str(interaction.application_id), "token": interaction.token, "ephemeral": ephemeral,
         "share": share, "expires": time.time() + INTERACTION_TOKEN_SECONDS - INTERACTION_RESUME_MARGIN,
-    }
-    return target
+    }}
+    return AnswerTarget(target.readers, post, target.settings)
 
 
-def _target(channel_id: int, guild_id: int | None, audience_channel_id: int | None) -> dict[str, Any]:
-    """Where a claimed question is answered, stored with its claim: the channel (or thread, or DM) to post in, and
-    the channel whose grants apply (None: the asker's own documents, a DM). Ids as strings (JSON)."""
-    return {"channel": str(channel_id), "guild": str(guild_id) if guild_id is not None else None,
-            "audience_channel": str(audience_channel_id) if audience_channel_id is not None else None}
+def _target(channel_id: int, guild_id: int | None, audience_channel_id: int | None, *,
+            settings: str | None = None) -> AnswerTarget:
+    """Where a question is answered: the channel (or thread, or DM) to post in (ids as strings: JSON), and who
+    reads it: the members of `audience_channel_id` (a thread's parent), or the asker alone (None: a DM, a private
+    answer). That channel's settings apply, unless `settings` names another (a private answer in a channel)."""
+    readers = Readers(channel_key(guild_id, audience_channel_id)
+                      if guild_id is not None and audience_channel_id is not None else None)
+    return AnswerTarget(readers, {"channel": str(channel_id), "guild": str(guild_id) if guild_id is not None else None},
+                        settings=settings or readers.channel)
 
 
 def channel_key(guild_id: int, channel_id: int) -> str:
@@ -802,20 +815,13 @@ def _register_commands(bot: RagbotDiscord) -> None:
             return  # delivered to two replicas: the one that claimed it answers
         await interaction.response.defer(thinking=True, ephemeral=private)  # first, within Discord's 3 seconds
         conversation = f"{PLATFORM}:{interaction.guild_id or 'dm'}:{interaction.channel_id}:ask:{interaction.id}"
-        async def audience() -> access.Audience:
-            if private or interaction.guild_id is None:
-                return await bot.private_audience(interaction.user)
-            return await bot.shared_audience(interaction.user, interaction.guild_id, interaction.channel_id or 0)
-
         async def send(**kwargs: Any) -> Any:
             return await interaction.followup.send(wait=True, ephemeral=private, **kwargs)
 
         share = bool(private and interaction.guild_id is not None)
         audience_channel = None if private or interaction.guild_id is None else interaction.channel_id
-        await bot.answer_into(send, question, audience, conversation, bot.identity(interaction.user), private=share,
-                              channel=_interaction_channel_key(interaction),  # its sources apply
-                              claim=claim, target=_interaction_target(interaction, audience_channel,
-                                                                      ephemeral=bool(private), share=share))
+        target = _interaction_target(interaction, audience_channel, ephemeral=bool(private), share=share)
+        await bot.answer_into(send, question, interaction.user, target, conversation, private=share, claim=claim)
 
     kb = app_commands.Group(name="kb", description="Knowledge base administration (admins)",
                             default_permissions=discord.Permissions(manage_guild=True))

@@ -46,15 +46,16 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.chat import admin
-from bot.chat.access import Audience, private_audience
-from bot.chat.audience import AudienceUnavailable, ChannelAudiences, Member
+from bot.chat.access import Audience
+from bot.chat.audience import AudienceUnavailable, Member
 from bot.chat.auto import looks_like_question
 from bot.chat.delivery import asks_privately, channel_mode, private_conversation, public_conversation
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_button_value
 from bot.chat.flow import Ask, ChatFlow, OnText
-from bot.chat.guests import MEMBER, Standing, outsider_audience, trusted_admin
+from bot.chat.guests import MEMBER, Standing, trusted_admin
 from bot.chat.lease import start_sweeper, stop_sweeper
+from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
 from bot.chat.render import sources_list
 from bot.server import StartupError
 from bot.slack.format import (
@@ -71,6 +72,9 @@ from bot.slack.format import (
 from knowledge import ChatMessage, Person, check_principal
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from bot.chat.flow import Reply
     from bot.chat.state import LeaseClaim, PendingQuestion
     from bot.context import BotContext
     from knowledge import Answer
@@ -241,9 +245,13 @@ class SlackAdapter:
         self.kb = context.kb
         self.settings = context.settings
         self.metrics = context.metrics
+        self.rule = AudienceRule(self.kb, context.state, self, ttl_seconds=self.settings.channel_audience_ttl,
+                                 max_members=self.settings.channel_audience_max_members,
+                                 guest_access=self.settings.guest_access)
+        self.audiences = self.rule.channels  # channel member lists, invalidated on membership events
         self.flow = ChatFlow(self.kb, PLATFORM, self.metrics, state=context.state,
                              lease_seconds=self.settings.answer_lease_seconds,
-                             heartbeat_seconds=self.settings.answer_heartbeat_seconds)
+                             heartbeat_seconds=self.settings.answer_heartbeat_seconds, rule=self.rule)
         self._sweeper: asyncio.Task[None] | None = None
         token = self.settings.slack_bot_token.get_secret_value() if self.settings.slack_bot_token else None
         self.client = client or AsyncWebClient(
@@ -267,9 +275,6 @@ class SlackAdapter:
             logger=_bolt_logger(),
         )
         self.users = UserDirectory(self.client, self.settings.user_cache_seconds)
-        self.audiences = ChannelAudiences(self.kb, self.flow.state, ttl_seconds=self.settings.channel_audience_ttl,
-                                          max_members=self.settings.channel_audience_max_members,
-                                          guest_access=self.settings.guest_access)
         self.team_id: str | None = None  # the installed workspace (auth.test): users of other teams are outsiders
         self.enterprise_id: str | None = None
         self.bot_user_id: str | None = None
@@ -429,8 +434,7 @@ class SlackAdapter:
             self.flow.failure("claim", exc, where=where.conversation_id)
             return
         question = question_text(text, self.bot_user_id)
-        ask = Ask(question, where.conversation_id, f"slack:{where.user}", lambda: self._audience(where),
-                  channel_key=where.channel_key, auto=True)
+        ask = self.flow.ask(question, where.conversation_id, f"slack:{where.user}", self._target(where), auto=True)
         await self.flow.answer(ask, SlackReply(self, where))
 
     def _is_user_message(self, event: dict[str, Any], allow_subtype: bool = False) -> bool:
@@ -465,19 +469,23 @@ class SlackAdapter:
         keys.append(f"slack:msg:{self._team(body, event)}:{event['channel']}:{event['ts']}")
         return await self.flow.claim_question(*keys)
 
-    async def resume(self, pending: PendingQuestion) -> tuple[Ask, SlackReply | SlackEphemeralReply]:
-        """A question whose holder died, rebuilt from what its claim stored: the answer replaces the placeholder
-        the holder posted (chat.update on its ts), or is posted afresh if it never got that far. A private answer
-        (`ephemeral`) is posted ephemerally to its asker again, with the asker's access, as it would have been."""
-        where = Where(**pending.target)
-        reply: SlackReply | SlackEphemeralReply = (
-            SlackEphemeralReply(self, where) if where.ephemeral
-            else SlackReply(self, where, placeholder_ts=pending.claim.placeholder)
-        )
-        # The channel's settings (its sources) apply as they did to the first attempt.
-        ask = Ask(pending.question, pending.conversation_id, pending.asker, lambda: self._audience(where),
-                  channel_key=None if where.private else where.channel_key)
-        return ask, reply
+    async def resume(self, pending: PendingQuestion) -> tuple[Ask, Reply] | None:
+        """A question whose holder died: rebuilt by the chat core from its stored target (`ChatFlow.resume`)."""
+        return await self.flow.resume(pending, self.reply_for)
+
+    async def reply_for(self, post: Mapping[str, Any], placeholder: str | None) -> Reply:
+        """The answer replaces the placeholder the dead holder posted (chat.update on its ts), or is posted afresh
+        if it never got that far; a private answer (`ephemeral`) is posted ephemerally to its asker again."""
+        where = Where(**post)
+        return SlackEphemeralReply(self, where) if where.ephemeral else SlackReply(self, where, placeholder)
+
+    @staticmethod
+    def _target(where: Where) -> AnswerTarget:
+        """Who reads the answer (a DM, an assistant thread or an ephemeral answer: the asker alone; otherwise the
+        channel), whose settings apply (the channel's, also for a private answer in it) and where to post."""
+        alone = where.private or where.ephemeral or where.channel.startswith("D")
+        return AnswerTarget(Readers(None if alone else where.channel_key), asdict(where),
+                            settings=None if where.private else where.channel_key)
 
     # Answering.
 
@@ -507,25 +515,26 @@ class SlackAdapter:
                 where = replace(where, ephemeral=True)
                 answer_reply = SlackEphemeralReply(self, where)
                 conversation = private_conversation(conversation, identity)
-        ask = Ask(question, conversation, identity, lambda: self._audience(where), history,
-                  channel_key=None if where.private else where.channel_key)
+        target = self._target(where)
+        ask = self.flow.ask(question, conversation, identity, target, history=history)
         # Claimed like every question (a private one too): if this process dies, a retry or the sweeper finishes it
         # from the stored target (`resume`), ephemerally when it was private.
-        await self.flow.answer(ask, answer_reply, claim=claim, target=asdict(where))
+        await self.flow.answer(ask, answer_reply, claim=claim, target=target.to_json())
 
     async def _audience(self, where: Where) -> Audience:
-        """A DM, an assistant thread or an ephemeral answer: the asker's access. A channel: its audience."""
-        identity = f"slack:{where.user}"
-        user = await self.users.get(where.user)
-        standing = user.standing(self.team_id, self.enterprise_id) if user else MEMBER
-        if where.private or where.ephemeral or where.channel.startswith("D"):
-            audience = await private_audience(self.kb, identity, user.email if user and not standing.outsider else None)
-        else:
-            audience = await self.audiences.audience(where.channel_key, identity,
-                                                     lambda limit: self._channel_members(where.channel, limit))
-        if standing.outsider:
-            logger.info("Slack: %s is %s: GUEST_ACCESS=%s applies", identity, standing.why, self.settings.guest_access)
-        return outsider_audience(audience, standing, self.settings.guest_access)
+        """Who reads an answer at `where`, by the core's rule (bot.chat.readers)."""
+        return await self.rule.audience(f"slack:{where.user}", self._target(where).readers)
+
+    # The core's Directory (bot.chat.readers): what Slack says of a person and of a channel's members.
+
+    async def person(self, identity: str) -> PersonInfo:
+        user = await self.users.get(identity.partition(":")[2])
+        if user is None:
+            return PersonInfo()
+        return PersonInfo(user.email, user.standing(self.team_id, self.enterprise_id))
+
+    async def channel_members(self, channel_key: str, limit: int) -> Sequence[Member] | None:
+        return await self._channel_members(channel_key.rpartition(":")[2], limit)
 
     async def _channel_members(self, channel: str, limit: int) -> list[Member] | None:
         """None for a public channel (everyone may join it); the members of a private channel or group DM
@@ -570,7 +579,7 @@ class SlackAdapter:
         if channel:
             self.audiences.invalidate(f"slack:{self._team(body, event)}:{channel}")
 
-    async def person(self, argument: str) -> Person | str:
+    async def resolve_person(self, argument: str) -> Person | str:
         """`/kb access USER`: a Slack user (`<@U1>`, `slack:U1`, `U1`) with their email from users.info, or a
         principal (`user:alice@acme.com`) as it is."""
         argument = argument.strip()
@@ -661,7 +670,7 @@ class SlackAdapter:
         listed = self.settings.is_listed_admin(PLATFORM, user_id)
         caller = admin.Caller(f"slack:{user_id}", platform_admin or listed,
                               channel_key=None if channel.startswith("D") or not channel else f"slack:{team}:{channel}",
-                              workspace=f"slack:{team}:", resolve_person=self.person,
+                              workspace=f"slack:{team}:", resolve_person=self.resolve_person,
                               email=user.email if user else None, operator=listed,
                               reads_channel=lambda key: self._reads_channel(key, user_id))
         result = await self.flow.command(command.get("text") or "", caller)
@@ -724,8 +733,8 @@ class SlackAdapter:
             return
         where = Where(team, channel, thread_ts, thread_ts, user_id, private=False)
         # Answered again as any question in this channel: its audience and its sources (`/kb channel sources`).
-        ask = Ask(delivered.question, public_conversation(delivered.conversation_id), f"slack:{user_id}",
-                  lambda: self._audience(where), channel_key=where.channel_key)
+        ask = self.flow.ask(delivered.question, public_conversation(delivered.conversation_id), f"slack:{user_id}",
+                            self._target(where))
         await self.flow.answer(ask, SlackReply(self, where))
 
 

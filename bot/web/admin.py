@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from bot.chat.insights import InsightsReport, Viewer, build_report
+from bot.platforms import display_names
 
 if TYPE_CHECKING:
     from bot.chat.state import BotState, DailyCounts
@@ -176,8 +177,9 @@ def documents_section(report: InsightsReport) -> str:
 
 # Where the questions on this page come from, said on the page: an operator who tried the bot in the terminal
 # before setting up a chat platform would otherwise wonder why nothing shows (issue 41).
-COUNTED_FROM = ("Questions are counted from Slack, Discord and the terminal (`ragbot chat`, `ragbot ask`, "
-                "recorded as platform terminal, asked by terminal:<login name>).")
+def counted_from() -> str:
+    return (f"Questions are counted from {', '.join(display_names())} and the terminal (`ragbot chat`, "
+            "`ragbot ask`, recorded as platform terminal, asked by terminal:<login name>).")
 
 # The sync history's columns, each count named (not "+0 ~0 -0 =0 !1").
 SYNC_COLUMNS = ["source", "trigger", "status", "started", "finished", "added", "updated", "deleted", "unchanged",
@@ -233,7 +235,7 @@ async def render_page(kb: KnowledgeBase, state: BotState, now: datetime | None =
 <p class="meta">Read-only. Generated {_e(_when(now))} UTC; activity over the last {DAYS} days.</p>
 <nav><a href="#activity">Activity</a><a href="#sources">Sources</a><a href="#syncs">Sync history</a>
 <a href="#gaps">Gaps</a><a href="#documents">Documents</a><a href="#feedback">Feedback</a><a href="#audit">Audit log</a></nav>
-<section id="activity"><h2>Activity</h2><p class="meta">{_e(COUNTED_FROM)}</p>{charts(report)}</section>
+<section id="activity"><h2>Activity</h2><p class="meta">{_e(counted_from())}</p>{charts(report)}</section>
 <section id="sources"><h2>Sources</h2>
 {_table(["name", "kind", "location", "documents", "last run", "when", "error"], source_rows, "No sources yet.")}
 </section>
