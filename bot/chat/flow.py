@@ -6,8 +6,19 @@ the adapter's `Reply` (a placeholder replaced by the answer, or the answer strea
 A failure anywhere becomes an apology with an error id (`bot.chat.errors`), logged with the traceback and counted
 by stage in /metrics. `/kb` admin commands and feedback clicks go through here too.
 
-An adapter (Slack, Discord; Teams or Mattermost tomorrow) only parses its platform's events into an `Ask` and
-implements `Reply` for its message API; everything else is shared. Adding a platform is one module that does that.
+An adapter (a platform package registered in `bot.platforms`) parses its platform's events and implements `Reply`
+for its message API; the rest is shared. Its interface with the core (docs/teams.md, "The platform interface the
+chat core calls"):
+- `ChatFlow(kb, name, metrics, state=..., rule=AudienceRule(kb, state, directory, ...))`: the adapter is the
+  `Directory` (bot.chat.readers: a person's email and standing, a channel's members);
+- `flow.ask(question, conversation_id, asker, target, history=, auto=, person=)`: the `Ask`, whose audience comes
+  from `target.readers` by the one rule; `flow.answer(ask, reply, claim=, target=target.to_json())` answers it;
+- `flow.resume(pending, reply_for)`: a crashed holder's question rebuilt from its stored `AnswerTarget`, the adapter
+  giving only the `Reply` for the stored place (`reply_for(post, placeholder)`): live and resumed answers have the
+  same readers by construction;
+- `bot.chat.render.answer_view`: what an answer shows (sources, or a decline's closest documents; feedback);
+- `flow.claim` / `claim_question` / `delivered`, `flow.command` / `followup`, `flow.feedback`, `flow.sweep`.
+`Ask` built directly (with an `audience` callable) keeps working for callers that decide the audience themselves.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from bot.chat.sanitize import quote_safe
 
 if TYPE_CHECKING:  # an annotation only: the terminal (and so `ragbot --help`) imports this module
-    from knowledge import Citation
+    from knowledge import Answer, Citation
 
 # Spans a split must never cut: <...> links and mentions, [text](url) links, bare URLs, citations [1], [1, 2], [2-3].
 _PROTECTED = re.compile(
@@ -108,3 +108,30 @@ def sources_list(citations: Sequence[Citation]) -> list[SourceEntry]:
             )
         )
     return entries
+
+
+SOURCES_TITLE = "Sources"
+RELATED_TITLE = "Closest documents"
+
+
+@dataclass(frozen=True)
+class AnswerView:
+    """What to show for an answer, decided here once for every platform; each adapter only says how (Block Kit,
+    embeds, cards). An answer shows its text, then a list of documents under `sources_title`: the sources it cites,
+    or for a decline the closest documents the asker may see (so a decline still points somewhere: issue 42 found
+    one platform dropping them), or nothing; then `feedback` buttons for the delivered answer's id."""
+
+    text: str
+    sources: tuple[SourceEntry, ...]
+    sources_title: str
+    declined: bool
+    feedback: int | None = None
+
+
+def answer_view(answer: Answer, answer_id: int | None = None) -> AnswerView:
+    """The view of `answer`: its citations as Sources, or a decline's related documents as the closest ones."""
+    if answer.citations:
+        return AnswerView(answer.text, tuple(sources_list(answer.citations)), SOURCES_TITLE, answer.abstained,
+                          answer_id)
+    related = list(getattr(answer, "related", None) or []) if answer.abstained else []
+    return AnswerView(answer.text, tuple(sources_list(related)), RELATED_TITLE, answer.abstained, answer_id)

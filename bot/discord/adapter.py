@@ -48,7 +48,7 @@ from bot.chat.flow import Ask, ChatFlow, OnText
 from bot.chat.guests import MEMBER, Standing, trusted_admin
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
-from bot.chat.render import SourceEntry, sources_list, split_text
+from bot.chat.render import SOURCES_TITLE, SourceEntry, answer_view, sources_list, split_text
 from bot.chat.sanitize import quote_safe
 from bot.chat.state import BotState
 from bot.server import StartupError
@@ -130,9 +130,14 @@ def source_line(entry: SourceEntry) -> str:
     return line
 
 
-def source_embeds(citations: Sequence[Any], title: str = "Sources") -> list[discord.Embed]:
-    """Sources as embeds with linked titles, each description within Discord's 4,096 characters."""
-    lines = [line for entry in sources_list(citations) for line in [source_line(entry), *(
+def source_embeds(citations: Sequence[Any], title: str = SOURCES_TITLE) -> list[discord.Embed]:
+    """An answer's citations as Sources embeds."""
+    return entry_embeds(sources_list(citations), title)
+
+
+def entry_embeds(entries: Sequence[SourceEntry], title: str = SOURCES_TITLE) -> list[discord.Embed]:
+    """Documents as embeds with linked titles, each description within Discord's 4,096 characters."""
+    lines = [line for entry in entries for line in [source_line(entry), *(
         f"> *{discord.utils.escape_markdown(discord.utils.escape_mentions(q))}*" for q in entry.quotes)]]
     embeds: list[discord.Embed] = []
     for description in split_text("\n".join(lines), EMBED_DESCRIPTION_LIMIT):
@@ -172,13 +177,8 @@ def render_answer(answer: Answer) -> list[Part]:
         text += "\n\n*Quoted excerpts: the language model is unavailable right now.*"
     texts = split_text(text, MESSAGE_LIMIT) or [""]
     parts = [Part(t, []) for t in texts]
-    if answer.citations:
-        embeds = source_embeds(answer.citations)
-    elif answer.abstained and getattr(answer, "related", None):  # the nearest documents the asker may see
-        embeds = source_embeds(answer.related, title="Closest documents")
-    else:
-        embeds = []
-    groups = group_embeds(embeds)
+    view = answer_view(answer)  # what to show (the core's decision): the sources, or a decline's closest documents
+    groups = group_embeds(entry_embeds(view.sources, view.sources_title) if view.sources else [])
     if groups:
         parts[-1] = Part(parts[-1].content, groups[0])
         parts.extend(Part(None, group) for group in groups[1:])

@@ -56,7 +56,7 @@ from bot.chat.flow import Ask, ChatFlow, OnText
 from bot.chat.guests import MEMBER, Standing, trusted_admin
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
-from bot.chat.render import sources_list
+from bot.chat.render import AnswerView, answer_view
 from bot.server import StartupError
 from bot.slack.format import (
     BLOCKS_PER_MESSAGE,
@@ -738,6 +738,11 @@ class SlackAdapter:
         await self.flow.answer(ask, SlackReply(self, where))
 
 
+def view_messages(view: AnswerView, note: str | None) -> list[SlackMessage]:
+    """The core's view of an answer (bot.chat.render.answer_view) as Slack messages."""
+    return answer_messages(view.text, view.sources, view.feedback, note, view.sources_title)
+
+
 def _ts_value(ts: str) -> tuple[int, int]:
     """A Slack ts ("1700000000.000100") as a comparable pair (a float would lose the microseconds)."""
     seconds, _, micro = ts.partition(".")
@@ -787,7 +792,7 @@ class SlackEphemeralReply:
 
     async def deliver(self, answer: Answer, answer_id: int) -> None:
         note = NOTE_OFFLINE if answer.note else None
-        messages = answer_messages(answer.text, sources_list(answer.citations), answer_id, note)
+        messages = view_messages(answer_view(answer, answer_id), note)
         tail = [{"type": "context", "elements": [{"type": "mrkdwn", "text": PRIVATE_NOTE}]},
                 share_block(answer_id, self.where.thread_ts)]
         if len(messages[-1].blocks) + len(tail) > BLOCKS_PER_MESSAGE:
@@ -841,13 +846,12 @@ class SlackReply:
             await self.adapter._set_status(self.where, "")
 
     async def deliver(self, answer: Answer, answer_id: int) -> None:
-        sources = sources_list(answer.citations)
+        view = answer_view(answer, answer_id)
         note = NOTE_OFFLINE if answer.note else None
         if self.stream is not None and self.stream.started:
-            await self.stream.finish(answer, sources, answer_id, note)
+            await self.stream.finish(answer, view, note)
         else:
-            await self.adapter._deliver(self.where, answer_messages(answer.text, sources, answer_id, note),
-                                        self.placeholder_ts)
+            await self.adapter._deliver(self.where, view_messages(view, note), self.placeholder_ts)
 
     async def fail(self, text: str) -> None:
         stream, client, where = self.stream, self.adapter.client, self.where
@@ -908,8 +912,8 @@ class _AnswerStream:
             self.refused = True
             self.placeholder_ts = await self.adapter._post(self.where, SlackMessage(PLACEHOLDER))
 
-    async def finish(self, answer: Answer, sources: list[Any], answer_id: int, note: str | None) -> None:
-        tail = stream_tail_blocks(sources, answer_id, note)
+    async def finish(self, answer: Answer, view: AnswerView, note: str | None) -> None:
+        tail = stream_tail_blocks(view.sources, view.feedback, note, view.sources_title)
         remaining = stream_safe(self._pending) if self._pending else None
         self._pending = ""
         response = await self.streamer.stop(markdown_text=remaining, blocks=tail or None)
@@ -917,8 +921,7 @@ class _AnswerStream:
         if ts and (answer.abstained or answer.note or answer.text.strip() != self.received.strip()):
             # What was streamed is not the answer (the stream broke off and excerpts replaced it, or the model
             # declined): the message becomes the final answer.
-            messages = answer_messages(answer.text, sources, answer_id, note)
-            await self.adapter._deliver(self.where, messages, ts)
+            await self.adapter._deliver(self.where, view_messages(view, note), ts)
 
     async def abort(self, text: str) -> None:
         try:

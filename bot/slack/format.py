@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.chat.feedback import button_value
-from bot.chat.render import SourceEntry, split_text
+from bot.chat.render import SOURCES_TITLE, SourceEntry, split_text
 from bot.chat.sanitize import quote_safe
 
 SECTION_LIMIT = 3000  # characters of mrkdwn in one section block
@@ -97,8 +97,8 @@ def stream_safe(markdown: str) -> str:
     return quote_safe(markdown)
 
 
-def sources_mrkdwn(entries: Sequence[SourceEntry]) -> str:
-    lines = ["*Sources*"]
+def sources_mrkdwn(entries: Sequence[SourceEntry], title: str = SOURCES_TITLE) -> str:
+    lines = [f"*{title}*"]
     for e in entries:
         heading = f" › {escape(e.heading)}" if e.heading else ""
         if e.url:
@@ -144,12 +144,14 @@ def _fallback_text(blocks: list[dict[str, Any]]) -> str:
 
 def answer_messages(
     answer_markdown: str, sources: Sequence[SourceEntry], answer_id: int | None, note: str | None = None,
+    title: str = SOURCES_TITLE,
 ) -> list[SlackMessage]:
     """An answer as one or more messages: the text in sections (each within Slack's limit, never cutting a link or
-    a citation), then the Sources list, a note, and the feedback buttons on the last message."""
+    a citation), then the Sources list (or a decline's closest documents, under `title`), a note, and the feedback
+    buttons on the last message."""
     urls = {e.n: e.url for e in sources if e.url}
     blocks = _sections(to_mrkdwn(answer_markdown, urls))
-    tail = _sections(sources_mrkdwn(sources)) if sources else []
+    tail = _sections(sources_mrkdwn(sources, title)) if sources else []
     if note:
         tail.append({"type": "context", "elements": [{"type": "mrkdwn", "text": escape(note)}]})
     if answer_id is not None:
@@ -165,9 +167,10 @@ def group_blocks(blocks: list[dict[str, Any]]) -> list[SlackMessage]:
     return messages or [SlackMessage("…")]
 
 
-def stream_tail_blocks(sources: Sequence[SourceEntry], answer_id: int | None, note: str | None = None) -> list[dict[str, Any]]:
+def stream_tail_blocks(sources: Sequence[SourceEntry], answer_id: int | None, note: str | None = None,
+                       title: str = SOURCES_TITLE) -> list[dict[str, Any]]:
     """What chat.stopStream attaches under a streamed answer."""
-    blocks = _sections(sources_mrkdwn(sources)) if sources else []
+    blocks = _sections(sources_mrkdwn(sources, title)) if sources else []
     if note:
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": escape(note)}]})
     if answer_id is not None:

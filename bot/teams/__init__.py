@@ -5,6 +5,7 @@ starts it when TEAMS_APP_ID and TEAMS_APP_PASSWORD are set and its adapter (bot.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +21,8 @@ def _configured(settings: Any) -> bool:
 
 
 def _adapter(context: BotContext) -> Any:
-    from bot.teams.adapter import TeamsAdapter  # type: ignore[import-not-found]  # the SDK loads only when configured
-
-    return TeamsAdapter(context)
+    # Imported only when configured: the Agents SDK loads with it.
+    return importlib.import_module("bot.teams.adapter").TeamsAdapter(context)
 
 
 PLATFORM = PlatformSpec("teams", TeamsSettings, _configured, _adapter)
