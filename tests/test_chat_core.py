@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from importlib.metadata import EntryPoint
 from typing import Any
 
 import discord
@@ -24,6 +25,13 @@ import test_chat_permissions as perms
 from fakes.discord_api import FakeDiscordAPI
 from fakes.slack_api import FakeSlackAPI
 from slack_harness import answer_in, mention, running_bot
+
+import bot.platforms as registry
+from bot.app import configured_adapters
+from bot.context import BotContext
+from bot.platforms import PlatformSpec
+from bot.settings import BotSettings, known_settings
+from knowledge import InvalidPrincipal, check_as_principal
 
 QUESTION, SECRET = perms.DOCUMENTS["group"]  # a document only group:docs/finance (∋ fin@example.com) may see
 
@@ -144,3 +152,46 @@ async def test_a_decline_shows_the_closest_documents_on_every_platform(platform,
     assert "couldn't find" in shown  # declined...
     assert "Closest documents" in shown  # ...with the documents nearest to the question
     assert (expected.related[0].title or expected.related[0].path) in shown
+
+
+# ---- the registry: a platform is one package (or a third-party distribution's entry point) ------------------------
+
+
+class _ThirdParty:
+    """An adapter a third-party distribution would ship."""
+
+    name = "mattermost"
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+
+
+THIRD_PARTY = PlatformSpec("mattermost", None, lambda settings: True, _ThirdParty, title="Mattermost")
+
+
+def test_the_built_in_platforms_register_themselves_and_name_the_chat_identity_kinds() -> None:
+    assert [spec.name for spec in registry.platforms()][:3] == ["slack", "discord", "teams"]
+    settings = BotSettings(_env_file=None, slack_bot_token="xoxb-1", DISCORD_TOKEN="d")  # type: ignore[call-arg]
+    assert settings.chat_platforms == ["slack", "discord"]  # Teams: no TEAMS_APP_ID
+    assert BotSettings(_env_file=None).chat_platforms == []  # type: ignore[call-arg]
+    assert {"SLACK_BOT_TOKEN", "DISCORD_TOKEN", "TEAMS_APP_ID"} <= known_settings()
+    assert check_as_principal("slack:U1") == "slack:U1" and check_as_principal("discord:42") == "discord:42"
+    with pytest.raises(InvalidPrincipal) as refused:
+        check_as_principal("grp:eng")
+    assert "slack:<id>, discord:<id>, teams:<id>" in str(refused.value)
+
+
+def test_a_third_party_platform_found_through_its_entry_point_is_started_and_asked_as(monkeypatch) -> None:
+    entry = EntryPoint("mattermost", f"{__name__}:THIRD_PARTY", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [entry] if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(registry, "_discovered", False)
+    monkeypatch.setattr(registry, "_registry", {})
+    assert registry.platform("mattermost") is THIRD_PARTY
+    assert "Mattermost" in registry.display_names()
+    settings = BotSettings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.chat_platforms == ["mattermost"]
+    [adapter] = configured_adapters(BotContext(None, settings, None, None))  # type: ignore[arg-type]
+    assert isinstance(adapter, _ThirdParty)
+    assert check_as_principal("mattermost:u1") == "mattermost:u1"
+    with pytest.raises(KeyError, match="no chat platform named 'irc'"):
+        registry.platform("irc")

@@ -27,12 +27,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from bot.chat import admin, feedback, lease
 from bot.chat.access import Audience
-from bot.chat.auto import is_answer, outcome_of
+from bot.chat.auto import is_answer, looks_like_question, outcome_of
 from bot.chat.channels import ChannelSettings, channel_settings
+from bot.chat.delivery import asks_privately, channel_mode, public_conversation
 from bot.chat.errors import apology, new_error_id
 from bot.chat.guests import OUTSIDER_REPLY
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo
@@ -47,6 +48,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 OnText = Callable[[str], Awaitable[None]]
+T = TypeVar("T")
+# What the clicker of "Share in channel" is told when the answer is not theirs to share, or was shared already.
+SHARE_NOT_YOURS = "Only the person who asked can share this answer."
+SHARE_DONE = "This answer was shared already."
 # How an adapter answers a resumed question: a `Reply` for the plain data it stored (`AnswerTarget.post`) and the
 # placeholder posted before the crash (None: none was); None when it can no longer answer there (a token expired).
 ReplyFor = Callable[[Mapping[str, Any], "str | None"], Awaitable["Reply | None"]]
@@ -80,6 +85,15 @@ class Ask:
     history: Callable[[], Awaitable[Sequence[ChatMessage] | None]] | None = None  # earlier thread messages
     channel_key: str | None = None  # the channel asked in ("slack:T1:C2"): its settings apply; None in a DM
     auto: bool = False  # a help-channel question nobody addressed to the bot: posted only if it is an answer
+
+
+@dataclass(frozen=True)
+class Share:
+    """A private answer its asker shares: the question to answer AGAIN for the channel (never the private text),
+    and the thread's public conversation."""
+
+    question: str
+    conversation_id: str
 
 
 class _NoAudience(Exception):
@@ -180,6 +194,45 @@ class ChatFlow:
     async def sweep(self, resume: lease.Resume) -> int:
         """Answer this platform's questions whose holder died before delivering (see `bot.chat.lease`)."""
         return await lease.sweep(self, resume)
+
+    async def auto_claim(self, text: str, channel_key: str, claim: Callable[[], Awaitable[T]]) -> T | None:
+        """A message nobody addressed to the bot, in a channel: claimed (by `claim`) only when it reads as a
+        question (bot.chat.auto) and the channel answers unasked (`/kb channel auto on`); None otherwise. A failure
+        is logged and counted, never answered: nobody asked the bot."""
+        if not looks_like_question(text):
+            return None
+        try:
+            if not (await self.channel_settings(channel_key)).auto:
+                return None
+            return await claim() or None
+        except Exception as exc:
+            self.failure("claim", exc, where=channel_key)
+            return None
+
+    async def answers_privately(self, question: str, channel_key: str | None, *, said: bool | None = None,
+                                by_word: bool = True) -> tuple[bool, str]:
+        """Is a question in a channel answered privately (an answer only the asker sees, from their own access,
+        with "Share in channel")? As the asker said (`said`; or, `by_word`, the word "privately" in the question,
+        which is then removed), else the channel's mode (bot.chat.delivery). Never in a DM (`channel_key` None)."""
+        if channel_key is None:
+            return False, question
+        if said is None and by_word:
+            said, question = asks_privately(question)
+        if said:
+            return True, question
+        if said is None or by_word:
+            return await channel_mode(self.state, channel_key) == "private", question
+        return False, question
+
+    async def claim_share(self, answer_id: int, clicker: str) -> Share | str:
+        """"Share in channel" under a private answer: only its asker may share it, and only once (claimed here).
+        The question to answer again for the channel, or what to tell the clicker."""
+        delivered = await self.state.delivered_answer(answer_id)
+        if delivered is None or delivered.asker != clicker:
+            return SHARE_NOT_YOURS
+        if not await self.claim(f"{self.platform}:share:{answer_id}"):
+            return SHARE_DONE
+        return Share(delivered.question, public_conversation(delivered.conversation_id))
 
     async def answered_in(self, conversation_id: str) -> bool:
         """Whether the bot has answered in this conversation (a thread reply there is a follow-up)."""

@@ -32,8 +32,10 @@ def register_access_commands(app: typer.Typer) -> None:
 def checked_as(given: Sequence[str]) -> list[str]:
     """The `--as` principals, each of a known kind (everyone, user:, group:, domain:): `--as grp:eng` is an error
     listing them (InvalidPrincipal, a one-line message), never a search that silently matches nothing."""
+    from bot.platforms import platforms
     from knowledge import check_as_principal  # here, not at the top: knowledge.access loads SQLAlchemy
 
+    platforms()  # every registered platform's name is a chat identity kind (`--as slack:U1`)
     return [check_as_principal(p) for p in given]
 
 

@@ -40,11 +40,9 @@ from discord import app_commands
 
 from bot.chat import access, admin
 from bot.chat.audience import AudienceUnavailable, Member
-from bot.chat.auto import looks_like_question
-from bot.chat.delivery import channel_mode
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_rating
-from bot.chat.flow import Ask, ChatFlow, OnText
+from bot.chat.flow import SHARE_NOT_YOURS, Ask, ChatFlow, OnText
 from bot.chat.guests import MEMBER, Standing, trusted_admin
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
@@ -653,13 +651,8 @@ class RagbotDiscord(discord.Client):
         question (needs the Message Content intent to see its text) and the documents answer it, the answer goes
         into a thread opened from the message; otherwise nothing is posted, not even a thread (bot.chat.auto)."""
         key = channel_key(guild_id, message.channel.id)
-        if not question or not looks_like_question(question):
-            return
-        try:
-            if not (await self.flow.channel_settings(key)).auto or not (claim := await self.claim(message)):
-                return
-        except Exception as exc:  # nobody asked the bot: log, never post an apology
-            self.flow.failure("claim", exc, where=key)
+        claim = await self.flow.auto_claim(question, key, lambda: self.claim(message))
+        if claim is None:
             return
         thread: Any = None
 
@@ -689,16 +682,11 @@ class RagbotDiscord(discord.Client):
     async def share_answer(self, interaction: discord.Interaction, answer_id: int) -> None:
         """"Share in channel": the question of a private answer answered AGAIN with the channel's audience and
         posted for everyone (the private text is never reposted). Only its asker may share it, once."""
-        delivered = await self.flow.state.delivered_answer(answer_id)
-        asker = self.identity(interaction.user)
         guild_id = interaction.guild_id
-        if delivered is None or delivered.asker != asker or guild_id is None:
-            await interaction.response.send_message("Only the person who asked can share this answer.",
-                                                    ephemeral=True, allowed_mentions=NO_PINGS)
-            return
-        if not await self.flow.claim(f"{PLATFORM}:share:{answer_id}"):
-            await interaction.response.send_message("This answer was shared already.", ephemeral=True,
-                                                    allowed_mentions=NO_PINGS)
+        share = (SHARE_NOT_YOURS if guild_id is None
+                 else await self.flow.claim_share(answer_id, self.identity(interaction.user)))
+        if isinstance(share, str):
+            await interaction.response.send_message(share, ephemeral=True, allowed_mentions=NO_PINGS)
             return
         await interaction.response.defer(thinking=True)  # a public message, within Discord's 3 seconds
         channel = interaction.channel
@@ -710,7 +698,7 @@ class RagbotDiscord(discord.Client):
             return await interaction.followup.send(wait=True, **kwargs)
 
         # Answered again as any question in this channel: its audience and its sources (`/kb channel sources`).
-        await self.answer_into(send, delivered.question, interaction.user,
+        await self.answer_into(send, share.question, interaction.user,
                                _target(interaction.channel_id or 0, guild_id, channel_id),
                                f"{PLATFORM}:{guild_id}:{interaction.channel_id}:share:{answer_id}")
 
@@ -806,9 +794,8 @@ def _register_commands(bot: RagbotDiscord) -> None:
                            private="Only you see the answer, and it may also use documents shared with you "
                                    "(default: the channel's mode)")
     async def ask(interaction: discord.Interaction, question: str, private: bool | None = None) -> None:
-        if private is None:
-            key = _interaction_channel_key(interaction)
-            private = key is not None and await channel_mode(bot.flow.state, key) == "private"
+        if private is None:  # the channel's mode decides (never private in a DM)
+            private, _ = await bot.flow.answers_privately(question, _interaction_channel_key(interaction), by_word=False)
         # Claimed like a message (a lease): if this process dies mid-answer, a sweeper finishes it (`resume`).
         claim = await bot.flow.claim_question(f"{PLATFORM}:interaction:{interaction.id}")
         if claim is None:

@@ -48,8 +48,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.chat import admin
 from bot.chat.access import Audience
 from bot.chat.audience import AudienceUnavailable, Member
-from bot.chat.auto import looks_like_question
-from bot.chat.delivery import asks_privately, channel_mode, private_conversation, public_conversation
+from bot.chat.delivery import private_conversation
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_button_value
 from bot.chat.flow import Ask, ChatFlow, OnText
@@ -423,15 +422,9 @@ class SlackAdapter:
         """A top-level message in a channel with `/kb channel auto on`: answered in a thread under it when it reads
         as a question and the documents answer it; otherwise nothing is posted (bot.chat.auto)."""
         text = event.get("text") or ""
-        if not looks_like_question(text):
-            return
         where = Where(self._team(body, event), event["channel"], event["ts"], event["ts"], event["user"],
                       private=False)
-        try:
-            if not (await self.flow.channel_settings(where.channel_key)).auto or not await self._claim(body, event):
-                return
-        except Exception as exc:  # nobody asked the bot: log, never post an apology
-            self.flow.failure("claim", exc, where=where.conversation_id)
+        if not await self.flow.auto_claim(text, where.channel_key, lambda: self._claim(body, event)):
             return
         question = question_text(text, self.bot_user_id)
         ask = self.flow.ask(question, where.conversation_id, f"slack:{where.user}", self._target(where), auto=True)
@@ -509,12 +502,11 @@ class SlackAdapter:
         identity = f"slack:{where.user}"
         conversation = where.conversation_id
         answer_reply: SlackReply | SlackEphemeralReply = reply
-        if not where.private:
-            privately, question = asks_privately(question)
-            if privately or await channel_mode(self.flow.state, where.channel_key) == "private":
-                where = replace(where, ephemeral=True)
-                answer_reply = SlackEphemeralReply(self, where)
-                conversation = private_conversation(conversation, identity)
+        privately, question = await self.flow.answers_privately(question, None if where.private else where.channel_key)
+        if privately:
+            where = replace(where, ephemeral=True)
+            answer_reply = SlackEphemeralReply(self, where)
+            conversation = private_conversation(conversation, identity)
         target = self._target(where)
         ask = self.flow.ask(question, conversation, identity, target, history=history)
         # Claimed like every question (a private one too): if this process dies, a retry or the sweeper finishes it
@@ -726,15 +718,12 @@ class SlackAdapter:
             return
         if not user_id or not channel:
             return
-        delivered = await self.flow.state.delivered_answer(answer_id)
-        if delivered is None or delivered.asker != f"slack:{user_id}":
-            return
-        if not await self.flow.claim(f"slack:share:{answer_id}"):
-            return
+        share = await self.flow.claim_share(answer_id, f"slack:{user_id}")
+        if isinstance(share, str):
+            return  # not the asker's, or shared already: the button sits under the asker's own ephemeral answer
         where = Where(team, channel, thread_ts, thread_ts, user_id, private=False)
         # Answered again as any question in this channel: its audience and its sources (`/kb channel sources`).
-        ask = self.flow.ask(delivered.question, public_conversation(delivered.conversation_id), f"slack:{user_id}",
-                            self._target(where))
+        ask = self.flow.ask(share.question, share.conversation_id, f"slack:{user_id}", self._target(where))
         await self.flow.answer(ask, SlackReply(self, where))
 
 
