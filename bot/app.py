@@ -4,7 +4,8 @@ services (the sync scheduler) start and stop together.
 
 With no chat tokens configured, `ragbot run` opens the terminal chat instead.
 
-An adapter is any object with
+The adapters are those of the registered platforms (`bot.platforms`) whose token is set. An adapter is any object
+with
     name: str
     routes() -> list[aiohttp.web.RouteDef]      # HTTP routes it serves on PORT (may be empty)
     async start() -> None                         # connect; returns once it is running

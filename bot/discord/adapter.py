@@ -78,6 +78,9 @@ MAX_GUILD_MEMBERS_SCANNED = 10_000  # a bigger server: a restricted channel's au
 # `/ask` must be finished well before that.
 INTERACTION_TOKEN_SECONDS = 15 * 60
 INTERACTION_RESUME_MARGIN = 60.0
+# The start-up sweep runs at login, before the gateway has sent the servers (READY): a resumed answer in a channel
+# waits this long for them, since its readers are the channel's members from that cache.
+READY_WAIT_SECONDS = 5.0  # within the default 10 s lease the sweep took
 ADMIN_REFUSAL = "`/{command}` needs an admin (Manage Server, or a user listed in ADMIN_USER_IDS). Nothing was changed."
 
 
@@ -555,7 +558,15 @@ class RagbotDiscord(discord.Client):
         return await self.flow.answer(ask, reply, claim=claim, target=target.to_json() if claim is not None else None)
 
     async def resume(self, pending: PendingQuestion) -> tuple[Ask, Reply] | None:
-        """A question whose holder died: rebuilt by the chat core from its stored target (`ChatFlow.resume`)."""
+        """A question whose holder died: rebuilt by the chat core from its stored target (`ChatFlow.resume`). One
+        read by a channel's members waits for the gateway's servers first (at most READY_WAIT_SECONDS; then the
+        audience fails closed to `everyone` + grants, as for any channel whose members cannot be listed)."""
+        target = AnswerTarget.from_json(pending.target)
+        if target is not None and target.readers.channel is not None and not self.is_ready():
+            try:
+                await asyncio.wait_for(self.wait_until_ready(), READY_WAIT_SECONDS)
+            except TimeoutError:
+                logger.info("discord: resuming %s before the gateway was ready", pending.claim.key)
         return await self.flow.resume(pending, self.reply_for)
 
     async def reply_for(self, post: Mapping[str, Any], placeholder: str | None) -> Reply | None:
