@@ -1,9 +1,13 @@
-"""Several sync workers sharing the sources: `ragbot scheduler` processes on one database, one worker per source at a
-time (its lease, db.leases). Measures one worker against two over the same four sources (each a copy of the
-handbook's Markdown pages, so every source costs the same), from the first run's start to the last run's end as the
-runs record them (worker start-up, the model's load, is left out: a worker stays up).
+"""Several sync workers: real `ragbot scheduler` processes on one database, one worker per source at a
+time (its lease, db.leases). Two cases, each measured with one worker and with two:
 
-    .venv/bin/python bench/sync_workers.py [--sources 4] [--workers 1 2]
+- `sources`: four sources (each a copy of the handbook's Markdown pages, so every source costs the same), from the
+  first run's start to the last run's end as the runs record them (SYNC_SPLIT_FIRST=false: one source, one worker).
+- `big`: one source of `--folders` top-level folders (each `--pages` of the handbook's Markdown pages): its first
+  sync split into parts by folder (knowledge.ingest.split), from the first run's start to the end of the run that
+  published the source (worker start-up, the model's load, counts here: the second worker joins cold).
+
+    .venv/bin/python bench/sync_workers.py [--case sources big] [--sources 4] [--folders 8] [--pages 4] [--workers 1 2]
 
 Each configuration gets a fresh database on a throwaway embedded server (or DATABASE_URL's server); the workers
 are real `python -m bot.cli scheduler` processes, stopped with SIGINT (they finish what they run) when every source
@@ -30,6 +34,61 @@ from bench.common import REPO, drop_database, machine_info, open_fresh_kb, use_t
 HANDBOOK = REPO / "examples" / "handbook"
 
 
+def make_big_source(root: Path, folders: int, pages: int) -> Path:
+    """One source folder with `folders` top-level folders, each `pages` of the handbook's Markdown pages with a line of
+    its own."""
+    source = root / "big"
+    handbook = sorted(HANDBOOK.rglob("*.md"))
+    for n in range(folders):
+        for page in handbook[:pages]:
+            target = source / f"team{n}" / page.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(page.read_text() + f"\n\nCopy {n} of this page, kept by team {n}.\n")
+    return source
+
+
+async def measure_big(workers: int, folder: Path) -> dict[str, object]:
+    """One big source's first sync, split by folder, with `workers` scheduler processes."""
+    database = f"bench_big_{workers}"
+    kb = await open_fresh_kb(database)
+    try:
+        await kb.add_source("big", "folder", {"path": str(folder)}, schedule_seconds=2)
+        env = {**os.environ, "DATABASE_URL": kb.url, "PYTHONPATH": str(REPO), "SYNC_SPLIT_FIRST": "true"}
+        processes = [subprocess.Popen([sys.executable, "-m", "bot.cli", "scheduler", "--refresh", "1"], env=env,
+                                      cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                     for _ in range(workers)]
+        try:
+            deadline = time.monotonic() + 1800
+            while time.monotonic() < deadline:
+                runs = await kb.sync_runs("big", 200)
+                if any(r.status == "ok" for r in runs) and not await kb.open_split_syncs():
+                    break  # published: the plan is gone with the same transaction
+                await asyncio.sleep(0.5)
+            else:
+                raise SystemExit("the workers did not publish the big source within 30 minutes")
+        finally:
+            for process in processes:
+                process.send_signal(signal.SIGINT)
+            for process in processes:
+                try:
+                    process.wait(120)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+        done = [r for r in runs if r.status == "ok" and r.finished_at]
+        start = min(r.started_at for r in runs)
+        end = max(r.finished_at for r in done if r.finished_at)
+        return {
+            "workers": workers,
+            "folders": len([p for p in folder.iterdir() if p.is_dir()]),
+            "documents": (await kb.status()).documents,
+            "published_s": round((end - start).total_seconds(), 1),
+            "documents_per_run": sorted((r.added for r in done), reverse=True),
+        }
+    finally:
+        await kb.close()
+        drop_database(database)
+
+
 def make_sources(root: Path, count: int) -> list[Path]:
     """`count` folders, each the handbook's Markdown pages with a line of its own (so no two chunks are equal)."""
     folders = []
@@ -50,7 +109,7 @@ async def measure(workers: int, folders: list[Path]) -> dict[str, object]:
         for n, folder in enumerate(folders):
             await kb.add_source(f"source{n}", "folder", {"path": str(folder)}, schedule_seconds=2)
         url = kb.url
-        env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(REPO), "SYNC_SPLIT_FIRST": "false"}
         processes = [subprocess.Popen([sys.executable, "-m", "bot.cli", "scheduler", "--refresh", "1"], env=env,
                                       cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                      for _ in range(workers)]
@@ -93,19 +152,31 @@ async def measure(workers: int, folders: list[Path]) -> dict[str, object]:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", nargs="+", choices=["sources", "big"], default=["sources", "big"])
     parser.add_argument("--sources", type=int, default=4)
+    parser.add_argument("--folders", type=int, default=8)
+    parser.add_argument("--pages", type=int, default=4)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
     use_throwaway_home()
     root = Path(tempfile.mkdtemp(prefix="ragbot-bench-sources-"))
     try:
-        folders = make_sources(root, args.sources)
-        figures = {}
-        for workers in args.workers:
-            result = await measure(workers, folders)
-            figures[f"{workers}_workers"] = result
-            print(f"{workers} worker(s), {result['sources']} sources, {result['documents']} documents: all synced in "
-                  f"{result['all_sources_synced_s']} s (each source {result['per_source_s']} s)")
+        figures: dict[str, object] = {}
+        if "sources" in args.case:
+            folders = make_sources(root, args.sources)
+            for workers in args.workers:
+                result = await measure(workers, folders)
+                figures[f"{workers}_workers"] = result
+                print(f"{workers} worker(s), {result['sources']} sources, {result['documents']} documents: all synced "
+                      f"in {result['all_sources_synced_s']} s (each source {result['per_source_s']} s)")
+        if "big" in args.case:
+            big = make_big_source(root, args.folders, args.pages)
+            for workers in args.workers:
+                result = await measure_big(workers, big)
+                figures[f"big_{workers}_workers"] = result
+                print(f"{workers} worker(s), one source of {result['folders']} folders, {result['documents']} "
+                      f"documents: published in {result['published_s']} s (documents per run "
+                      f"{result['documents_per_run']})")
         path = write_results("sync_workers", figures, machine_info())
         print(f"results: {path}")
     finally:
