@@ -19,10 +19,13 @@ pytestmark = pytest.mark.slow
 IMAGES = ("localhost/ragbot:local", "localhost/ragbot-postgres:local")
 # Under podman's defaults (nofile 1048576) when the host's hard limits are lower, as here (20000): crun then fails
 # with "setrlimit RLIMIT_NOFILE: Operation not permitted", and runc takes explicit limits under the hard ones.
+# The settings docs/operations.md gives for this kind of host.
 CONTAINERS_CONF = """[containers]
 default_ulimits = ["nofile=16384:16384", "nproc=8192:8192"]
 [engine]
 runtime = "{runtime}"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
 """
 
 

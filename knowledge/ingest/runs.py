@@ -84,14 +84,14 @@ class SyncRunner:
 
     async def _split_parts(self, source: Source, row: sources_store.StoredSource) -> list[str] | None:
         """The parts of a split first sync to run: the plan under way, if any; else, for a source that never
-        finished a sync and holds no documents, its units when it has several (SYNC_SPLIT_FIRST); else None."""
-        if not self.indexer.settings.sync_split_first:
-            return None
+        finished a sync and holds no documents, its units when it has several (SYNC_SPLIT_FIRST); else None. A plan
+        under way is carried on whatever the setting says: its documents stay hidden until it is published."""
         async with self.engine.connect() as conn:
             planned = await parts_store.planned(conn, row.id)
             if planned:
                 return list(planned)
-            if row.last_synced_at is not None or await parts_store.has_documents(conn, row.id):
+            if (not self.indexer.settings.sync_split_first or row.last_synced_at is not None
+                    or await parts_store.has_documents(conn, row.id)):
                 return None
         return await units_of(source)
 
