@@ -61,8 +61,9 @@ async def measure_big(workers: int, folder: Path) -> dict[str, object]:
             deadline = time.monotonic() + 1800
             while time.monotonic() < deadline:
                 runs = await kb.sync_runs("big", 200)
-                if any(r.status == "ok" for r in runs) and not await kb.open_split_syncs():
-                    break  # published: the plan is gone with the same transaction
+                if (any(r.status == "ok" for r in runs) and not await kb.open_split_syncs()
+                        and not any(r.status == "running" for r in runs)):
+                    break  # published (the plan goes in the same transaction), and the publishing run recorded
                 await asyncio.sleep(0.5)
             else:
                 raise SystemExit("the workers did not publish the big source within 30 minutes")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -184,19 +184,25 @@ class SplitSync:
             raise SourceBusy(f"source {self.name!r} is being synced right now (by this or another process); "
                              "try again when that run finishes", source=self.name)
         report = SyncReport(source=self.name, trigger=self.trigger)
-        async with engine.begin() as conn:
-            report.run_id = await parts_store.start_helper_run(conn, self.source_id, self.trigger)
         worked: list[str] = []
+
+        async def start() -> None:  # recorded once a part is taken: a helper that finds none leaves no run
+            async with engine.begin() as conn:
+                report.run_id = await parts_store.start_helper_run(conn, self.source_id, self.trigger)
 
         async def work() -> None:
             await self.source.check()
-            worked.extend(await self._work(report))
+            worked.extend(await self._work(report, on_first_part=start))
 
         await self.runner.run_recorded(report, work, details=lambda: {"parts": worked, "helped": True})
+        if report.run_id is None:
+            raise SourceBusy(f"source {self.name!r} is being synced right now, every part of it taken; "
+                             "try again when that run finishes", source=self.name)
         return report
 
-    async def _work(self, report: SyncReport) -> list[str]:
-        """Sync free parts one after another (each under its own lease) until none is free. Returns those synced."""
+    async def _work(self, report: SyncReport, on_first_part: Callable[[], Awaitable[None]] | None = None) -> list[str]:
+        """Sync free parts one after another (each under its own lease) until none is free. Returns those synced.
+        `on_first_part` is awaited once, when the first part is taken (before it is synced)."""
         engine = self.runner.engine
         seconds = self.runner.indexer.settings.sync_lease_seconds
         worked: list[str] = []
@@ -210,6 +216,9 @@ class SplitSync:
                         async with engine.connect() as conn:
                             if (await parts_store.planned(conn, self.source_id)).get(part, True):
                                 continue  # done (or published) between the listing and the lease
+                        if on_first_part is not None:
+                            await on_first_part()
+                            on_first_part = None
                         await self._sync_part(part, report)
                         async with engine.begin() as conn:
                             await parts_store.mark_done(conn, self.source_id, part)
