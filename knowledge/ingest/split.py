@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
 from db import leases
-from knowledge.errors import RecentlySynced, SourceBusy
+from knowledge.errors import RecentlySynced, Remedy, SourceBusy
 from knowledge.ingest.pipeline import SyncProgress, SyncReport
 from knowledge.sources.base import ChangeBatch, ItemRef, Source, SourceItem, SourceSpec
 from knowledge.storage import documents as store
@@ -182,7 +182,7 @@ class SplitSync:
             state = await parts_store.planned(conn, self.source_id)
         if all(state.values()):  # no split sync, or every part is taken or done: the source is busy
             raise SourceBusy(f"source {self.name!r} is being synced right now (by this or another process); "
-                             "try again when that run finishes", source=self.name)
+                             "try again when that run finishes", remedy=Remedy.SHOW_STATUS, source=self.name)
         report = SyncReport(source=self.name, trigger=self.trigger)
         worked: list[str] = []
 
@@ -197,7 +197,7 @@ class SplitSync:
         await self.runner.run_recorded(report, work, details=lambda: {"parts": worked, "helped": True})
         if report.run_id is None:
             raise SourceBusy(f"source {self.name!r} is being synced right now, every part of it taken; "
-                             "try again when that run finishes", source=self.name)
+                             "try again when that run finishes", remedy=Remedy.SHOW_STATUS, source=self.name)
         return report
 
     async def _work(self, report: SyncReport, on_first_part: Callable[[], Awaitable[None]] | None = None) -> list[str]:
