@@ -8,6 +8,7 @@ time (its lease, db.leases). Two cases, each measured with one worker and with t
   published the source (worker start-up, the model's load, counts here: the second worker joins cold).
 
     .venv/bin/python bench/sync_workers.py [--case sources big] [--sources 4] [--folders 8] [--pages 4] [--workers 1 2]
+    .venv/bin/python bench/sync_workers.py --case big --workers 1 --no-split   # the same source as one unit
 
 Each configuration gets a fresh database on a throwaway embedded server (or DATABASE_URL's server); the workers
 are real `python -m bot.cli scheduler` processes, stopped with SIGINT (they finish what they run) when every source
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -29,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import REPO, drop_database, machine_info, open_fresh_kb, use_throwaway_home, write_results  # noqa: E402
+from bench.common import REPO, RESULTS, drop_database, machine_info, open_fresh_kb, use_throwaway_home, write_results  # noqa: E402
 
 HANDBOOK = REPO / "examples" / "handbook"
 
@@ -47,13 +49,14 @@ def make_big_source(root: Path, folders: int, pages: int) -> Path:
     return source
 
 
-async def measure_big(workers: int, folder: Path) -> dict[str, object]:
-    """One big source's first sync, split by folder, with `workers` scheduler processes."""
+async def measure_big(workers: int, folder: Path, split: bool = True) -> dict[str, object]:
+    """One big source's first sync, split by folder (or, `split=False`, as one unit), with `workers` scheduler
+    processes."""
     database = f"bench_big_{workers}"
     kb = await open_fresh_kb(database)
     try:
         await kb.add_source("big", "folder", {"path": str(folder)}, schedule_seconds=2)
-        env = {**os.environ, "DATABASE_URL": kb.url, "PYTHONPATH": str(REPO), "SYNC_SPLIT_FIRST": "true"}
+        env = {**os.environ, "DATABASE_URL": kb.url, "PYTHONPATH": str(REPO), "SYNC_SPLIT_FIRST": str(split).lower()}
         processes = [subprocess.Popen([sys.executable, "-m", "bot.cli", "scheduler", "--refresh", "1"], env=env,
                                       cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                      for _ in range(workers)]
@@ -61,7 +64,7 @@ async def measure_big(workers: int, folder: Path) -> dict[str, object]:
             deadline = time.monotonic() + 1800
             while time.monotonic() < deadline:
                 runs = await kb.sync_runs("big", 200)
-                if (any(r.status == "ok" for r in runs) and not await kb.open_split_syncs()
+                if (any(r.status == "ok" and r.added for r in runs) and not await kb.open_split_syncs()
                         and not any(r.status == "running" for r in runs)):
                     break  # published (the plan goes in the same transaction), and the publishing run recorded
                 await asyncio.sleep(0.5)
@@ -80,6 +83,7 @@ async def measure_big(workers: int, folder: Path) -> dict[str, object]:
         end = max(r.finished_at for r in done if r.finished_at)
         return {
             "workers": workers,
+            "split": split,
             "folders": len([p for p in folder.iterdir() if p.is_dir()]),
             "documents": (await kb.status()).documents,
             "published_s": round((end - start).total_seconds(), 1),
@@ -158,6 +162,8 @@ async def main() -> None:
     parser.add_argument("--folders", type=int, default=8)
     parser.add_argument("--pages", type=int, default=4)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--no-split", action="store_true", help="the big source's first sync as one unit "
+                        "(SYNC_SPLIT_FIRST=false), to see what splitting costs one worker")
     args = parser.parse_args()
     use_throwaway_home()
     root = Path(tempfile.mkdtemp(prefix="ragbot-bench-sources-"))
@@ -173,12 +179,22 @@ async def main() -> None:
         if "big" in args.case:
             big = make_big_source(root, args.folders, args.pages)
             for workers in args.workers:
-                result = await measure_big(workers, big)
-                figures[f"big_{workers}_workers"] = result
+                result = await measure_big(workers, big, split=not args.no_split)
+                figures[f"big_{workers}_workers{'_unsplit' if args.no_split else ''}"] = result
                 print(f"{workers} worker(s), one source of {result['folders']} folders, {result['documents']} "
                       f"documents: published in {result['published_s']} s (documents per run "
                       f"{result['documents_per_run']})")
-        path = write_results("sync_workers", figures, machine_info())
+        machine = machine_info()
+        previous = RESULTS / "sync_workers.json"
+        kept = json.loads(previous.read_text()) if previous.exists() and "sources" not in args.case else {}
+        if "big" in args.case:  # the big case's own machine line; the sources case's stays unless it ran again
+            figures["big_machine"] = {"machine": machine, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                       time.gmtime())}
+        path = write_results("sync_workers", figures, kept.get("machine", machine))
+        if kept.get("measured_at"):
+            merged = json.loads(path.read_text())
+            merged["measured_at"] = kept["measured_at"]
+            path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n")
         print(f"results: {path}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
