@@ -77,6 +77,7 @@ class SchedulerHandle:
     _refresher: asyncio.Task[None] | None = None
     _running: set[asyncio.Task[object]] = field(default_factory=set)
     _helping: set[str] = field(default_factory=set)  # sources whose split first sync this scheduler is helping
+    _syncing: set[str] = field(default_factory=set)  # sources this scheduler's own jobs are syncing now
 
     async def refresh(self) -> None:
         """Add, change and drop jobs to match the stored sources."""
@@ -99,7 +100,9 @@ class SchedulerHandle:
         # A big source's first sync split into parts (knowledge.ingest.split): join it now rather than at this
         # source's next firing, which may be an interval away.
         for name in await self.kb.open_split_syncs():
-            if name in wanted and name not in self._helping:
+            # Not a source this process already syncs: a second task here shares the same cores and model, and
+            # measured slower (bench/sync_workers.py --case big); other processes' parts are what it is for.
+            if name in wanted and name not in self._helping and name not in self._syncing:
                 self._helping.add(name)
                 self._running.add(asyncio.create_task(self._help_split(name)))
 
@@ -156,6 +159,7 @@ class SchedulerHandle:
         task = asyncio.current_task()
         if task is not None:
             self._running.add(task)
+        self._syncing.add(name)
         try:
             # Jitter delays each firing by up to every × jitter: the same replica's runs are at least
             # every × (1 - jitter) apart, so this gap never skips a replica's own next run.
@@ -170,6 +174,7 @@ class SchedulerHandle:
         except Exception:
             logger.exception("scheduled sync of %s failed", name)
         finally:
+            self._syncing.discard(name)
             if task is not None:
                 self._running.discard(task)
 
