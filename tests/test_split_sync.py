@@ -44,7 +44,8 @@ async def found(kb, word: str, principals: tuple[str, ...] = ()) -> list[str]:  
 
 
 def worker_env(url: str, ragbot_home: Path, **extra: str) -> dict[str, str]:
-    return {**os.environ, "DATABASE_URL": url, "RAGBOT_HOME": str(ragbot_home), "PYTHONPATH": str(REPO), **extra}
+    return {**os.environ, "DATABASE_URL": url, "RAGBOT_HOME": str(ragbot_home), "PYTHONPATH": str(REPO),
+            "SYNC_SPLIT_FIRST": "true", **extra}
 
 
 async def plan_state(kb) -> dict[str, bool]:  # type: ignore[no-untyped-def]
@@ -68,7 +69,7 @@ def test_a_folder_lists_its_top_level_folders_and_its_loose_files_as_units(tmp_p
 async def test_two_workers_share_a_big_first_sync(kb_factory, fresh_database, tmp_path: Path, ragbot_home: Path):
     teams = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot")
     url = fresh_database()
-    kb = await kb_factory(url)
+    kb = await kb_factory(url, sync_split_first=True)
     total = make_big_folder(tmp_path / "big", teams)
     await kb.add_source("big", "folder", {"path": str(tmp_path / "big")})
     await kb.ensure_embedding_space()  # this worker is warm; the other process starts cold
@@ -101,7 +102,7 @@ async def test_a_dead_workers_part_is_taken_over_and_nothing_shows_until_every_p
         kb_factory, fresh_database, tmp_path: Path, ragbot_home: Path):
     teams = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
     url = fresh_database()
-    kb = await kb_factory(url)
+    kb = await kb_factory(url, sync_split_first=True)
     total = make_big_folder(tmp_path / "big", teams)
     await kb.add_source("big", "folder", {"path": str(tmp_path / "big")})
     dead = subprocess.Popen([sys.executable, "-m", "bot.cli", "sync", "big"],
@@ -143,3 +144,12 @@ async def test_a_dead_workers_part_is_taken_over_and_nothing_shows_until_every_p
     report = await kb.sync_source("big")
     assert report.added == ["alpha/late.md"] and await kb.open_split_syncs() == []
     assert await found(kb, "yankee") == ["alpha/late.md"]
+
+
+async def test_off_by_default_a_first_sync_is_one_unit(kb_factory, tmp_path: Path):
+    kb = await kb_factory()  # SYNC_SPLIT_FIRST unset: on one host, parts would only share its cores
+    total = make_big_folder(tmp_path / "big", ("alpha", "bravo"))
+    await kb.add_source("big", "folder", {"path": str(tmp_path / "big")})
+    report = await kb.sync_source("big")
+    assert len(report.added) == total and await plan_state(kb) == {}
+    assert [r.added for r in await kb.sync_runs("big")] == [total]

@@ -16,7 +16,7 @@ parts, each leased on its own (db.leases, `sync_part:SOURCE:PART`, renewed while
 - Only the first sync is split (the source never finished one and holds no documents): later syncs are
   incremental and stay one unit. A part never prunes: its listing covers a slice of the source.
 
-SYNC_SPLIT_FIRST (a setting, default on) turns it off. A worker's scheduled job brings it here; the scheduler also
+SYNC_SPLIT_FIRST (a setting, off by default: on one host the parts only share its cores) turns it on. A worker's scheduled job brings it here; the scheduler also
 looks for split syncs with free parts on each refresh (knowledge.ingest.schedule), so idle workers join at once.
 """
 
