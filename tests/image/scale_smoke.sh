@@ -69,7 +69,7 @@ wait_for() {  # what seconds command...: poll until the command succeeds
 
 t0=$(now)
 # --- the primary, and the role the standby streams with (deploy/scale/primary-init.sh) -------------------------------
-"$engine" run -d --name "$P-primary" --network none --shm-size 1g -e POSTGRES_USER=ragbot \
+"$engine" run -d --name "$P-primary" --network none --no-healthcheck --shm-size 1g -e POSTGRES_USER=ragbot \
     -e POSTGRES_PASSWORD="$PGPASS" -e POSTGRES_DB=ragbot -v "$P-primary:/var/lib/postgresql/data" "$PG_IMAGE" \
     postgres -c port=5432 >/dev/null
 wait_for "primary" 120 "$engine" exec "$P-primary" pg_isready -q -h 127.0.0.1 -p 5432 -U ragbot -d ragbot
@@ -80,7 +80,7 @@ note "primary ready ($(since "$t0") s)"
 
 net=(--network "container:$P-primary")
 # --- the standby: cloned by pg_basebackup -R, then streaming ---------------------------------------------------------
-"$engine" run -d --name "$P-standby" "${net[@]}" --shm-size 1g -e PGPASSWORD="$REPLPASS" \
+"$engine" run -d --name "$P-standby" "${net[@]}" --no-healthcheck --shm-size 1g -e PGPASSWORD="$REPLPASS" \
     -v "$P-standby:/var/lib/postgresql/data" --entrypoint sh "$PG_IMAGE" -c \
     'D=/var/lib/postgresql/data/standby
      pg_basebackup -h 127.0.0.1 -p 5432 -U replicator -D "$D" -R -X stream -c fast && chmod 700 "$D" &&
@@ -103,10 +103,10 @@ standby_url="postgresql://ragbot:$PGPASS@127.0.0.1:5433/ragbot"
 ragbot_env=(-e "DATABASE_URL=$primary_url" -e DATABASE_POOLER=transaction -e "DATABASE_REPLICA_URLS=$standby_url"
             -e LOG_LEVEL=INFO)
 # --- the sync worker: migrates through the pooler, then syncs the handbook on its schedule ---------------------------
-"$engine" run -d --name "$P-sync" "${net[@]}" --read-only "${ragbot_env[@]}" -v "$P-sync:/data" "$IMAGE" \
+"$engine" run -d --name "$P-sync" "${net[@]}" --no-healthcheck --read-only "${ragbot_env[@]}" -v "$P-sync:/data" "$IMAGE" \
     scheduler --refresh 2 >/dev/null
 wait_for "the worker's migrations" 300 "$engine" exec "$P-sync" ragbot sync-runs --json
-"$engine" exec "$P-sync" ragbot source add folder handbook /app/examples/handbook --every 1h >/dev/null
+"$engine" exec "$P-sync" ragbot source add folder handbook /app/examples/handbook --every 20s >/dev/null  # the first run 20 s on
 synced() {
     "$engine" exec "$P-sync" ragbot sync-runs --json | python3 -c "import json, sys
 runs = json.load(sys.stdin)
@@ -117,7 +117,7 @@ note "handbook synced by the worker ($(since "$t0") s)"
 
 # --- two bot replicas: searches on the standby, writes through the pooler --------------------------------------------
 for n in 1 2; do
-    "$engine" run -d --name "$P-bot$n" "${net[@]}" --read-only "${ragbot_env[@]}" -e "PORT=$((2999 + n))" \
+    "$engine" run -d --name "$P-bot$n" "${net[@]}" --no-healthcheck --read-only "${ragbot_env[@]}" -e "PORT=$((2999 + n))" \
         -e RUN_SCHEDULER=false -v "$P-bot$n:/data" "$IMAGE" run >/dev/null
 done
 for n in 1 2; do
