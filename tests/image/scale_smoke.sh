@@ -109,7 +109,7 @@ wait_for "the worker's migrations" 300 "$engine" exec "$P-sync" ragbot sync-runs
 "$engine" exec "$P-sync" ragbot source add folder handbook /app/examples/handbook --every 20s >/dev/null  # the first run 20 s on
 synced() {
     "$engine" exec "$P-sync" ragbot sync-runs --json | python3 -c "import json, sys
-runs = json.load(sys.stdin)
+runs = json.load(sys.stdin)['runs']
 sys.exit(0 if any(r['status'] == 'ok' and r['added'] > 0 for r in runs) else 1)"
 }
 wait_for "the worker's first sync of the handbook" 900 synced
