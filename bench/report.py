@@ -298,10 +298,24 @@ def scale_section(scale: dict | None, workers: dict | None) -> str:  # type: ign
         lines += [_machine(workers), "", "Real `ragbot scheduler` processes over four folder sources (each a copy of "
                   "the handbook's Markdown pages), from the first run's start to the last run's end:", "",
                   "| workers | documents | all sources synced (s) | each source's run (s) |", "|---|---|---|---|"]
-        for key in sorted(k for k in workers if k.endswith("_workers")):
+        for key in sorted(k for k in workers if k.endswith("_workers") and not k.startswith("big_")):
             row = workers[key]
             lines.append(f"| {row.get('workers')} | {row.get('documents')} | {row.get('all_sources_synced_s')} | "
                          f"{', '.join(str(x) for x in row.get('per_source_s', []))} |")
+    big = sorted(k for k in (workers or {}) if k.startswith("big_") and k != "big_machine")
+    if big:
+        first = workers[big[0]]
+        lines += ["", _machine(workers.get("big_machine", {})), "", f"One big folder source ({first.get('folders')} top-level folders, each some of the handbook's "
+                  "Markdown pages), its first sync split by folder (`SYNC_SPLIT_FIRST`, knowledge.ingest.split): real "
+                  "`ragbot scheduler` processes started together, from the first run's start to the end of the run "
+                  "that published the source (the second worker's start-up and model load count):", "",
+                  "| workers | split | documents | published after (s) | documents added by each run |",
+                  "|---|---|---|---|---|"]
+        for key in big:
+            row = workers[key]
+            lines.append(f"| {row.get('workers')} | {'yes' if row.get('split', True) else 'no (one unit)'} | "
+                         f"{row.get('documents')} | {row.get('published_s')} | "
+                         f"{', '.join(str(x) for x in row.get('documents_per_run', []))} |")
     return "\n".join(lines) + "\n"
 
 

@@ -242,6 +242,10 @@ class KnowledgeBase:
         return await self.syncs.sync_stored(name, trigger=trigger, full=full, progress=progress, prune=prune,
                                             unless_ran_within=unless_ran_within)
 
+    async def open_split_syncs(self) -> list[str]:
+        """Sources whose first sync is split into parts and not published yet: an idle sync worker helps there."""
+        return await self.syncs.open_split_syncs()
+
     async def prepare_query_encoder(self) -> str | None:
         """Build the fast question encoder's cached file if QUERY_ENCODER wants one and it is missing. Needs torch:
         called after an ingest or sync (which loaded it) and when `ragbot run` starts, never for a question."""

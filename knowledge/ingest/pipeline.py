@@ -333,10 +333,11 @@ class Indexer:
         self, source: Source, progress: SyncProgress | None = None, *, source_id: int | None = None,
         checkpoint: str | None = None, full: bool = False, prune: bool | None = None,
         on_checkpoint: CheckpointCallback | None = None, report: SyncReport | None = None,
-        on_committed: Callable[[], Awaitable[None]] | None = None,
+        on_committed: Callable[[], Awaitable[None]] | None = None, mark_synced: bool = True,
     ) -> SyncReport:
         """Apply the source's changes since `checkpoint`, then prune when asked (None: when the source prunes on
-        every sync). Each batch of documents commits on its own; `on_checkpoint` is awaited with a change batch's
+        every sync). `mark_synced=False` (a part of a split first sync, knowledge.ingest.split) leaves the source's
+        last sync time unset: the source is synced once all its parts are. Each batch of documents commits on its own; `on_checkpoint` is awaited with a change batch's
         checkpoint only once every document of it is committed. Source errors propagate (the run fails; what was
         read before the error is still written, and committed work stays)."""
         source = as_source(source)
@@ -447,8 +448,9 @@ class Indexer:
         if prune or (prune is None and source.prune_on_every_sync):
             await self.prune(source, source_id, report)
         await self._drop_vanished(source, source_id, stored, handled, report)
-        async with self.engine.begin() as conn:
-            await store.mark_source_synced(conn, source_id)
+        if mark_synced:
+            async with self.engine.begin() as conn:
+                await store.mark_source_synced(conn, source_id)
         if report.deleted:
             await self.after_large_delete(sum(stored[i].chunks for i in report.deleted if i in stored))
         # After the writes, not inside them: see store.reweight_bm25.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,9 +21,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from db import leases
 from knowledge.errors import RecentlySynced, Remedy, SourceBusy, SourceConfigError, SourceError, UnknownSource
 from knowledge.ingest.pipeline import Indexer, SyncProgress, SyncReport
+from knowledge.ingest.split import split_sync, units_of
 from knowledge.sources.base import Source, SourceInfo, as_source, build_source
 from knowledge.sources.folder import FolderSource
 from knowledge.storage import documents as store
+from knowledge.storage import parts as parts_store
 from knowledge.storage import sources as sources_store
 from knowledge.storage.sources import SyncRun
 
@@ -68,10 +70,30 @@ class SyncRunner:
                     run_id = await sources_store.start_run(conn, row.id, trigger, full)
                 await self._record(SyncReport(source=name, run_id=run_id), "failed", str(exc))
             raise
+        parts = None if full else await self._split_parts(source, row)
+        if parts is not None:  # a big source's first sync, shared by the workers (knowledge.ingest.split)
+            try:
+                return await split_sync(self, source, row.id, parts, trigger=trigger, progress=progress,
+                                        unless_ran_within=unless_ran_within)
+            finally:
+                await source.aclose()
         if prune is None and not full:
             prune = self._prune_due(row) or None
         return await self._run(source, row.id, trigger=trigger, full=full, progress=progress, prune=prune,
                                checkpoint=row.checkpoint, save_checkpoints=True, unless_ran_within=unless_ran_within)
+
+    async def _split_parts(self, source: Source, row: sources_store.StoredSource) -> list[str] | None:
+        """The parts of a split first sync to run: the plan under way, if any; else, for a source that never
+        finished a sync and holds no documents, its units when it has several (SYNC_SPLIT_FIRST); else None. A plan
+        under way is carried on whatever the setting says: its documents stay hidden until it is published."""
+        async with self.engine.connect() as conn:
+            planned = await parts_store.planned(conn, row.id)
+            if planned:
+                return list(planned)
+            if (not self.indexer.settings.sync_split_first or row.last_synced_at is not None
+                    or await parts_store.has_documents(conn, row.id)):
+                return None
+        return await units_of(source)
 
     async def sync_adhoc(self, source: Source, progress: SyncProgress | None, trigger: str = "cli") -> SyncReport:
         """A one-off sync of a source object (`ragbot ingest PATH`, BEIR corpora, tests): recorded and locked like
@@ -100,8 +122,8 @@ class SyncRunner:
                         raise RecentlySynced(f"source {name!r} was synced by another process in the last "
                                              f"{unless_ran_within:.0f} s")
                     report.run_id = await sources_store.start_run(conn, source_id, trigger, full)
-                status, error = "failed", None
-                try:
+
+                async def body() -> None:
                     await source.check()
 
                     async def save(value: str) -> None:
@@ -111,29 +133,41 @@ class SyncRunner:
                     await self.indexer.sync(
                         source, progress, source_id=source_id, checkpoint=checkpoint, full=full,
                         prune=True if full else prune, on_checkpoint=save if save_checkpoints else None,
-                        report=report, on_committed=lambda: self._save_progress(report),
+                        report=report, on_committed=lambda: self.save_progress(report),
                     )
                     if report.pruned:
                         async with self.engine.begin() as conn:
                             await sources_store.mark_pruned(conn, source_id)
-                    status = "ok"
-                    error = failed_files_line(report.failed)
-                except SourceError as exc:
-                    error = str(exc)
-                    raise
-                except (asyncio.CancelledError, KeyboardInterrupt) as exc:  # stopped mid-run: resumes next time
-                    status, error = "interrupted", f"stopped before the end ({type(exc).__name__}); the next run resumes"
-                    raise
-                except BaseException as exc:  # a bug: recorded, then re-raised
-                    error = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
-                    raise
-                finally:
-                    report.finish()
-                    await self._record(report, status, error)
+
+                await self.run_recorded(report, body)
         finally:
             if close:
                 await source.aclose()
         return report
+
+    async def run_recorded(
+        self, report: SyncReport, body: Callable[[], Awaitable[None]],
+        details: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        """Run a recorded run's work (`report.run_id` started) and record how it ended: ok (with the files that
+        failed, if any), failed with the error, or interrupted; errors are re-raised. `details` adds to the record."""
+        status, error = "failed", None
+        try:
+            await body()
+            status = "ok"
+            error = failed_files_line(report.failed)
+        except SourceError as exc:
+            error = str(exc)
+            raise
+        except (asyncio.CancelledError, KeyboardInterrupt) as exc:  # stopped mid-run: resumes next time
+            status, error = "interrupted", f"stopped before the end ({type(exc).__name__}); the next run resumes"
+            raise
+        except BaseException as exc:  # a bug: recorded, then re-raised
+            error = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+            raise
+        finally:
+            report.finish()
+            await self._record(report, status, error, details() if details is not None else None)
 
     @staticmethod
     def _counts(report: SyncReport) -> dict[str, int]:
@@ -145,7 +179,7 @@ class SyncRunner:
             "failed": len(report.failed),
         }
 
-    async def _save_progress(self, report: SyncReport) -> None:
+    async def save_progress(self, report: SyncReport) -> None:
         """After each committed write: the run's counts so far (a kill -9 leaves them, not "no changes")."""
         if report.run_id is None:
             return
@@ -155,13 +189,14 @@ class SyncRunner:
         except Exception:  # a progress record is not worth failing the run for
             logger.warning("could not record the progress of sync run %s", report.run_id, exc_info=True)
 
-    async def _record(self, report: SyncReport, status: str, error: str | None) -> None:
+    async def _record(self, report: SyncReport, status: str, error: str | None,
+                      extra: dict[str, Any] | None = None) -> None:
         if report.run_id is None:
             return
         counts = self._counts(report)
         details = {"skipped": report.skipped[:200], "failed": report.failed[:200], "empty": report.empty[:200],
                    "warnings": report.warnings,
-                   "over_limit": report.over_limit[:200]}
+                   "over_limit": report.over_limit[:200], **(extra or {})}
         try:
             async with self.engine.begin() as conn:
                 await sources_store.finish_run(conn, report.run_id, status=status, counts=counts,
@@ -189,6 +224,11 @@ class SyncRunner:
         if row.last_pruned_at is None:
             return True
         return datetime.now(UTC) - row.last_pruned_at >= timedelta(seconds=row.prune_seconds)
+
+    async def open_split_syncs(self) -> list[str]:
+        """Sources whose split first sync is not published yet (knowledge.ingest.split): where to help."""
+        async with self.engine.connect() as conn:
+            return await parts_store.open_split_sources(conn)
 
     async def names(self) -> list[str]:
         async with self.engine.connect() as conn:

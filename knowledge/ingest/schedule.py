@@ -76,6 +76,8 @@ class SchedulerHandle:
     _groups: dict[str, int] = field(default_factory=dict)  # source -> group directory refresh interval
     _refresher: asyncio.Task[None] | None = None
     _running: set[asyncio.Task[object]] = field(default_factory=set)
+    _helping: set[str] = field(default_factory=set)  # sources whose split first sync this scheduler is helping
+    _syncing: set[str] = field(default_factory=set)  # sources this scheduler's own jobs are syncing now
 
     async def refresh(self) -> None:
         """Add, change and drop jobs to match the stored sources."""
@@ -95,6 +97,30 @@ class SchedulerHandle:
                 self._add_job(f"prune:{name}", name, prune_every, prune=True)
             self._signatures[name] = (every, prune_every)
         self._refresh_group_jobs({s.name: groups_seconds(s.kind, s.config) for s in sources})
+        # A big source's first sync split into parts (knowledge.ingest.split): join it now rather than at this
+        # source's next firing, which may be an interval away.
+        for name in await self.kb.open_split_syncs():
+            # Not a source this process already syncs: a second task here shares the same cores and model, and
+            # measured slower (bench/sync_workers.py --case big); other processes' parts are what it is for.
+            if name in wanted and name not in self._helping and name not in self._syncing:
+                self._helping.add(name)
+                self._running.add(asyncio.create_task(self._help_split(name)))
+
+    async def _help_split(self, name: str) -> None:
+        task = asyncio.current_task()
+        try:
+            report = await self.kb.sync_source(name, trigger="schedule")
+            logger.info("split first sync of %s: %d added here", name, len(report.added))
+        except SourceBusy:
+            logger.debug("split first sync of %s: no part left to take", name)
+        except KnowledgeError as exc:
+            logger.warning("split first sync of %s failed: %s", name, exc)
+        except Exception:
+            logger.exception("split first sync of %s failed", name)
+        finally:
+            self._helping.discard(name)
+            if task is not None:
+                self._running.discard(task)
 
     def _refresh_group_jobs(self, wanted: dict[str, int | None]) -> None:
         """One `groups:NAME` job per source with a group directory, every `--groups-every` (knowledge.ingest.groups);
@@ -133,6 +159,7 @@ class SchedulerHandle:
         task = asyncio.current_task()
         if task is not None:
             self._running.add(task)
+        self._syncing.add(name)
         try:
             # Jitter delays each firing by up to every × jitter: the same replica's runs are at least
             # every × (1 - jitter) apart, so this gap never skips a replica's own next run.
@@ -147,6 +174,7 @@ class SchedulerHandle:
         except Exception:
             logger.exception("scheduled sync of %s failed", name)
         finally:
+            self._syncing.discard(name)
             if task is not None:
                 self._running.discard(task)
 

@@ -135,7 +135,8 @@ class FolderSource:
 
     prune_on_every_sync = True
 
-    def __init__(self, path: Path, name: str | None = None, root: Path | None = None) -> None:
+    def __init__(self, path: Path, name: str | None = None, root: Path | None = None, *,
+                 top_level_only: bool = False) -> None:
         if not path.exists():
             raise FileNotFoundError(f"no such file or folder: {path}")
         self.path = path.resolve()
@@ -145,7 +146,9 @@ class FolderSource:
         self.spec = SourceSpec(name=name or self.root.name, kind="folder", location=str(self.root))
         # A folder listing is complete for that folder: what is no longer there was deleted. One file says nothing
         # about its neighbours.
-        self.complete_listing = self.path.is_dir()
+        self.complete_listing = self.path.is_dir() and not top_level_only
+        # The files directly in the folder (and its links), not its subfolders: one part of a split first sync.
+        self.top_level_only = top_level_only
         self.listing_prefix = "" if self.path == self.root else self.path.relative_to(self.root).as_posix() + "/"
         # Filled by each listing: problems to report, and folders that could not be listed (nothing under them
         # may be deleted, as prefixes of external ids).
@@ -187,6 +190,8 @@ class FolderSource:
                 if entry.is_symlink():
                     self._follow_link(path, real_ancestors, found)
                 elif entry.is_dir(follow_symlinks=False):
+                    if self.top_level_only and folder == self.path:
+                        continue  # each subfolder is a part of its own
                     real = real_folder / entry.name
                     self._scan(path, real, (*real_ancestors, real), found)
                 elif entry.is_file(follow_symlinks=False):
@@ -249,6 +254,38 @@ class FolderSource:
                 version=file_version(real, info),
                 size=info.st_size,
             )
+
+    # --- parts: a first sync split across workers (knowledge.ingest.split) -------------------------------------
+
+    def parts(self) -> list[str]:
+        """The units a first sync can be split into, as external-id prefixes: each top-level folder ("name/") and,
+        as one more unit, the files and links directly in the folder (""). None to split (an empty list) for one
+        file, a subfolder of a source, or a name that is not UTF-8 (a unit is stored as text)."""
+        if self.path != self.root or not self.path.is_dir() or self.top_level_only:
+            return []
+        units: list[str] = []
+        loose = False
+        try:
+            with os.scandir(self.root) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError:
+            return []  # the sync itself reports it
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if printable_name(entry.name) != entry.name:
+                return []
+            if entry.is_dir(follow_symlinks=False):
+                units.append(entry.name + "/")
+            else:
+                loose = True
+        return ([""] if loose else []) + units
+
+    def part(self, unit: str) -> FolderSource:
+        """The source limited to one unit of `parts()`: same root, so the same external ids and access."""
+        if unit == "":
+            return FolderSource(self.root, self.spec.name, self.root, top_level_only=True)
+        return FolderSource(self.root / unit.rstrip("/"), self.spec.name, self.root)
 
     # --- the source interface (see knowledge.sources.base) ---------------------------------------------------
 
