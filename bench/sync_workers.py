@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import REPO, RESULTS, drop_database, machine_info, open_fresh_kb, use_throwaway_home, write_results  # noqa: E402
+from knowledge import SyncRun  # noqa: E402
 
 HANDBOOK = REPO / "examples" / "handbook"
 
@@ -135,7 +136,7 @@ async def measure(workers: int, folders: list[Path]) -> dict[str, object]:
                     process.wait(120)
                 except subprocess.TimeoutExpired:
                     process.kill()
-        first = {}
+        first: dict[str, SyncRun] = {}
         for run in sorted(runs, key=lambda r: r.started_at):
             first.setdefault(run.source, run)
         chosen = list(first.values())
