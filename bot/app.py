@@ -68,6 +68,10 @@ def configured_adapters(context: BotContext) -> list[Adapter]:
         from bot.discord.adapter import DiscordAdapter  # only the configured platforms' client libraries are loaded
 
         adapters.append(DiscordAdapter(context))
+    if "teams" in platforms:
+        from bot.teams import PLATFORM as TEAMS  # registers Teams (bot.platforms); its SDK loads in the factory
+
+        adapters.append(TEAMS.adapter(context))
     return adapters
 
 
@@ -189,7 +193,7 @@ def run(settings: BotSettings | None = None, runner: Callable[..., object] | Non
         terminal_chat()
         return
     app = build_app(settings, KnowledgeSettings(), DatabaseSettings())
-    what = " and ".join(settings.chat_platforms) or "without a chat platform (no SLACK_BOT_TOKEN or DISCORD_TOKEN)"
+    what = " and ".join(settings.chat_platforms) or "without a chat platform (no SLACK_BOT_TOKEN, DISCORD_TOKEN or TEAMS_APP_ID)"
     print(f"ragbot: starting {what} (health and metrics on port {settings.port})", flush=True)
 
     async def serve() -> int:

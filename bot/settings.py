@@ -98,6 +98,10 @@ class BotSettings(BaseSettings):
             platforms.append("slack")
         if self.discord_bot_token and self.discord_bot_token.get_secret_value():
             platforms.append("discord")
+        from bot.teams.settings import TeamsSettings  # pydantic only: the Teams SDK is not imported
+
+        if TeamsSettings().configured:  # TEAMS_APP_ID and TEAMS_APP_PASSWORD
+            platforms.append("teams")
         return platforms
 
     def is_listed_admin(self, platform: str, user_id: str) -> bool:
