@@ -124,6 +124,12 @@ def citation_names(activity: dict[str, Any]) -> list[str]:
             for c in e.get("citation") or []]
 
 
+def has_feedback_buttons(activity: dict[str, Any]) -> bool:
+    """Teams' 👍/👎 ("Feedback buttons"): channelData.feedbackLoopEnabled, or feedbackLoop.type (the SDK's)."""
+    data = activity.get("channelData") or {}
+    return data.get("feedbackLoopEnabled") is True or (data.get("feedbackLoop") or {}).get("type") == "default"
+
+
 def is_ai_labelled(activity: dict[str, Any]) -> bool:
     return any("AIGeneratedContent" in (e.get("additionalType") or []) for e in activity.get("entities") or [])
 
@@ -164,7 +170,7 @@ async def test_a_channel_mention_is_answered_in_its_thread_with_citations_and_fe
     assert answer.updates == 1  # the placeholder "Searching the documents…" became the answer
     assert citation_names(answer.activity) == ["Vacation policy"]
     assert is_ai_labelled(answer.activity)
-    assert answer.activity["channelData"]["feedbackLoopEnabled"] is True
+    assert has_feedback_buttons(answer.activity)
     # A standard channel is open to its team: the CFO's access does not apply there.
     await ask_in_channel(fake, bot, channel, CFO, SECRET)
     await bot.adapter.platform.drain()
@@ -256,7 +262,7 @@ async def test_a_personal_chat_answer_streams_informative_then_text_then_the_fin
     assert len({s.id for s in sent}) == 1  # one stream
     assert "25 days of paid vacation per year" in final.text
     assert citation_names(final.activity) == ["Vacation policy"] and is_ai_labelled(final.activity)
-    assert final.activity["channelData"]["feedbackLoopEnabled"] is True
+    assert has_feedback_buttons(final.activity)
 
 
 async def test_a_feedback_click_on_an_answer_is_stored(fake: FakeTeamsConnector, corpus_kb: Any,
