@@ -1,6 +1,6 @@
-"""Microsoft Teams platform primitives on the Microsoft 365 Agents SDK (not wired into the chat flow yet).
+"""Microsoft Teams platform primitives on the Microsoft 365 Agents SDK, which `bot.teams.adapter` calls.
 
-What the chat core will call (docs/teams.md, "The platform interface"): receive events, post / update / stream a
+What the adapter needs (docs/teams.md, "The platform interface"): receive events, post / update / stream a
 message, list a conversation's members, resolve a user's email and tell guests apart. Everything goes through the
 SDK (`microsoft-agents-hosting-aiohttp`, core 1.9, and `microsoft-agents-authentication-msal`):
 
