@@ -150,7 +150,7 @@ async def ask_personally(fake: FakeTeamsConnector, bot: Bot, user: Member, text:
     before = len(personal_messages(fake, user))
     status, _ = await fake.deliver(bot.url, fake.personal_message(text, user))
     assert status == 202
-    await fake.wait_for(lambda: len(personal_messages(fake, user)) > before)
+    await fake.wait_for(timeout=90, condition=lambda: len(personal_messages(fake, user)) > before)
     await bot.adapter.platform.drain()
     return personal_messages(fake, user)[-1]
 
@@ -164,7 +164,7 @@ async def test_a_channel_mention_is_answered_in_its_thread_with_citations_and_fe
     fake.add_conversation(channel, "channel", members=[ANN, CFO], team_id=new_id("team"), channel_type="standard")
     bot = await start_bot(await corpus_kb())
     question = await ask_in_channel(fake, bot, channel, ANN, QUESTION)
-    [answer] = await fake.wait_for(lambda: [m for m in fake.thread(channel, question["id"]) if finished(m)])
+    [answer] = await fake.wait_for(timeout=90, condition=lambda: [m for m in fake.thread(channel, question["id"]) if finished(m)])
     assert [m for m in fake.top_level(channel) if m.from_bot] == []  # in the thread, not a new post
     assert "25 days" in answer.text
     assert answer.updates == 1  # the placeholder "Searching the documents…" became the answer
@@ -183,7 +183,7 @@ async def test_a_reply_in_a_thread_the_bot_answered_is_a_follow_up_and_unaddress
     fake.add_conversation(channel, "channel", members=[ANN], team_id=new_id("team"), channel_type="standard")
     bot = await start_bot(await corpus_kb())
     question = await ask_in_channel(fake, bot, channel, ANN, QUESTION)
-    await fake.wait_for(lambda: [m for m in fake.thread(channel, question["id"]) if finished(m)])
+    await fake.wait_for(timeout=90, condition=lambda: [m for m in fake.thread(channel, question["id"]) if finished(m)])
     await bot.adapter.platform.drain()
     # No mention: a top-level post is not for the bot, a reply in the bot's thread is.
     status, _ = await fake.deliver(bot.url, fake.channel_message("How do I set up the VPN?", channel, ANN,
@@ -192,7 +192,7 @@ async def test_a_reply_in_a_thread_the_bot_answered_is_a_follow_up_and_unaddress
     follow_up = fake.channel_message("And how do I set up the VPN?", channel, ANN, thread_root=question["id"],
                                      mention=False)
     assert (await fake.deliver(bot.url, follow_up))[0] == 202
-    await fake.wait_for(lambda: len([m for m in fake.thread(channel, question["id"]) if finished(m)]) == 2)
+    await fake.wait_for(timeout=90, condition=lambda: len([m for m in fake.thread(channel, question["id"]) if finished(m)]) == 2)
     await bot.adapter.platform.drain()
     assert "WireGuard" in [m for m in fake.thread(channel, question["id"]) if finished(m)][-1].text
     assert len(fake.bot_messages(channel)) == 2  # nothing answered the unaddressed top-level post
@@ -207,7 +207,7 @@ async def test_a_redelivered_activity_is_answered_once(fake: FakeTeamsConnector,
     # The Connector retries an activity it thinks was lost: the same activity twice, at once.
     statuses = await asyncio.gather(fake.deliver(bot.url, activity), fake.deliver(bot.url, activity))
     assert [s for s, _ in statuses] == [202, 202]
-    await fake.wait_for(lambda: [m for m in fake.thread(channel, activity["id"]) if finished(m)])
+    await fake.wait_for(timeout=90, condition=lambda: [m for m in fake.thread(channel, activity["id"]) if finished(m)])
     await bot.adapter.platform.drain()
     assert (await fake.deliver(bot.url, activity))[0] == 202  # and once more, after the answer
     await bot.adapter.platform.drain()
@@ -291,10 +291,23 @@ async def test_a_group_chat_answer_draws_only_on_what_every_member_may_see(
     assert "40 million" in (await ask_personally(fake, bot, CFO, SECRET)).text
     # ... but Ann reads the group chat's answers too.
     assert (await fake.deliver(bot.url, fake.group_message(f"<at>ragbot</at> {SECRET}", chat, CFO)))[0] == 202
-    [answer] = await fake.wait_for(lambda: [m for m in fake.bot_messages(chat) if finished(m)])
+    [answer] = await fake.wait_for(timeout=90, condition=lambda: [m for m in fake.bot_messages(chat) if finished(m)])
     await bot.adapter.platform.drain()
     assert "40 million" not in answer.text and "Bluebird" not in answer.text
     assert "Project Bluebird" not in citation_names(answer.activity)
+
+
+async def test_privately_in_a_channel_is_answered_with_a_targeted_message_from_the_askers_access(
+        fake: FakeTeamsConnector, corpus_kb: Any, start_bot: Any) -> None:
+    channel = new_id("finance")
+    fake.add_conversation(channel, "channel", members=[CFO, ANN], team_id=new_id("team"), channel_type="standard")
+    bot = await start_bot(await corpus_kb())
+    question = await ask_in_channel(fake, bot, channel, CFO, f"privately {SECRET}")
+    await bot.adapter.platform.drain(timeout=120)
+    [answer] = [m for m in fake.thread(channel, question["id"]) if m.from_bot]
+    assert "40 million" in answer.text  # the CFO's own access ...
+    assert answer.seen_by(CFO.id) and not answer.seen_by(ANN.id)  # ... seen by the CFO alone
+    assert len(fake.thread(channel, question["id"])) == 1  # no placeholder for the channel to see
 
 
 async def test_a_guest_is_refused_under_guest_access_none(fake: FakeTeamsConnector, corpus_kb: Any,
@@ -349,7 +362,7 @@ async def test_after_a_crash_the_sweeper_answers_in_the_placeholder_the_dead_pro
     [placeholder] = fake.thread(channel, question["id"])
     assert not finished(placeholder)
     await start_bot(kb, answer_sweep_seconds=0.2)  # the restarted bot: its sweeper takes the question over
-    await fake.wait_for(lambda: finished(placeholder), timeout=30)
+    await fake.wait_for(timeout=90, condition=lambda: finished(placeholder))
     assert "25 days" in placeholder.text and placeholder.updates == 1
     assert len(fake.thread(channel, question["id"])) == 1  # in the same message, in the thread
 
