@@ -318,6 +318,18 @@ async def test_a_guest_is_refused_under_guest_access_none(fake: FakeTeamsConnect
     assert "25 days" not in reply.text
 
 
+async def test_a_group_chat_with_someone_from_another_tenant_gets_no_answer_under_guest_access_none(
+        fake: FakeTeamsConnector, corpus_kb: Any, start_bot: Any) -> None:
+    chat = f"19:chat-{uuid.uuid4().hex[:10]}@thread.v2"
+    visitor = Member("aad-visitor", "Vi Sitor", email="vi@other.example", tenant_id=str(uuid.uuid4()))
+    fake.add_conversation(chat, "groupChat", members=[ANN, visitor])
+    bot = await start_bot(await corpus_kb(), guest_access="none")
+    assert (await fake.deliver(bot.url, fake.group_message(f"<at>ragbot</at> {QUESTION}", chat, ANN)))[0] == 202
+    [reply] = await fake.wait_for(timeout=90, condition=lambda: [m for m in fake.bot_messages(chat) if finished(m)])
+    await bot.adapter.platform.drain()
+    assert reply.text == OUTSIDER_REPLY  # the visitor would read the answer
+
+
 # ---- kb commands ------------------------------------------------------------------------------------------------
 
 
