@@ -7,21 +7,17 @@ What is answered:
   answered, mention or not (Teams delivers unmentioned channel messages only to an app granted the
   ChannelMessage.Read.Group permission; without it a follow-up needs an @mention);
 - a group chat: an @mention.
-Each question is claimed once on its activity id (`ChatFlow.claim_question`: a redelivered activity is dropped, and
-a claim whose process died is answered by the sweeper, `resume`). A message starting with `kb` is a command
-(`ChatFlow.command`, as declared in teams-manifest/manifest.json).
+Each question is claimed once on its activity id (`ChatFlow.claim_question`); a message starting with `kb` is a
+command (`ChatFlow.command`, as declared in teams-manifest/manifest.json).
 
-Who reads the answer (docs/permissions.md, "In chat"): a 1:1 chat → the asker's access (`user:<email>` with the
-email the roster gives for `from.aadObjectId`); a group chat or a private/shared channel → what every member may
-see (the conversation's own members, paged by continuation token); a standard channel → everyone + grants. Guests
-(`userRole` guest/anonymous, or another tenant than TEAMS_TENANT_ID) get what GUEST_ACCESS gives them.
-
-How it is shown (`TeamsReply`): in a 1:1 chat the answer streams (informative update, streaming updates about a
-second apart, the final message; a 403, the user's Stop, ends it); elsewhere a placeholder is posted and updated at
-most once a second, then replaced by the answer. The answer carries its citations (the message's citation entity),
-the AI label and Teams' 👍/👎 buttons, whose clicks (`message/submitAction`) are stored as feedback. A question with
-"privately", or any question in a channel whose mode is private, is answered with a targeted message only the asker
-sees, from the asker's access.
+The chat core decides who reads an answer (`AudienceRule`, from each question's `AnswerTarget`), resumes a crashed
+holder's question (`ChatFlow.resume`), the private/public choice and what an answer shows (`answer_view`). This
+adapter supplies the platform facts (the `Directory`: a person's email and standing from the roster, a group chat's
+or private/shared channel's members; a standard channel is open), a `Reply` for a place (`reply_for`), and the
+Teams rendering: in a 1:1 chat the answer streams (informative update, streaming updates about a second apart, the
+final message; a 403, the user's Stop, ends it); elsewhere a placeholder updated at most once a second becomes the
+answer, with its citations (the message's citation entity), the AI label and 👍/👎 buttons (`message/submitAction`,
+stored as feedback). A private answer is a targeted message only the asker sees.
 """
 
 from __future__ import annotations
@@ -29,23 +25,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from bot.chat import admin
-from bot.chat.access import Audience, private_audience
-from bot.chat.audience import AudienceUnavailable, ChannelAudiences, Member
-from bot.chat.delivery import asks_privately, channel_mode, private_conversation
-from bot.chat.flow import Ask, ChatFlow, OnText
-from bot.chat.guests import MEMBER, Standing, outsider_audience
+from bot.chat.audience import AudienceUnavailable, Member
+from bot.chat.delivery import private_conversation
+from bot.chat.flow import Ask, ChatFlow, OnText, Reply
+from bot.chat.guests import Standing
 from bot.chat.lease import start_sweeper, stop_sweeper
+from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
 from bot.teams.activities import ConversationType, TeamsConversation, TeamsFeedback, TeamsMembershipChange, TeamsMessage
 from bot.teams.messages import AnswerMessages
 from bot.teams.platform import ReplyTarget, TeamsMember, TeamsPlatform, TeamsStream, message_activity
-from bot.teams.render import EMPTY_QUESTION, PLACEHOLDER, STATUS_SEARCHING, answer_citations, answer_text, safe_text
+from bot.teams.render import EMPTY_QUESTION, PLACEHOLDER, STATUS_SEARCHING, answer_content, safe_text
 from bot.teams.settings import TeamsSettings
 from knowledge import Person, check_principal
 
@@ -66,7 +62,7 @@ COMMAND_WORDS = ("kb", "/kb")
 @dataclass(frozen=True)
 class Where:
     """Where a question was asked and where its answer goes: plain data, stored with the question's claim so a
-    takeover after a crash (`TeamsAdapter.resume`) answers in the same place."""
+    takeover after a crash (`ChatFlow.resume` through `TeamsAdapter.reply_for`) answers in the same place."""
 
     service_url: str
     conversation_id: str  # where the answer goes: a channel's thread form ("19:…;messageid=<root>") or the chat
@@ -133,17 +129,21 @@ class TeamsAdapter:
         self.kb = context.kb
         self.settings = context.settings
         self.teams = teams or TeamsSettings()
+        self.rule = AudienceRule(self.kb, context.state, self, ttl_seconds=self.settings.channel_audience_ttl,
+                                 max_members=self.settings.channel_audience_max_members,
+                                 guest_access=self.settings.guest_access)
+        self.audiences = self.rule.channels  # member lists, invalidated on membership events
         self.flow = ChatFlow(self.kb, PLATFORM, context.metrics, state=context.state,
                              lease_seconds=self.settings.answer_lease_seconds,
-                             heartbeat_seconds=self.settings.answer_heartbeat_seconds)
+                             heartbeat_seconds=self.settings.answer_heartbeat_seconds, rule=self.rule)
         self.platform = TeamsPlatform(self.teams, on_message=self.on_message, on_feedback=self.on_feedback,
                                       on_membership=self.on_membership)
-        self.audiences = ChannelAudiences(self.kb, self.flow.state, ttl_seconds=self.settings.channel_audience_ttl,
-                                          max_members=self.settings.channel_audience_max_members,
-                                          guest_access=self.settings.guest_access)
         self.messages = AnswerMessages(context.state.engine)
         self._members: dict[tuple[str, str], tuple[float, TeamsMember | None]] = {}
-        self._seen: dict[str, TeamsConversation] = {}  # channel key -> conversation (for `kb gaps`)
+        # Teams tells emails and members only within a conversation: those seen (live, or a resumed question's),
+        # by channel key and by the identity last seen in it.
+        self._seen: dict[str, TeamsConversation] = {}
+        self._roster_of: dict[str, TeamsConversation] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
 
@@ -169,12 +169,17 @@ class TeamsAdapter:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    def _note(self, where: Where) -> None:
+        """Remember where `where`'s asker was seen: the Directory asks that conversation's roster."""
+        if not where.personal:
+            self._seen[where.channel_key] = where.conversation
+        self._roster_of[where.identity] = where.conversation
+
     # Events (TeamsPlatform calls these; its own handler logs what they raise).
 
     async def on_message(self, message: TeamsMessage) -> None:
         where = Where.of(message)
-        if not where.personal:
-            self._seen[where.channel_key] = where.conversation
+        self._note(where)
         if not await self._addressed(message, where):
             return
         command = command_text(message.text)
@@ -222,81 +227,76 @@ class TeamsAdapter:
             await self.platform.post(where.target, message_activity(EMPTY_QUESTION))
             await self.flow.delivered(claim)
             return
-        conversation = where.conversation_key
-        answer_reply: TeamsReply | TeamsPrivateReply = reply
-        if not where.personal:
-            privately, question = asks_privately(question)
-            if privately or await channel_mode(self.flow.state, where.channel_key) == "private":
-                where = replace(where, private=True)
-                answer_reply = TeamsPrivateReply(self, where)
-                conversation = private_conversation(conversation, where.identity)
-        ask = self._ask(question, conversation, where)
-        await self.flow.answer(ask, answer_reply, claim=claim, target=asdict(where))
-
-    def _ask(self, question: str, conversation: str, where: Where) -> Ask:
         # History: the chat core's memory of this conversation (a thread the bot answered in). Messages the bot
         # never received cannot be read back: the Bot Connector has no API for them (Microsoft Graph has).
-        return Ask(question, conversation, where.identity, lambda: self._audience(where),
-                   channel_key=None if where.personal else where.channel_key)
+        conversation = where.conversation_key
+        answer_reply: Reply = reply
+        privately, question = await self.flow.answers_privately(question, None if where.personal else where.channel_key)
+        if privately:
+            where = replace(where, private=True)
+            answer_reply = TeamsPrivateReply(self, where)
+            conversation = private_conversation(conversation, where.identity)
+        target = self._target(where)
+        ask = self.flow.ask(question, conversation, where.identity, target)
+        await self.flow.answer(ask, answer_reply, claim=claim, target=target.to_json())
+
+    @staticmethod
+    def _target(where: Where) -> AnswerTarget:
+        """Readers: the asker alone (a 1:1 chat, a private answer) or the conversation; its settings; `Where`."""
+        alone = where.personal or where.private
+        return AnswerTarget(Readers(None if alone else where.channel_key), asdict(where),
+                            settings=None if where.personal else where.channel_key)
 
     @staticmethod
     def _event_key(message: TeamsMessage) -> str:
         return f"teams:msg:{message.conversation.base_id}:{message.activity_id}"
 
-    async def resume(self, pending: PendingQuestion) -> tuple[Ask, TeamsReply | TeamsPrivateReply]:
-        """A question whose holder died, rebuilt from its stored target: the answer replaces the placeholder that
-        holder posted, or is posted afresh (never streamed: a half-written stream cannot be taken over). A private
-        answer is sent to its asker alone again."""
-        where = Where(**pending.target)
-        reply: TeamsReply | TeamsPrivateReply = (
-            TeamsPrivateReply(self, where) if where.private
-            else TeamsReply(self, where, placeholder_id=pending.claim.placeholder, stream=False))
-        return self._ask(pending.question, pending.conversation_id, where), reply
+    async def resume(self, pending: PendingQuestion) -> tuple[Ask, Reply] | None:
+        """A question whose holder died: rebuilt by the chat core from its stored target (`ChatFlow.resume`)."""
+        return await self.flow.resume(pending, self.reply_for)
 
-    # Who reads the answer.
+    async def reply_for(self, post: Mapping[str, Any], placeholder: str | None) -> Reply:
+        """The answer replaces the placeholder the dead holder posted, or is posted afresh (never streamed: a
+        half-written stream cannot be taken over); a private answer is sent to its asker alone again."""
+        where = Where(**post)
+        self._note(where)  # a new process: the Directory learns the conversation from the stored place
+        if where.private:
+            return TeamsPrivateReply(self, where)
+        return TeamsReply(self, where, placeholder_id=placeholder, stream=False)
 
-    async def member(self, where: Where) -> TeamsMember | None:
-        """The asker as the conversation's roster has them (email, tenant, role), cached USER_CACHE_SECONDS. None
-        when Teams does not say (they are then treated as a member without a known email)."""
-        user = where.user_aad or where.user_id
-        key = (where.base_id, user)
+    # The core's Directory (bot.chat.readers): what Teams says of a person and of a conversation's members.
+
+    async def person(self, identity: str) -> PersonInfo:
+        """The email and standing (guest/anonymous `userRole`, or another tenant) the roster of the conversation
+        `identity` was last seen in gives, cached USER_CACHE_SECONDS; a member with no known email when Teams does
+        not say."""
+        conversation = self._roster_of.get(identity)
+        if conversation is None:
+            return PersonInfo()
+        key = (conversation.base_id, identity)
         cached = self._members.get(key)
         if cached is not None and time.monotonic() - cached[0] < self.settings.user_cache_seconds:
-            return cached[1]
-        try:
-            found = await self.platform.member(where.conversation, user)
-        except Exception as exc:
-            logger.warning("Teams: could not read %s from the roster: %s", where.identity, exc)
-            return None
-        self._members[key] = (time.monotonic(), found)
-        return found
-
-    def standing(self, member: TeamsMember | None) -> Standing:
-        if member is None or not member.is_guest(self.platform.home_tenant):
-            return MEMBER
-        role = (member.user_role or "").lower()
-        return Standing(True, "a guest" if role in ("guest", "anonymous") else "a user of another organisation")
-
-    async def _audience(self, where: Where) -> Audience:
-        """A 1:1 chat or a private answer: the asker's access. Elsewhere: the conversation's audience."""
-        member = await self.member(where)
-        standing = self.standing(member)
-        if where.personal or where.private:
-            email = member.principal_email if member is not None and not standing.outsider else None
-            audience = await private_audience(self.kb, where.identity, email)
+            member = cached[1]
         else:
-            conversation = where.conversation
-            audience = await self.audiences.audience(where.channel_key, where.identity,
-                                                     lambda limit: self._list_members(conversation, limit))
-        if standing.outsider:
-            logger.info("Teams: %s is %s: GUEST_ACCESS=%s applies", where.identity, standing.why,
-                        self.settings.guest_access)
-        return outsider_audience(audience, standing, self.settings.guest_access)
+            try:
+                member = await self.platform.member(conversation, identity.partition(":")[2])
+            except Exception as exc:
+                logger.warning("Teams: could not read %s from the roster: %s", identity, exc)
+                return PersonInfo()
+            self._members[key] = (time.monotonic(), member)
+        if member is None or not member.is_guest(self.platform.home_tenant):
+            return PersonInfo(member.principal_email if member is not None else None)
+        role = (member.user_role or "").lower()
+        why = "a guest" if role in ("guest", "anonymous") else "a user of another organisation"
+        return PersonInfo(member.principal_email, Standing(True, why))
 
-    async def _list_members(self, conversation: TeamsConversation, limit: int) -> list[Member] | None:
+    async def channel_members(self, channel_key: str, limit: int) -> Sequence[Member] | None:
         """None for a standard channel (its whole team may read it); the members of a group chat or a private or
         shared channel, paged. AudienceUnavailable when Teams cannot tell (the audience falls back to everyone +
         grants, never the asker's own access)."""
+        conversation = self._seen.get(channel_key)
+        if conversation is None:
+            raise AudienceUnavailable("this process has not seen the conversation, so cannot list its members")
         if not conversation.is_restricted:
             return None
         try:
@@ -317,14 +317,13 @@ class TeamsAdapter:
         except Exception as exc:
             await self._tell(where, self.flow.failure("claim", exc, where=where.conversation_key))
             return
-        member = await self.member(where)
-        standing = self.standing(member)
+        person = await self.person(where.identity)
         # Team owners would need Microsoft Graph: admins are ADMIN_USER_IDS (teams:<aadObjectId>) for now.
         listed = self.settings.is_listed_admin(PLATFORM, where.user_aad or where.user_id)
         caller = admin.Caller(
             where.identity, listed, channel_key=None if where.personal else where.channel_key,
-            workspace=f"teams:{where.tenant_id or '-'}:", resolve_person=self.person,
-            email=member.principal_email if member is not None and not standing.outsider else None,
+            workspace=f"teams:{where.tenant_id or '-'}:", resolve_person=self.resolve_person,
+            email=None if person.standing.outsider else person.email,
             operator=listed, reads_channel=lambda key: self._reads_channel(key, where.identity),
         )
         result = await self.flow.command(text, caller)
@@ -347,12 +346,11 @@ class TeamsAdapter:
 
     async def _reads_channel(self, key: str, identity: str) -> bool:
         """Could this user read the conversation `key` as a member? Only conversations this process has seen."""
-        conversation = self._seen.get(key)
-        if conversation is None:
+        if key not in self._seen:
             return False
-        return await self.audiences.may_read(key, identity, lambda limit: self._list_members(conversation, limit))
+        return await self.audiences.may_read(key, identity, lambda limit: self.channel_members(key, limit))
 
-    async def person(self, argument: str) -> Person | str:
+    async def resolve_person(self, argument: str) -> Person | str:
         """`kb access USER`: a Teams user (`teams:<aadObjectId>`, mapped principals only: Teams gives an email
         only for a member of the conversation at hand) or a principal (`user:alice@acme.com`) as it is."""
         argument = argument.strip()
@@ -419,7 +417,7 @@ class TeamsReply:
         return None
 
     async def deliver(self, answer: Answer, answer_id: int) -> None:
-        text, citations = answer_text(answer), answer_citations(answer)
+        text, citations = answer_content(answer)
         platform = self.adapter.platform
         message_id: str | None
         if self.stream is not None:
@@ -467,8 +465,8 @@ class TeamsPrivateReply:
         return None
 
     async def deliver(self, answer: Answer, answer_id: int) -> None:
-        activity = message_activity(answer_text(answer), citations=answer_citations(answer), ai_generated=True,
-                                    feedback=True)
+        text, citations = answer_content(answer)
+        activity = message_activity(text, citations=citations, ai_generated=True, feedback=True)
         message_id = await self.adapter.platform.post_private(self.where.target, self.where.user_id, activity)
         await self.adapter.messages.remember(self.where.base_id, message_id, answer_id)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from microsoft_agents.hosting.core.app.streaming import Citation
 
-from bot.chat.render import SourceEntry, sources_list
+from bot.chat.render import SOURCES_TITLE, AnswerView, SourceEntry, answer_view
 from bot.chat.sanitize import strip_control
 
 if TYPE_CHECKING:
@@ -39,25 +39,30 @@ def _link(entry: SourceEntry) -> str:
     return f"[{label}]({entry.url})" if entry.url else f"{label} ({entry.location})"
 
 
-def answer_text(answer: Answer) -> str:
-    """The message text: the offline note, the answer, and for a decline the closest documents the asker may see."""
+def answer_content(answer: Answer) -> tuple[str, list[Citation]]:
+    """The message text and its citations, from the core's view of the answer (`answer_view`)."""
+    view = answer_view(answer)
+    return answer_text(answer, view), answer_citations(view)
+
+
+def answer_text(answer: Answer, view: AnswerView) -> str:
+    """The message text: the offline note, the answer, and for a decline the closest documents the asker may see
+    (a list of links: citations are only for the documents an answer cites)."""
     parts = []
-    if answer.mode == "extractive" and answer.note and not answer.abstained:
+    if answer.mode == "extractive" and answer.note and not view.declined:
         parts.append(f"_{NOTE_OFFLINE}_")
-    parts.append(safe_text(answer.text).strip())
-    related = sources_list(answer.related) if answer.abstained else []
-    if related:
-        parts.append("**Closest documents**\n\n" + "\n".join(f"{e.n}. {_link(e)}" for e in related))
+    parts.append(safe_text(view.text).strip())
+    if view.sources and view.sources_title != SOURCES_TITLE:
+        parts.append(f"**{view.sources_title}**\n\n" + "\n".join(f"{e.n}. {_link(e)}" for e in view.sources))
     text = "\n\n".join(p for p in parts if p)
     return text if len(text) <= TEXT_LIMIT else text[: TEXT_LIMIT - 1].rstrip() + "…"
 
 
-def answer_citations(answer: Answer) -> list[Citation]:
+def answer_citations(view: AnswerView) -> list[Citation]:
     """The answer's sources as the SDK's citations (title, URL, an abstract: the cited passage, else the heading
     and path), in citation order: Teams numbers them 1..n to match the `[n]` markers in the text."""
     citations = []
-    for entry in sources_list(answer.citations):
+    for entry in view.sources if view.sources_title == SOURCES_TITLE else ():
         abstract = " ".join(entry.quotes) or " · ".join(p for p in (entry.heading, entry.location) if p)
         citations.append(Citation(content=abstract or entry.title, title=entry.title, url=entry.url))
     return citations
-
