@@ -1,4 +1,4 @@
-"""The Slack bot's own cost: event received → LLM request sent, the time to ack, and the RSS of `ragbot run`.
+"""The Slack and Teams bots' own cost: event received → LLM request sent, the time to ack, and the RSS of `ragbot run`.
 
     PYTHONPATH=. .venv/bin/python bench/bot_bench.py                  # 100 mentions + `ragbot run` RSS: ≈ 1 min idle
     PYTHONPATH=. .venv/bin/python bench/bot_bench.py --mentions 300 --skip-rss
@@ -73,6 +73,7 @@ from slack_harness import SECRET, SlackClient, answer_in, mention, new_ts, setti
 
 TARGETS = {"overhead_p95_ms": 150.0, "ack_p95_ms": 50.0, "rss_mb": 1024.0}
 DATABASE = "ragbot_bench_bot"
+TEAMS_DATABASE = "ragbot_bench_bot_teams"
 HANDBOOK = REPO / "examples" / "handbook"
 ASKER = "UBENCH"
 REPLY = "Full-time employees get 15 days of PTO in their first year [1]."
@@ -263,6 +264,96 @@ async def measure_overhead(mentions: int, warmup: int, profile: str | None = Non
     return {"figures": figures, "versions": versions, "database_url": database_url}
 
 
+# --- 1b. the same for Teams -----------------------------------------------------------------------------------
+
+
+async def measure_teams_overhead(mentions: int, warmup: int) -> dict[str, Any]:
+    """Teams' overhead and ack, as for Slack: the real TeamsAdapter (the Agents SDK, its JWT validation) behind
+    `BotApp`'s aiohttp server, the fake Bot Connector (tests/fakes/teams_connector.py, reached through its HTTPS
+    proxy as in the tests) and the fake Anthropic server. Each question is a signed channel @mention in a standard
+    channel of its own (a new thread). overhead = `TeamsPlatform.handle` entered → the fake Anthropic server has
+    read the request; ack = the POST sent → its HTTP 202 read."""
+    import urllib.request
+
+    from fakes.teams_connector import FakeTeamsConnector, Member
+
+    from bot.app import BotApp
+    from bot.chat.state import BotState
+    from bot.context import BotContext
+    from bot.server import BotMetrics
+    from bot.settings import BotSettings
+    from bot.teams.adapter import TeamsAdapter
+    from bot.teams.platform import TeamsPlatform
+    from bot.teams.settings import TeamsSettings
+
+    handler_started: list[float] = []
+    original_handle = TeamsPlatform.handle
+
+    async def timed_handle(self: TeamsPlatform, request: Any) -> Any:  # before the token is validated
+        handler_started.append(timer())
+        return await original_handle(self, request)
+
+    TeamsPlatform.handle = timed_handle  # type: ignore[method-assign]
+    asker = Member("aad-bench", "Bench Mark", email="bench@example.com")
+    with FakeTeamsConnector() as teams, TimedAnthropic() as claude:
+        saved = {name: os.environ.get(name) for name in teams.environ()}
+        os.environ.update(teams.environ())
+        urllib.request.install_opener(urllib.request.build_opener())  # pyjwt's key fetch: through the proxy
+        kb = await open_fresh_kb(TEAMS_DATABASE, anthropic_api_key="sk-ant-bench", anthropic_base_url=claude.url,
+                                 anthropic_max_retries=0)
+        await kb.sync(await kb.folder_source(HANDBOOK, "handbook"))
+        settings = BotSettings(_env_file=None, port=0, answer_sweep_seconds=0)  # type: ignore[call-arg]
+        adapter = TeamsAdapter(BotContext(kb, settings, BotMetrics(), BotState(kb.engine)),
+                               teams=TeamsSettings(_env_file=None, app_id=teams.app_id,  # type: ignore[call-arg]
+                                                   app_password=teams.app_password, tenant_id=teams.tenant_id))
+        app = BotApp(settings, kb=kb, adapters=[adapter])
+        await app.start()
+        url = f"http://127.0.0.1:{app.port}/api/messages"
+        asked = questions()
+        samples: dict[str, list[float]] = {"overhead": [], "overhead_from_post": [], "ack": []}
+        try:
+            for i in range(warmup + mentions):
+                question = asked[i % len(asked)]
+                channel = f"19:bench-{i:05d}@thread.tacv2"
+                teams.add_conversation(channel, "channel", members=[asker], team_id="19:bench-team@thread.tacv2",
+                                       channel_type="standard")
+                kb.retriever._query_vectors.clear()
+                requests_before, handler_before = len(claude.received_at), len(handler_started)
+                activity = teams.channel_message(f"<at>ragbot</at> {question}", channel, asker)
+                token = teams.token()  # signed before the clock starts, as the Connector does
+                sent = timer()
+                status_code, _ = await teams.deliver(url, activity, token=token)
+                acked = timer()
+                if status_code != 202:
+                    raise RuntimeError(f"the bot answered the activity with HTTP {status_code}")
+                await teams.wait_for(lambda c=channel, r=activity["id"]: [  # type: ignore[misc]
+                    m for m in teams.thread(c, r) if "Searching the documents" not in m.text], timeout=60)
+                await adapter.platform.drain()
+                if len(claude.received_at) == requests_before or i < warmup:
+                    continue  # abstained before asking Claude, or a warm-up
+                llm_at, handled_at = claude.received_at[requests_before], handler_started[handler_before]
+                samples["overhead"].append((llm_at - handled_at) * 1000)
+                samples["overhead_from_post"].append((llm_at - sent) * 1000)
+                samples["ack"].append((acked - sent) * 1000)
+        finally:
+            await app.stop()
+            TeamsPlatform.handle = original_handle  # type: ignore[method-assign]
+            await kb.close()
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            urllib.request.install_opener(None)
+    stats = {name: summary(values) for name, values in samples.items()}
+    return {"mentions": len(samples["overhead"]), "warmup_mentions": warmup,
+            "overhead_ms": stats["overhead"], "overhead_p50_ms": stats["overhead"]["p50"],
+            "overhead_p95_ms": stats["overhead"]["p95"], "overhead_from_post_ms": stats["overhead_from_post"],
+            "ack_ms": stats["ack"], "ack_p50_ms": stats["ack"]["p50"], "ack_p95_ms": stats["ack"]["p95"],
+            "overhead_measured_from": "TeamsPlatform.handle entered (before the JWT check) → fake Anthropic server "
+                                      "has read the request"}
+
+
 # --- 2. RSS of `ragbot run` -----------------------------------------------------------------------------------
 
 
@@ -441,6 +532,8 @@ async def main() -> None:
     parser.add_argument("--skip-rss", action="store_true", help="only the in-process overhead and ack")
     parser.add_argument("--profile", metavar="FILE", help="cProfile the timed mentions (the event loop's thread) "
                         "into FILE; the figures are then inflated by the profiler and are not written")
+    parser.add_argument("--teams-mentions", type=int, default=100,
+                        help="timed Teams channel mentions (0: Teams is not measured)")
     parser.add_argument("--name", default="bot")
     args = parser.parse_args()
     load = os.getloadavg()
@@ -449,6 +542,11 @@ async def main() -> None:
         print(f"1. overhead and ack: {args.mentions} mentions (+{args.warmup} warm-up), load average {load}")
         measured = await measure_overhead(args.mentions, args.warmup, args.profile)
         figures = measured["figures"]
+        if args.teams_mentions > 0:
+            print(f"1b. Teams overhead and ack: {args.teams_mentions} channel mentions (+{args.warmup} warm-up)")
+            figures["teams"] = await measure_teams_overhead(args.teams_mentions, args.warmup)
+            print(f"   Teams overhead p50 / p95 {figures['teams']['overhead_p50_ms']} / "
+                  f"{figures['teams']['overhead_p95_ms']} ms, ack p95 {figures['teams']['ack_p95_ms']} ms")
         if not args.skip_rss:
             print(f"2. RSS of `ragbot run` ({args.rss_mentions} mentions answered first)")
             figures.update(await measure_rss(measured["database_url"], args.rss_mentions))
@@ -456,6 +554,8 @@ async def main() -> None:
                   f"{figures['startup_to_healthy_s']} s after start), Postgres {figures['postgres_memory']}")
             print(f"   POST → LLM request per mention in `ragbot run` (ms): {figures['ragbot_run_post_to_llm_ms']}")
         drop_database(DATABASE)
+        if args.teams_mentions > 0:
+            drop_database(TEAMS_DATABASE)
     finally:
         if not os.environ.get("DATABASE_URL"):  # the throwaway embedded server of this run
             from db.embedded import stop_embedded

@@ -1,7 +1,8 @@
 """The chat core's behaviour, tested once for every platform (issue 42): each case is written against the core's
 promise and run through each platform's real adapter and its fake (Slack: slack-bolt over signed HTTP against
-tests/fakes/slack_api.py; Discord: discord.py against tests/fakes/discord_api.py and the gateway harness), with
-real Postgres. A new platform joins these tests by adding its side to `SIDES`.
+tests/fakes/slack_api.py; Discord: discord.py against tests/fakes/discord_api.py and the gateway harness; Teams:
+the Microsoft 365 Agents SDK against the signed fake Bot Connector, tests/fakes/teams_connector.py), with real
+Postgres. A new platform joins these tests by adding its side to `SIDES` and `ANSWERS`.
 
 - A decline shows the closest documents the asker may see (bot.chat.render.answer_view decides; each adapter only
   renders). Before, Slack dropped them while Discord and the terminal showed them.
@@ -13,7 +14,9 @@ real Postgres. A new platform joins these tests by adding its side to `SIDES`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from importlib.metadata import EntryPoint
 from typing import Any
 
@@ -22,15 +25,24 @@ import pytest
 import pytest_asyncio
 import test_answer_lease as lease_tests
 import test_chat_permissions as perms
+from aiohttp import web
 from fakes.discord_api import FakeDiscordAPI
 from fakes.slack_api import FakeSlackAPI
+from fakes.teams_connector import FakeTeamsConnector
+from fakes.teams_connector import Member as TeamsUser
 from slack_harness import answer_in, mention, running_bot
+from test_teams import Bot as TeamsBot
+from test_teams import ask_in_channel, finished, new_id
 
 import bot.platforms as registry
 from bot.app import configured_adapters
+from bot.chat.state import BotState
 from bot.context import BotContext
 from bot.platforms import PlatformSpec
+from bot.server import BotMetrics
 from bot.settings import BotSettings, known_settings
+from bot.teams.adapter import TeamsAdapter
+from bot.teams.settings import TeamsSettings
 from knowledge import InvalidPrincipal, check_as_principal
 
 QUESTION, SECRET = perms.DOCUMENTS["group"]  # a document only group:docs/finance (∋ fin@example.com) may see
@@ -90,9 +102,62 @@ async def discord_crash_and_resume(kb: Any, fake: FakeDiscordAPI) -> str:
                      for m in fake.bot_messages(thread))
 
 
+@contextlib.contextmanager
+def teams_connector() -> Iterator[FakeTeamsConnector]:
+    """The fake Bot Connector, with the SDK's and MSAL's https calls sent to it (as tests/test_teams.py's fixture)."""
+    with FakeTeamsConnector() as connector, pytest.MonkeyPatch.context() as env:
+        for name, value in connector.environ().items():
+            env.setenv(name, value)
+        urllib.request.install_opener(urllib.request.build_opener())  # urllib caches the proxies it read first
+        try:
+            yield connector
+        finally:
+            urllib.request.install_opener(None)
+
+
+@contextlib.asynccontextmanager
+async def running_teams_bot(kb: Any, fake: FakeTeamsConnector, **overrides: object) -> AsyncIterator[TeamsBot]:
+    """A Teams adapter serving /api/messages on a free port (its sweeper off: the test sweeps)."""
+    settings = BotSettings(_env_file=None, **{"answer_sweep_seconds": 0, **overrides})  # type: ignore[arg-type]
+    teams = TeamsSettings(_env_file=None, app_id=fake.app_id,  # type: ignore[call-arg]
+                          app_password=fake.app_password, tenant_id=fake.tenant_id)
+    adapter = TeamsAdapter(BotContext(kb, settings, BotMetrics(), BotState(kb.engine)), teams=teams)
+    app = web.Application()
+    app.add_routes(adapter.routes())
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    await adapter.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield TeamsBot(adapter, f"http://127.0.0.1:{port}/api/messages")
+    finally:
+        await adapter.stop()
+        await runner.cleanup()
+
+
+async def teams_crash_and_resume(kb: Any, _discord: FakeDiscordAPI) -> str:
+    """The same on Teams: a private channel whose only member is Fin (the roster gives fin@'s email)."""
+    fin = TeamsUser("aad-fin", "Fin Ance", email=perms.PEOPLE["fin"][1])
+    with teams_connector() as fake:
+        channel = new_id("private")
+        fake.add_conversation(channel, "channel", members=[fin], team_id=new_id("team"), channel_type="private")
+        crashing = lease_tests.CrashesMidAnswer(kb)
+        async with running_teams_bot(crashing, fake, answer_lease_seconds=0.3) as dead:
+            question = await ask_in_channel(fake, dead, channel, fin, QUESTION)
+            await asyncio.wait_for(crashing.crashed.wait(), 30)
+        await asyncio.sleep(0.4)
+        async with running_teams_bot(kb, fake) as restarted:  # a new process: it has seen no conversation yet
+            assert await restarted.adapter.flow.sweep(restarted.adapter.resume) == 1
+            await restarted.adapter.platform.drain()
+        return "\n".join(m.text for m in fake.thread(channel, question["id"]) if finished(m))
+
+
 SIDES: dict[str, Callable[[Any, FakeDiscordAPI], Awaitable[str]]] = {
     "slack": slack_crash_and_resume,
     "discord": discord_crash_and_resume,
+    "teams": teams_crash_and_resume,
 }
 
 
@@ -138,9 +203,23 @@ async def discord_answer(kb: Any, fake: FakeDiscordAPI, question: str) -> str:
                      for m in fake.bot_messages(int(sent["id"])))
 
 
+async def teams_answer(kb: Any, _discord: FakeDiscordAPI, question: str) -> str:
+    """The same on Teams: a mention in a standard channel, answered in its reply thread."""
+    ann = TeamsUser("aad-ann", "Ann Lee", email="ann@example.com")
+    with teams_connector() as fake:
+        channel = new_id("general")
+        fake.add_conversation(channel, "channel", members=[ann], team_id=new_id("team"), channel_type="standard")
+        async with running_teams_bot(kb, fake) as bot:
+            sent = await ask_in_channel(fake, bot, channel, ann, question)
+            [answer] = await fake.wait_for(
+                timeout=90, condition=lambda: [m for m in fake.thread(channel, sent["id"]) if finished(m)])
+        return answer.text
+
+
 ANSWERS: dict[str, Callable[[Any, FakeDiscordAPI, str], Awaitable[str]]] = {
     "slack": slack_answer,
     "discord": discord_answer,
+    "teams": teams_answer,
 }
 
 

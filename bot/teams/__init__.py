@@ -1,12 +1,10 @@
-"""Microsoft Teams: the platform primitives (bot.teams.platform) on the Microsoft 365 Agents SDK; docs/teams.md.
+"""Microsoft Teams (docs/teams.md) on the Microsoft 365 Agents SDK.
 
 `PLATFORM` registers it (bot.platforms): its settings (TEAMS_*) are read on their own (`TeamsSettings`); `ragbot run`
-starts it when TEAMS_APP_ID and TEAMS_APP_PASSWORD are set and its adapter (bot.teams.adapter) is installed."""
+starts it when TEAMS_APP_ID and TEAMS_APP_PASSWORD are set. The SDK is imported only when the adapter is built."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from bot.platforms import PlatformSpec
@@ -17,12 +15,14 @@ if TYPE_CHECKING:
 
 
 def _configured(settings: Any) -> bool:
-    return TeamsSettings().configured and importlib.util.find_spec("bot.teams.adapter") is not None
+    """TEAMS_APP_ID and TEAMS_APP_PASSWORD are set (read from the environment or .env, as BotSettings is)."""
+    return TeamsSettings().configured
 
 
 def _adapter(context: BotContext) -> Any:
-    # Imported only when configured: the Agents SDK loads with it.
-    return importlib.import_module("bot.teams.adapter").TeamsAdapter(context)
+    from bot.teams.adapter import TeamsAdapter  # the Agents SDK loads only for a configured Teams
+
+    return TeamsAdapter(context)
 
 
 PLATFORM = PlatformSpec("teams", TeamsSettings, _configured, _adapter)

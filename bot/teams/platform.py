@@ -1,6 +1,6 @@
-"""Microsoft Teams platform primitives on the Microsoft 365 Agents SDK (not wired into the chat flow yet).
+"""Microsoft Teams platform primitives on the Microsoft 365 Agents SDK, which `bot.teams.adapter` calls.
 
-What the chat core will call (docs/teams.md, "The platform interface"): receive events, post / update / stream a
+What the adapter needs (docs/teams.md, "The platform interface"): receive events, post / update / stream a
 message, list a conversation's members, resolve a user's email and tell guests apart. Everything goes through the
 SDK (`microsoft-agents-hosting-aiohttp`, core 1.9, and `microsoft-agents-authentication-msal`):
 
@@ -405,7 +405,7 @@ class TeamsStream:
             while True:
                 op, value = await self._queue.get()
                 if op is _END:
-                    text, citations, feedback = value
+                    text, citations, feedback, ai_generated = value
                     streamed, replacement = response.get_message(), None
                     if text is not None and text != streamed:
                         if text.startswith(streamed):
@@ -416,11 +416,11 @@ class TeamsStream:
                             replacement = text
                     if citations:
                         response.set_citations(list(citations))
-                    response.set_generated_by_ai_label(True)
+                    response.set_generated_by_ai_label(ai_generated)
                     response.set_feedback_loop(feedback)
                     await response.end_stream()
                     if replacement is not None and not self.stopped and self.stream_id:
-                        final = message_activity(replacement, citations=citations, ai_generated=True,
+                        final = message_activity(replacement, citations=citations, ai_generated=ai_generated,
                                                  feedback=feedback)
                         final.id = self.stream_id
                         await context.update_activity(final)
@@ -453,10 +453,11 @@ class TeamsStream:
             self._queue.put_nowait(("text", delta))
 
     async def finish(self, text: str | None = None, *, citations: Sequence[Citation] = (),
-                     feedback: bool = True) -> str | None:
-        """End the stream with the final message; its id, or None when the user stopped it."""
+                     feedback: bool = True, ai_generated: bool = True) -> str | None:
+        """End the stream with the final message; its id, or None when the user stopped it. An apology ends it
+        too, without the AI label or the feedback buttons (`ai_generated=False, feedback=False`)."""
         assert self._task is not None, "start() first"
-        self._queue.put_nowait((_END, (text, citations, feedback)))
+        self._queue.put_nowait((_END, (text, citations, feedback, ai_generated)))
         await self._task
         return None if self.stopped else self.stream_id
 

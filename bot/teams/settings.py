@@ -1,7 +1,7 @@
 """Microsoft Teams settings (read from the environment or .env, like `bot.settings.BotSettings`).
 
-Kept apart from `BotSettings` until the chat core's platform registry lands (docs/teams.md): each platform will
-then own its settings class, and `ragbot run` will start Teams when TEAMS_APP_ID and TEAMS_APP_PASSWORD are set.
+The Teams platform owns its settings class (registered in `bot.teams.PLATFORM`, bot/platforms.py): `ragbot run`
+starts Teams when TEAMS_APP_ID and TEAMS_APP_PASSWORD are set.
 
 No test hook is needed here: the SDK reaches Microsoft's sign-in hosts through the standard HTTPS_PROXY and trusts
 the CA named by SSL_CERT_FILE / REQUESTS_CA_BUNDLE, which is how the tests point it at their fake (and how a

@@ -1,0 +1,396 @@
+"""The Teams bot as Teams users see it: the real Microsoft 365 Agents SDK and MSAL in `TeamsAdapter`, the shared
+chat flow, a real database and the real embedding model, against the fake Bot Connector
+(tests/fakes/teams_connector.py: it signs each activity it delivers, issues the bot's tokens and records what the
+bot sent, as Microsoft's Bot Connector reference documents them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from conftest import write
+from fakes.anthropic_api import FakeAnthropicAPI
+from fakes.teams_connector import FakeTeamsConnector, Member, Message
+
+from bot.app import configured_adapters
+from bot.chat.guests import OUTSIDER_REPLY
+from bot.chat.state import BotState
+from bot.context import BotContext
+from bot.server import BotMetrics
+from bot.settings import BotSettings
+from bot.teams.adapter import TeamsAdapter
+from bot.teams.settings import TeamsSettings
+from knowledge.sources.folder import FolderSource
+
+API_KEY = "sk-ant-test-teams"
+ANN = Member("aad-ann", "Ann Lee", email="ann@example.com")
+CFO = Member("aad-cfo", "Cleo Fo", email="cfo@example.com")  # may read the board folder
+ADMIN = Member("aad-admin", "Ada Min", email="ada@example.com")  # listed in ADMIN_USER_IDS
+GUEST = Member("aad-guest", "Gus Est", email="gus@partner.example", user_role="guest")
+QUESTION = "How many vacation days do full-time employees get?"
+SECRET = "What did the board approve about the Contoso acquisition?"
+CORPUS = {
+    "policies/vacation.md": (
+        "# Vacation policy\n\nFull-time employees get 25 days of paid vacation per year. Up to 5 unused vacation "
+        "days carry over into the next year. Request vacation in the HR portal at least two weeks ahead.\n"
+    ),
+    "it/vpn.md": "# VPN setup\n\nInstall the WireGuard client and import the configuration from the IT portal.\n",
+    "board/.access": "user:cfo@example.com\n",
+    "board/acquisition.md": (
+        "# Project Bluebird\n\nThe board approved the acquisition of Contoso for 40 million dollars. The Contoso "
+        "acquisition closes in March and stays confidential until then.\n"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeTeamsConnector]:
+    with FakeTeamsConnector() as connector, pytest.MonkeyPatch.context() as env:
+        for name, value in connector.environ().items():
+            env.setenv(name, value)
+        # urllib (pyjwt's key fetch) caches one opener with the proxies it read first: build it anew.
+        urllib.request.install_opener(urllib.request.build_opener())
+        yield connector
+    urllib.request.install_opener(None)
+
+
+@pytest_asyncio.fixture
+async def corpus_kb(kb_factory: Callable[..., Awaitable[Any]], tmp_path: Path) -> Callable[..., Awaitable[Any]]:
+    async def open_kb(**overrides: object) -> Any:
+        docs = tmp_path / "docs"
+        for relative, content in CORPUS.items():
+            write(docs, relative, content)
+        kb = await kb_factory(**overrides)
+        report = await kb.sync(FolderSource(docs, "handbook"))
+        assert not report.failed, report.failed
+        return kb
+
+    return open_kb
+
+
+@dataclass
+class Bot:
+    adapter: TeamsAdapter
+    url: str
+
+
+@pytest_asyncio.fixture
+async def start_bot(fake: FakeTeamsConnector) -> AsyncIterator[Callable[..., Awaitable[Bot]]]:
+    running: list[tuple[TeamsAdapter, web.AppRunner]] = []
+
+    async def start(kb: Any, **overrides: object) -> Bot:
+        settings = BotSettings(_env_file=None, **{  # type: ignore[call-arg]
+            "admin_user_ids": f"teams:{ADMIN.aad_object_id}", "answer_sweep_seconds": 0, **overrides})
+        teams = TeamsSettings(_env_file=None, app_id=fake.app_id,  # type: ignore[call-arg]
+                              app_password=fake.app_password, tenant_id=fake.tenant_id)
+        adapter = TeamsAdapter(BotContext(kb, settings, BotMetrics(), BotState(kb.engine)), teams=teams)
+        app = web.Application()
+        app.add_routes(adapter.routes())
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        await adapter.start()
+        running.append((adapter, runner))
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return Bot(adapter, f"http://127.0.0.1:{port}/api/messages")
+
+    yield start
+    for adapter, runner in reversed(running):
+        await adapter.stop()
+        await runner.cleanup()
+
+
+def new_id(kind: str) -> str:
+    return f"19:{kind}-{uuid.uuid4().hex[:10]}@thread.tacv2"
+
+
+def finished(message: Message) -> bool:
+    return message.from_bot and "Searching the documents" not in message.text
+
+
+def citation_names(activity: dict[str, Any]) -> list[str]:
+    """The titles of the citations Teams shows under an AI message (its schema.org Message entity's `citation`)."""
+    return [str((c.get("appearance") or {}).get("name")) for e in activity.get("entities") or []
+            for c in e.get("citation") or []]
+
+
+def has_feedback_buttons(activity: dict[str, Any]) -> bool:
+    """Teams' 👍/👎 ("Feedback buttons"): channelData.feedbackLoopEnabled, or feedbackLoop.type (the SDK's)."""
+    data = activity.get("channelData") or {}
+    return data.get("feedbackLoopEnabled") is True or (data.get("feedbackLoop") or {}).get("type") == "default"
+
+
+def is_ai_labelled(activity: dict[str, Any]) -> bool:
+    return any("AIGeneratedContent" in (e.get("additionalType") or []) for e in activity.get("entities") or [])
+
+
+async def ask_in_channel(fake: FakeTeamsConnector, bot: Bot, channel: str, user: Member, text: str,
+                         **kwargs: Any) -> dict[str, Any]:
+    activity = fake.channel_message(f"<at>ragbot</at> {text}", channel, user, **kwargs)
+    status, _ = await fake.deliver(bot.url, activity)
+    assert status == 202
+    return activity
+
+
+def personal_messages(fake: FakeTeamsConnector, user: Member) -> list[Message]:
+    return fake.bot_messages(f"a:personal-{user.aad_object_id}")
+
+
+async def ask_personally(fake: FakeTeamsConnector, bot: Bot, user: Member, text: str) -> Message:
+    before = len(personal_messages(fake, user))
+    status, _ = await fake.deliver(bot.url, fake.personal_message(text, user))
+    assert status == 202
+    await fake.wait_for(timeout=90, condition=lambda: len(personal_messages(fake, user)) > before)
+    await bot.adapter.platform.drain()
+    return personal_messages(fake, user)[-1]
+
+
+# ---- channels: threads, citations, follow-ups, exactly once ---------------------------------------------------------
+
+
+async def test_a_channel_mention_is_answered_in_its_thread_with_citations_and_feedback(
+        fake: FakeTeamsConnector, corpus_kb: Any, start_bot: Any) -> None:
+    channel = new_id("general")
+    fake.add_conversation(channel, "channel", members=[ANN, CFO], team_id=new_id("team"), channel_type="standard")
+    bot = await start_bot(await corpus_kb())
+    question = await ask_in_channel(fake, bot, channel, ANN, QUESTION)
+    [answer] = await fake.wait_for(timeout=90, condition=lambda: [m for m in fake.thread(channel, question["id"]) if finished(m)])
+    assert [m for m in fake.top_level(channel) if m.from_bot] == []  # in the thread, not a new post
+    assert "25 days" in answer.text
+    assert answer.updates == 1  # the placeholder "Searching the documents…" became the answer
+    assert citation_names(answer.activity) == ["Vacation policy"]
+    assert is_ai_labelled(answer.activity)
+    assert has_feedback_buttons(answer.activity)
+    # A standard channel is open to its team: the CFO's access does not apply there.
+    await ask_in_channel(fake, bot, channel, CFO, SECRET)
+    await bot.adapter.platform.drain()
+    assert not any("40 million" in m.text for m in fake.bot_messages(channel))
+
+
+async def test_a_reply_in_a_thread_the_bot_answered_is_a_follow_up_and_unaddressed_posts_are_left_alone(
+        fake: FakeTeamsConnector, corpus_kb: Any, start_bot: Any) -> None:
+    channel = new_id("help")
+    fake.add_conversation(channel, "channel", members=[ANN], team_id=new_id("team"), channel_type="standard")
+    bot = await start_bot(await corpus_kb())
+    question = await ask_in_channel(fake, bot, channel, ANN, QUESTION)
+    await fake.wait_for(timeout=90, condition=lambda: [m for m in fake.thread(channel, question["id"]) if finished(m)])
+    await bot.adapter.platform.drain()
+    # No mention: a top-level post is not for the bot, a reply in the bot's thread is.
+    status, _ = await fake.deliver(bot.url, fake.channel_message("How do I set up the VPN?", channel, ANN,
+                                                                  mention=False))
+    assert status == 202
+    follow_up = fake.channel_message("And how do I set up the VPN?", channel, ANN, thread_root=question["id"],
+                                     mention=False)
+    assert (await fake.deliver(bot.url, follow_up))[0] == 202
+    await fake.wait_for(timeout=90, condition=lambda: len([m for m in fake.thread(channel, question["id"]) if finished(m)]) == 2)
+    await bot.adapter.platform.drain()
+    assert "WireGuard" in [m for m in fake.thread(channel, question["id"]) if finished(m)][-1].text
+    assert len(fake.bot_messages(channel)) == 2  # nothing answered the unaddressed top-level post
+
+
+async def test_a_redelivered_activity_is_answered_once(fake: FakeTeamsConnector, corpus_kb: Any,
+                                                       start_bot: Any) -> None:
+    channel = new_id("retry")
+    fake.add_conversation(channel, "channel", members=[ANN], team_id=new_id("team"), channel_type="standard")
+    bot = await start_bot(await corpus_kb())
+    activity = fake.channel_message(f"<at>ragbot</at> {QUESTION}", channel, ANN)
+    # The Connector retries an activity it thinks was lost: the same activity twice, at once.
+    statuses = await asyncio.gather(fake.deliver(bot.url, activity), fake.deliver(bot.url, activity))
+    assert [s for s, _ in statuses] == [202, 202]
+    await fake.wait_for(timeout=90, condition=lambda: [m for m in fake.thread(channel, activity["id"]) if finished(m)])
+    await bot.adapter.platform.drain()
+    assert (await fake.deliver(bot.url, activity))[0] == 202  # and once more, after the answer
+    await bot.adapter.platform.drain()
+    assert len(fake.thread(channel, activity["id"])) == 1
+
+
+async def test_a_request_without_a_valid_connector_token_is_refused_and_nothing_answers(
+        fake: FakeTeamsConnector, corpus_kb: Any, start_bot: Any) -> None:
+    bot = await start_bot(await corpus_kb())
+    sent = len(fake.sent)
+    status, _ = await fake.deliver(bot.url, fake.personal_message(QUESTION, ANN), token=fake.forged_token())
+    assert status == 401
+    status, _ = await fake.deliver(bot.url, fake.personal_message(QUESTION, ANN), sign=False)
+    assert status == 401
+    await bot.adapter.platform.drain()
+    assert len(fake.sent) == sent
+
+
+# ---- personal chats: streaming, feedback -------------------------------------------------------------------------
+
+
+class WritesSlowly:
+    """The real knowledge base with a model that writes over seconds, as Claude does (the fake Anthropic server
+    sends its whole stream at once): each piece of text reaches the chat 0.6 s after the one before."""
+
+    def __init__(self, kb: Any) -> None:
+        self._kb = kb
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kb, name)
+
+    async def answer(self, *args: Any, on_text: Any = None, **kwargs: Any) -> Any:
+        async def slowly(delta: str) -> None:
+            await on_text(delta)
+            await asyncio.sleep(0.6)
+
+        return await self._kb.answer(*args, on_text=slowly if on_text is not None else None, **kwargs)
+
+
+async def test_a_personal_chat_answer_streams_informative_then_text_then_the_final_message(
+        fake: FakeTeamsConnector, corpus_kb: Any, start_bot: Any) -> None:
+    with FakeAnthropicAPI() as anthropic:
+        kb = await corpus_kb(anthropic_api_key=API_KEY, anthropic_base_url=anthropic.url, anthropic_max_retries=0)
+        bot = await start_bot(WritesSlowly(kb))
+        anthropic.reply_stream(["Full-time employees get ", "25 days of paid vacation ", "per year [1]."])
+        final = await ask_personally(fake, bot, ANN, QUESTION)
+    conversation = f"a:personal-{ANN.aad_object_id}"
+    sent = [s for s in fake.sent_to(conversation) if s.stream_info is not None]
+    kinds = [(s.type, s.stream_info["streamType"]) for s in sent if s.stream_info]
+    assert kinds[0] == ("typing", "informative") and kinds[-1] == ("message", "final")
+    assert ("typing", "streaming") in kinds  # the text so far, while the model writes
+    assert len({s.id for s in sent}) == 1  # one stream
+    assert "25 days of paid vacation per year" in final.text
+    assert citation_names(final.activity) == ["Vacation policy"] and is_ai_labelled(final.activity)
+    assert has_feedback_buttons(final.activity)
+
+
+async def test_a_feedback_click_on_an_answer_is_stored(fake: FakeTeamsConnector, corpus_kb: Any,
+                                                       start_bot: Any) -> None:
+    kb = await corpus_kb()
+    bot = await start_bot(kb)
+    answer = await ask_personally(fake, bot, ANN, QUESTION)
+    conversation = f"a:personal-{ANN.aad_object_id}"
+    status, body = await fake.deliver(bot.url, fake.feedback_invoke(answer.id, conversation, ANN, "dislike",
+                                                                    "It is 30 days now"))
+    assert status == 200
+    [stored] = await BotState(kb.engine).recent_feedback()
+    assert (stored.platform, stored.platform_user, stored.rating) == ("teams", f"teams:{ANN.aad_object_id}", "down")
+    assert stored.question == QUESTION
+
+
+# ---- who reads the answer -------------------------------------------------------------------------------------------
+
+
+async def test_a_group_chat_answer_draws_only_on_what_every_member_may_see(
+        fake: FakeTeamsConnector, corpus_kb: Any, start_bot: Any) -> None:
+    chat = f"19:chat-{uuid.uuid4().hex[:10]}@thread.v2"
+    fake.add_conversation(chat, "groupChat", members=[CFO, ANN])
+    bot = await start_bot(await corpus_kb())
+    # Alone with the bot, the CFO (cfo@example.com, from the roster) may read the board's document ...
+    assert "40 million" in (await ask_personally(fake, bot, CFO, SECRET)).text
+    # ... but Ann reads the group chat's answers too.
+    assert (await fake.deliver(bot.url, fake.group_message(f"<at>ragbot</at> {SECRET}", chat, CFO)))[0] == 202
+    [answer] = await fake.wait_for(timeout=90, condition=lambda: [m for m in fake.bot_messages(chat) if finished(m)])
+    await bot.adapter.platform.drain()
+    assert "40 million" not in answer.text and "Bluebird" not in answer.text
+    assert "Project Bluebird" not in citation_names(answer.activity)
+
+
+async def test_privately_in_a_channel_is_answered_with_a_targeted_message_from_the_askers_access(
+        fake: FakeTeamsConnector, corpus_kb: Any, start_bot: Any) -> None:
+    channel = new_id("finance")
+    fake.add_conversation(channel, "channel", members=[CFO, ANN], team_id=new_id("team"), channel_type="standard")
+    bot = await start_bot(await corpus_kb())
+    question = await ask_in_channel(fake, bot, channel, CFO, f"privately {SECRET}")
+    await bot.adapter.platform.drain(timeout=120)
+    [answer] = [m for m in fake.thread(channel, question["id"]) if m.from_bot]
+    assert "40 million" in answer.text  # the CFO's own access ...
+    assert answer.seen_by(CFO.id) and not answer.seen_by(ANN.id)  # ... seen by the CFO alone
+    assert len(fake.thread(channel, question["id"])) == 1  # no placeholder for the channel to see
+
+
+async def test_a_guest_is_refused_under_guest_access_none(fake: FakeTeamsConnector, corpus_kb: Any,
+                                                          start_bot: Any) -> None:
+    bot = await start_bot(await corpus_kb(), guest_access="none")
+    reply = await ask_personally(fake, bot, GUEST, QUESTION)
+    assert reply.text == OUTSIDER_REPLY
+    assert "25 days" not in reply.text
+
+
+async def test_a_group_chat_with_someone_from_another_tenant_gets_no_answer_under_guest_access_none(
+        fake: FakeTeamsConnector, corpus_kb: Any, start_bot: Any) -> None:
+    chat = f"19:chat-{uuid.uuid4().hex[:10]}@thread.v2"
+    visitor = Member("aad-visitor", "Vi Sitor", email="vi@other.example", tenant_id=str(uuid.uuid4()))
+    fake.add_conversation(chat, "groupChat", members=[ANN, visitor])
+    bot = await start_bot(await corpus_kb(), guest_access="none")
+    assert (await fake.deliver(bot.url, fake.group_message(f"<at>ragbot</at> {QUESTION}", chat, ANN)))[0] == 202
+    [reply] = await fake.wait_for(timeout=90, condition=lambda: [m for m in fake.bot_messages(chat) if finished(m)])
+    await bot.adapter.platform.drain()
+    assert reply.text == OUTSIDER_REPLY  # the visitor would read the answer
+
+
+# ---- kb commands ------------------------------------------------------------------------------------------------
+
+
+async def test_kb_status_answers_an_admin_and_refuses_anyone_else(fake: FakeTeamsConnector, corpus_kb: Any,
+                                                                  start_bot: Any) -> None:
+    bot = await start_bot(await corpus_kb())
+    refused = await ask_personally(fake, bot, ANN, "kb status")
+    assert "needs an admin" in refused.text and "documents" not in refused.text
+    status = await ask_personally(fake, bot, ADMIN, "kb status")
+    assert "4 documents" in status.text or "documents" in status.text
+    assert "needs an admin" not in status.text
+
+
+# ---- crash resume -----------------------------------------------------------------------------------------------
+
+
+class CrashesMidAnswer:
+    """The real knowledge base in a process that dies mid-answer (after the placeholder is posted): the answer
+    step is cancelled as kill -9 leaves it: no apology, nothing delivered, the claim not released."""
+
+    def __init__(self, kb: Any) -> None:
+        self._kb = kb
+        self.crashed = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kb, name)
+
+    async def answer(self, *args: Any, **kwargs: Any) -> Any:
+        self.crashed.set()
+        raise asyncio.CancelledError("the process died")
+
+
+async def test_after_a_crash_the_sweeper_answers_in_the_placeholder_the_dead_process_posted(
+        fake: FakeTeamsConnector, corpus_kb: Any, start_bot: Any) -> None:
+    channel = new_id("resume")
+    fake.add_conversation(channel, "channel", members=[ANN], team_id=new_id("team"), channel_type="standard")
+    kb = await corpus_kb()
+    crashing = CrashesMidAnswer(kb)
+    dead = await start_bot(crashing, answer_lease_seconds=0.3)
+    question = await ask_in_channel(fake, dead, channel, ANN, QUESTION)
+    await asyncio.wait_for(crashing.crashed.wait(), 30)
+    [placeholder] = fake.thread(channel, question["id"])
+    assert not finished(placeholder)
+    await start_bot(kb, answer_sweep_seconds=0.2)  # the restarted bot: its sweeper takes the question over
+    await fake.wait_for(timeout=90, condition=lambda: finished(placeholder))
+    assert "25 days" in placeholder.text and placeholder.updates == 1
+    assert len(fake.thread(channel, question["id"])) == 1  # in the same message, in the thread
+
+
+# ---- ragbot run ---------------------------------------------------------------------------------------------------
+
+
+async def test_ragbot_run_starts_teams_when_its_app_id_and_password_are_set(
+        fake: FakeTeamsConnector, corpus_kb: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    kb = await corpus_kb()
+    settings = BotSettings(_env_file=None)  # type: ignore[call-arg]
+    assert "teams" not in settings.chat_platforms
+    monkeypatch.setenv("TEAMS_APP_ID", fake.app_id)
+    monkeypatch.setenv("TEAMS_APP_PASSWORD", fake.app_password)
+    monkeypatch.setenv("TEAMS_TENANT_ID", fake.tenant_id)
+    assert settings.chat_platforms == ["teams"]
+    [adapter] = configured_adapters(BotContext(kb, settings, BotMetrics(), BotState(kb.engine)))
+    assert isinstance(adapter, TeamsAdapter)
+    assert [r.path for r in adapter.routes()] == ["/api/messages"]  # type: ignore[attr-defined]
