@@ -11,7 +11,7 @@ Revises: 0018_cjk_lexemes
 from alembic import op
 
 revision = "0022_teams"
-down_revision = "0018_cjk_lexemes"
+down_revision = "0020_sync_parts"
 branch_labels = None
 depends_on = None
 
