@@ -120,12 +120,12 @@ async def test_a_parse_past_its_deadline_or_its_memory_is_killed_and_the_next_fi
     cells = "".join(f"<td>cell {i}</td>" for i in range(20))
     write(docs, "slow.html", "<html><body><table>" + f"<tr>{cells}</tr>" * 30_000 + "</table></body></html>")
     write(docs, "after.md", NORMAL["handbook.md"])
-    kb = await kb_factory(parse_timeout_seconds=0.5)
+    kb = await kb_factory(parse_workers=2, parse_timeout_seconds=0.5)
     report = await kb.sync(FolderSource(docs))
     assert dict(report.over_limit) == {"slow.html": "took longer than 0.5 s to parse (setting PARSE_TIMEOUT_SECONDS)"}
     assert report.added == ["after.md"]
 
-    hungry = await kb_factory(parse_memory_mb=256, parse_timeout_seconds=120)
+    hungry = await kb_factory(parse_workers=2, parse_memory_mb=256, parse_timeout_seconds=120)
     write(tmp_path / "big", "big.txt", ("word " * 9 + "\n\n") * 950_000)  # 45 MB of paragraphs, far more as objects
     write(tmp_path / "big", "after.md", NORMAL["handbook.md"])
     report = await hungry.sync(FolderSource(tmp_path / "big"))
