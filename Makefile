@@ -52,8 +52,10 @@ run: setup-run
 # stays in one process (--dist loadgroup, each file a group: module fixtures built once), except the longest files
 # (SPREAD_MODULES in tests/conftest.py), handed out test by test so no worker is left alone with one at the end.
 # Three workers on two cores: the tests mostly wait (servers, subprocesses, leases), at about 40% of a core each.
-# Measured (issue 41 item 10), CPU seconds user+sys of the pytest process: tests/test_answer_lease.py 40.2 -> 24.5
-# (shorter syncs: tests/conftest.py's test-only settings); the whole suite: see docs/development.md.
+# Measured (issue 41 item 10) in CPU seconds, user + sys, what a loaded machine pays (`/usr/bin/time -v .venv/bin/python
+# -m pytest -q tests/test_x.py`; wall clock follows the machine's load): tests/test_answer_lease.py 40.2 -> 24.5 s
+# (101 s wall near idle before); a test's sync of a two-file corpus 3.5 -> 0.5 s wall at load 10 (tests/conftest.py's
+# test-only settings). Before: `make test` 12 min 01 s wall, 2 workers, --dist loadfile, idle 2 cores.
 TEST_WORKERS ?= 3
 
 test: setup-test test-tools
@@ -62,7 +64,8 @@ test: setup-test test-tools
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The quick tier for development: the flow and unit tests, no servers or subprocesses (tests marked `slow` are left
-# out; see docs/development.md). One process.
+# out; see docs/development.md). One process: 185 tests, 46 s CPU (`/usr/bin/time`, 2026-11-28, with load average 24
+# on 2 cores it took 11 min wall).
 test-fast: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
