@@ -48,10 +48,9 @@ run: setup-run
 	$(BIN)/ragbot ingest examples/handbook --source handbook
 	$(BIN)/ragbot run
 
-# Tests run in TEST_WORKERS processes (pytest-xdist) sharing one embedded Postgres (a database per worker). A file
-# stays in one process (--dist loadgroup, each file a group: module fixtures built once), except the longest files
-# (SPREAD_MODULES in tests/conftest.py), handed out test by test so no worker is left alone with one at the end.
-# Three workers on two cores: the tests mostly wait (servers, subprocesses, leases), at about 40% of a core each.
+# Tests run in TEST_WORKERS processes (pytest-xdist) sharing one embedded Postgres (a database per worker) and a
+# file stays in one process (--dist loadfile), so module fixtures are built once. Three workers on two cores: the
+# tests mostly wait (servers, subprocesses, leases): tests/test_answer_lease.py used 40% of a core near idle.
 # Measured (issue 41 item 10) in CPU seconds, user + sys, what a loaded machine pays (`/usr/bin/time -v .venv/bin/python
 # -m pytest -q tests/test_x.py`; wall clock follows the machine's load): tests/test_answer_lease.py 40.2 -> 24.5 s
 # (101 s wall near idle before); a test's sync of a two-file corpus 3.5 -> 0.5 s wall at load 10 (tests/conftest.py's
@@ -61,7 +60,7 @@ TEST_WORKERS ?= 3
 test: setup-test test-tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The quick tier for development: the flow and unit tests, no servers or subprocesses (tests marked `slow` are left
 # out; see docs/development.md). One process: 185 tests, 46 s CPU (`/usr/bin/time`, 2026-11-28, with load average 24

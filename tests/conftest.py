@@ -121,14 +121,6 @@ SLOW_MODULES = {"test_startup_errors", "test_headless_run", "test_first_run", "t
                 "test_replicas"}  # starts Postgres clusters of its own (tests/pg_cluster.py), not through server_url
 
 
-# `make test` distributes with `--dist loadgroup`: every file is one group, run whole by one worker (its module
-# fixtures built once), except these, the longest, whose tests share nothing but the session's fixtures: their tests
-# are handed out one by one, so that no worker is left alone at the end of the run with one of them (with
-# `--dist loadfile`, tests/test_answer_lease.py alone ran about 200 s in one worker).
-SPREAD_MODULES = {"test_answer_lease", "test_chat_permissions", "test_first_run", "test_discord", "test_groups"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = getattr(item, "module", None)
@@ -136,8 +128,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             module is not None and module.__name__ in SLOW_MODULES
         ):
             item.add_marker(pytest.mark.slow)
-        if module is not None and module.__name__ not in SPREAD_MODULES:
-            item.add_marker(pytest.mark.xdist_group(module.__name__))
 
 
 @contextmanager
