@@ -75,7 +75,7 @@ def hostile_folder(root: Path) -> Path:
 
 
 async def test_a_folder_of_hostile_files_commits_every_other_file_and_reports_each(kb_factory, tmp_path):
-    kb = await kb_factory(max_table_columns=1000)
+    kb = await kb_factory(parse_workers=2, max_table_columns=1000)  # the default: parsed in workers
     docs = hostile_folder(tmp_path / "docs")
     assert (docs / "bomb_paras.docx").stat().st_size < 1024 * 1024
     report = await kb.sync(FolderSource(docs))
@@ -103,14 +103,14 @@ async def test_the_caps_name_their_setting_when_a_file_is_within_the_zip_ratio(k
     write(docs, "long_header.csv", ",".join("a much longer column title " * 6 + str(i) for i in range(30)) + "\n1,2\n")
     write(docs, "bomb_paras.docx", bomb_paras_docx(2))
     write(docs, "sheet/wide_dimension.xlsx", wide_dimension_xlsx())
-    kb = await kb_factory(max_decompressed_mb=1)
+    kb = await kb_factory(parse_workers=2, max_decompressed_mb=1)
     report = await kb.sync(FolderSource(docs))
     reasons = dict(report.over_limit)
     assert reasons["long_header.csv"].endswith("over 4,000 (setting MAX_TABLE_HEADER_CHARS)")
     assert reasons["bomb_paras.docx"].endswith("over 1 MB (setting MAX_DECOMPRESSED_MB)")
     assert report.added == ["sheet/wide_dimension.xlsx"]
 
-    few_cells = await kb_factory(max_spreadsheet_cells=3)
+    few_cells = await kb_factory(parse_workers=2, max_spreadsheet_cells=3)
     report = await few_cells.sync(FolderSource(docs / "sheet"))
     assert dict(report.over_limit) == {"wide_dimension.xlsx": "more than 3 cells (setting MAX_SPREADSHEET_CELLS)"}
 
