@@ -49,8 +49,13 @@ run: setup-run
 	$(BIN)/ragbot run
 
 # Tests run in TEST_WORKERS processes (pytest-xdist) sharing one embedded Postgres (a database per worker) and a
-# file stays in one process (--dist loadfile), so module fixtures are built once.
-TEST_WORKERS ?= 2
+# file stays in one process (--dist loadfile), so module fixtures are built once. Three workers on two cores: the
+# tests mostly wait (servers, subprocesses, leases): tests/test_answer_lease.py used 40% of a core near idle.
+# Measured (issue 41 item 10) in CPU seconds, user + sys, what a loaded machine pays (`/usr/bin/time -v .venv/bin/python
+# -m pytest -q tests/test_x.py`; wall clock follows the machine's load): tests/test_answer_lease.py 40.2 -> 24.5 s
+# (101 s wall near idle before); a test's sync of a two-file corpus 3.5 -> 0.5 s wall at load 10 (tests/conftest.py's
+# test-only settings). Before: `make test` 12 min 01 s wall, 2 workers, --dist loadfile, idle 2 cores.
+TEST_WORKERS ?= 3
 
 test: setup-test test-tools
 	$(BIN)/ruff check .
@@ -58,7 +63,8 @@ test: setup-test test-tools
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The quick tier for development: the flow and unit tests, no servers or subprocesses (tests marked `slow` are left
-# out; see docs/development.md). One process.
+# out; see docs/development.md). One process: 185 tests, 46 s CPU (`/usr/bin/time`, 2026-11-28, with load average 24
+# on 2 cores it took 11 min wall).
 test-fast: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 

@@ -28,6 +28,13 @@ _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", "")
 _SERVER_HOME = Path(tempfile.gettempdir()) / f"ragbot-tests-server-{_RUN[:16]}" if _RUN else _HOME / "server"
 # Enough for every worker's engines and CLI subprocesses at once (Postgres' default is 100).
 SERVER_MAX_CONNECTIONS = 400
+# The shared test server's throwaway data needs no crash safety against a power cut, and its tiny test corpora no
+# parallel index builds: with max_parallel_maintenance_workers at its default (2), every sync's HNSW build (twice per
+# first sync) started workers and sized shared memory for ragbot's 512 MB build budget, about a second each on 2
+# loaded cores; serial, under 30 ms (the same graph). fsync and full-page writes off spare the disk flushes of every
+# commit and CREATE/DROP DATABASE. A crash of Postgres itself (not of the machine) still loses nothing committed.
+# Applied with a reload (each is a reload-time or per-session setting), on the first worker's start.
+TEST_SERVER_SETTINGS = {"max_parallel_maintenance_workers": "0", "fsync": "off", "full_page_writes": "off"}
 os.environ["RAGBOT_HOME"] = str(_HOME)
 os.environ["DATABASE_URL"] = ""
 os.environ["ANTHROPIC_API_KEY"] = ""
@@ -85,8 +92,16 @@ def drop_database(server_url: str, name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+# Knowledge bases opened in the tests' own process parse in a thread (PARSE_WORKERS=0, a documented setting): a
+# worker subprocess per sync costs an interpreter start and the parsers' imports, 2-3 s of a 3.5 s sync of two
+# files on loaded cores, in every test that builds a corpus. The workers themselves (deadline, memory limit, exit
+# with their parent) are tested where that is the point, with parse_workers given (tests/test_resource_limits.py);
+# `ragbot` subprocesses keep the default.
+TEST_PARSE_WORKERS = 0
+
+
 def test_settings(**overrides: object) -> KnowledgeSettings:
-    return KnowledgeSettings(_env_file=None, **overrides)  # type: ignore[call-arg]
+    return KnowledgeSettings(_env_file=None, **{"parse_workers": TEST_PARSE_WORKERS, **overrides})  # type: ignore[arg-type]
 
 
 test_settings.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test, wherever it is imported
@@ -102,7 +117,8 @@ def ragbot_home() -> Path:
 SERVER_FIXTURES = {"server_url"}  # every database fixture (fresh_kb, kb_factory, handbook_kb...) depends on it
 SLOW_MODULES = {"test_startup_errors", "test_headless_run", "test_first_run", "test_fail_closed_small",
                 "test_log_format", "test_resource_limits", "test_ingest_hardening", "test_query_encoder",
-                "test_memory", "test_admin_page"}
+                "test_memory", "test_admin_page",
+                "test_replicas"}  # starts Postgres clusters of its own (tests/pg_cluster.py), not through server_url
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -141,6 +157,9 @@ def start_shared_server() -> str:
         url = embedded_database_url(_SERVER_HOME, keep_running=True)
         if _users(+1) == 1:
             with _admin(url) as conn:
+                for name, value in TEST_SERVER_SETTINGS.items():
+                    conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+                conn.execute("SELECT pg_reload_conf()")
                 current = int(conn.execute("SHOW max_connections").fetchone()[0])  # type: ignore[index]
                 if current < SERVER_MAX_CONNECTIONS:
                     conn.execute(f"ALTER SYSTEM SET max_connections = {SERVER_MAX_CONNECTIONS}")

@@ -109,7 +109,9 @@ class Cluster:
              self.user, cwd=self.root)
         with open(data / "postgresql.conf", "a") as conf:
             conf.write("wal_level = replica\nmax_wal_senders = 5\nfsync = off\n"
-                       "full_page_writes = off\nshared_buffers = 64MB\nmax_connections = 60\n")
+                       "full_page_writes = off\nshared_buffers = 64MB\nmax_connections = 60\n"
+                       # serial HNSW builds, as on the shared test server (tests/conftest.py TEST_SERVER_SETTINGS)
+                       "max_parallel_maintenance_workers = 0\n")
         with open(data / "pg_hba.conf", "a") as hba:
             hba.write("host replication postgres 127.0.0.1/32 trust\n")
         server = Server(data, free_port(), self.bins, self.user)

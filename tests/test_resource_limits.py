@@ -75,7 +75,7 @@ def hostile_folder(root: Path) -> Path:
 
 
 async def test_a_folder_of_hostile_files_commits_every_other_file_and_reports_each(kb_factory, tmp_path):
-    kb = await kb_factory(max_table_columns=1000)
+    kb = await kb_factory(parse_workers=2, max_table_columns=1000)  # the default: parsed in workers
     docs = hostile_folder(tmp_path / "docs")
     assert (docs / "bomb_paras.docx").stat().st_size < 1024 * 1024
     report = await kb.sync(FolderSource(docs))
@@ -103,14 +103,14 @@ async def test_the_caps_name_their_setting_when_a_file_is_within_the_zip_ratio(k
     write(docs, "long_header.csv", ",".join("a much longer column title " * 6 + str(i) for i in range(30)) + "\n1,2\n")
     write(docs, "bomb_paras.docx", bomb_paras_docx(2))
     write(docs, "sheet/wide_dimension.xlsx", wide_dimension_xlsx())
-    kb = await kb_factory(max_decompressed_mb=1)
+    kb = await kb_factory(parse_workers=2, max_decompressed_mb=1)
     report = await kb.sync(FolderSource(docs))
     reasons = dict(report.over_limit)
     assert reasons["long_header.csv"].endswith("over 4,000 (setting MAX_TABLE_HEADER_CHARS)")
     assert reasons["bomb_paras.docx"].endswith("over 1 MB (setting MAX_DECOMPRESSED_MB)")
     assert report.added == ["sheet/wide_dimension.xlsx"]
 
-    few_cells = await kb_factory(max_spreadsheet_cells=3)
+    few_cells = await kb_factory(parse_workers=2, max_spreadsheet_cells=3)
     report = await few_cells.sync(FolderSource(docs / "sheet"))
     assert dict(report.over_limit) == {"wide_dimension.xlsx": "more than 3 cells (setting MAX_SPREADSHEET_CELLS)"}
 
@@ -120,12 +120,12 @@ async def test_a_parse_past_its_deadline_or_its_memory_is_killed_and_the_next_fi
     cells = "".join(f"<td>cell {i}</td>" for i in range(20))
     write(docs, "slow.html", "<html><body><table>" + f"<tr>{cells}</tr>" * 30_000 + "</table></body></html>")
     write(docs, "after.md", NORMAL["handbook.md"])
-    kb = await kb_factory(parse_timeout_seconds=0.5)
+    kb = await kb_factory(parse_workers=2, parse_timeout_seconds=0.5)
     report = await kb.sync(FolderSource(docs))
     assert dict(report.over_limit) == {"slow.html": "took longer than 0.5 s to parse (setting PARSE_TIMEOUT_SECONDS)"}
     assert report.added == ["after.md"]
 
-    hungry = await kb_factory(parse_memory_mb=256, parse_timeout_seconds=120)
+    hungry = await kb_factory(parse_workers=2, parse_memory_mb=256, parse_timeout_seconds=120)
     write(tmp_path / "big", "big.txt", ("word " * 9 + "\n\n") * 950_000)  # 45 MB of paragraphs, far more as objects
     write(tmp_path / "big", "after.md", NORMAL["handbook.md"])
     report = await hungry.sync(FolderSource(tmp_path / "big"))

@@ -37,6 +37,7 @@ NOT_SETTINGS = {
     "TEST_WORKERS": "the Makefile's variable: pytest-xdist processes",
     "PYTEST_XDIST_TESTRUNUID": "pytest-xdist's variable (docs/development.md: the shared test server)",
     "SLOW_MODULES": "a constant of tests/conftest.py (docs/development.md)",
+    "TEST_SERVER_SETTINGS": "a constant of tests/conftest.py (docs/development.md)",
     "THREAD_PAGE_SIZE": "a constant of bot/slack (docs/connectors.md)",
     "THREAD_MAX_PAGES": "a constant of bot/slack (docs/connectors.md)",
     "PRIOR_MESSAGES_LIMIT": "a constant of bot/slack (docs/connectors.md)",
