@@ -420,12 +420,14 @@ class Answerer:
         specific = extractive.specific_words(query)
         async with self.retriever.engine.connect() as conn:
             config = self.settings.text_search_config
-            stats = await memory_store.term_statistics(conn, extractive.content_text(query), passages, config)
+            stats = await memory_store.term_statistics(conn, extractive.content_text(query), passages, config,
+                                                       words_only=True)
             named = await memory_store.term_statistics(conn, " ".join(specific), passages, config) if specific else []
         not_found = tuple(_surface(lexeme, specific) for lexeme in absent_specific(named, 2))
         return Evidence(best_similarity, support, coverage(stats), margin, agreement, coverage(stats, 1),
                         missing_rare(stats, 1), not_found, coverage(stats, 3), missing_rare(stats, 3),
-                        extractive.negation_mismatch(query, unit_text), extractive.answer_type(query, unit_text)), scored
+                        extractive.negation_mismatch(query, unit_text), extractive.answer_type(query, unit_text),
+                        extractive.unit_margin(scored or []), extractive.pair_overlap(query, unit_text)), scored
 
     async def _extract(
         self, query: str, groups: list[_SourceGroup], hits: list[SearchHit], outcome: Outcome = "answer",

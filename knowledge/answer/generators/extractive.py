@@ -80,12 +80,27 @@ def _terms(text: str) -> set[str]:
 _STOP_WORD = re.compile(r"\b(?:" + "|".join(sorted(_STOP, key=len, reverse=True)) + r")\b", re.IGNORECASE)
 
 
+_NEGATED_MODAL = {"can": "can", "won": "will", "shan": "shall"}  # "can't", "won't", "shan't"
+_CONTRACTION = re.compile(r"\b(\w+?)(n)?['\u2019](t|ve|ll|re|d|m|s)\b", re.IGNORECASE)
+_HYPHEN = re.compile(r"(?<=[^\W\d_])-(?=[^\W\d_])")
+
+
+def _expand(match: re.Match[str]) -> str:
+    stem, n, suffix = match.group(1), match.group(2) or "", match.group(3).lower()
+    if suffix == "t" and n:
+        return _NEGATED_MODAL.get((stem + n).lower(), stem)  # "doesn't" -> "does", "can't" -> "can"
+    return stem + n  # "I've" -> "I", "it's" -> "it", "we'll" -> "we"
+
+
 def content_text(question: str) -> str:
-    """The question without the offline answer's stop words ("how", "many", "get"): the terms the evidence weighs
-    (knowledge.answer.evidence). Postgres's own stop list keeps "many", "much" and "get"; in a small knowledge base
-    no chunk holds them, so they read as rare terms the document lacks and the decision hedged a plainly answered
-    question. Chinese and Japanese text is left as it is (the stop words are English)."""
-    return _STOP_WORD.sub(" ", question)
+    """The question's own content words, as the evidence weighs them (knowledge.answer.evidence): without the
+    offline answer's stop words ("how", "many", "get"), the endings of contractions ("I've", "we'll", "doesn't") and
+    the compound a hyphenated word also makes. Postgres's own stop list keeps "many", "much" and "get", and parses
+    "I've" into "i" and "ve", and "write-up" into "write-up", "write" and "up"; no chunk of a small knowledge base
+    holds "many", "ve" or the compound, so they read as rare terms the document lacks, and the decision hedged or
+    declined a plainly answered question (issue 39). The parts of a hyphenated word stay, and are held by a document
+    that writes it either way. Chinese and Japanese text is left as it is (the stop words are English)."""
+    return _STOP_WORD.sub(" ", _HYPHEN.sub(" ", _CONTRACTION.sub(_expand, question)))
 
 
 _CASED_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")
@@ -136,6 +151,39 @@ def answer_type(question: str, unit_text: str) -> float:
         asked = {w.lower() for w in _CASED_WORD.findall(question)}
         return float(any(w[0].isupper() and w.lower() not in asked for w in _CASED_WORD.findall(unit_text)[1:]))
     return 0.5
+
+
+def unit_margin(scored: Sequence[ScoredUnit]) -> float:
+    """How far the best unit's similarity stands above the next different unit's (0 when there is none): an
+    answer is usually one sentence, a near miss written against a paragraph often resembles several equally."""
+    if not scored:
+        return 0.0
+    best = scored[0]
+    others = [s.similarity for s in scored[1:] if s.unit.scoring_text() != best.unit.scoring_text()]
+    return max(0.0, best.similarity - max(others)) if others else best.similarity
+
+
+# Two question words read as one relation when the unit holds them at most this many words apart.
+PAIR_WINDOW = 3
+
+
+def _stem(word: str) -> str:
+    return word[:5]  # crude, but the same on both sides: "founded"/"founder", "invaded"/"invasion"
+
+
+def pair_overlap(question: str, unit_text: str) -> float:
+    """The share of the question's adjacent content-word pairs ("Norman conquest", "founded … city") that the unit
+    holds close together (within PAIR_WINDOW words, either order): the unit states what the question relates, not
+    only its words scattered (a near miss swaps who did what). 0.5 when the question has no such pair."""
+    asked = [_stem(w) for w in tokens(content_text(question)) if w not in _STOP]
+    pairs = {(a, b) for a, b in zip(asked, asked[1:], strict=False) if a != b}
+    if not pairs:
+        return 0.5
+    where: dict[str, list[int]] = {}
+    for i, word in enumerate(tokens(unit_text)):
+        where.setdefault(_stem(word), []).append(i)
+    held = sum(any(abs(i - j) <= PAIR_WINDOW for i in where.get(a, ()) for j in where.get(b, ())) for a, b in pairs)
+    return held / len(pairs)
 
 
 def score_units(question: str, passages: Sequence[Passage], embedder: Embedder) -> list[ScoredUnit]:
