@@ -426,8 +426,7 @@ class Answerer:
         not_found = tuple(_surface(lexeme, specific) for lexeme in absent_specific(named, 2))
         return Evidence(best_similarity, support, coverage(stats), margin, agreement, coverage(stats, 1),
                         missing_rare(stats, 1), not_found, coverage(stats, 3), missing_rare(stats, 3),
-                        extractive.negation_mismatch(query, unit_text), extractive.answer_type(query, unit_text),
-                        extractive.unit_margin(scored or []), extractive.pair_overlap(query, unit_text)), scored
+                        extractive.negation_mismatch(query, unit_text), extractive.answer_type(query, unit_text)), scored
 
     async def _extract(
         self, query: str, groups: list[_SourceGroup], hits: list[SearchHit], outcome: Outcome = "answer",

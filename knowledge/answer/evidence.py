@@ -47,7 +47,7 @@ Outcome = Literal["answer", "uncertain", "decline"]
 OUTCOMES: tuple[Outcome, ...] = ("answer", "uncertain", "decline")
 
 FEATURES = ("dense", "support", "coverage", "section_coverage", "missing_rare", "margin", "agreement",
-            "unit_coverage", "unit_missing_rare", "negation", "answer_type", "unit_margin", "pair_overlap")
+            "unit_coverage", "unit_missing_rare", "negation", "answer_type")
 DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
 
 
@@ -66,15 +66,13 @@ class Evidence:
     unit_missing_rare: float = 0.0
     negation: float = 0.0
     answer_type: float = 0.5
-    unit_margin: float = 0.0
-    pair_overlap: float = 0.5
 
     def features(self) -> dict[str, float]:
         return {"dense": self.dense, "support": self.support, "coverage": self.coverage,
                 "section_coverage": self.section_coverage, "missing_rare": self.missing_rare,
                 "margin": self.margin, "agreement": float(self.agreement), "unit_coverage": self.unit_coverage,
                 "unit_missing_rare": self.unit_missing_rare, "negation": self.negation,
-                "answer_type": self.answer_type, "unit_margin": self.unit_margin, "pair_overlap": self.pair_overlap}
+                "answer_type": self.answer_type}
 
     def to_dict(self) -> dict[str, object]:
         values: dict[str, object] = {name: round(value, 4) for name, value in self.features().items()}

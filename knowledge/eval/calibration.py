@@ -134,7 +134,7 @@ def _evidence(example: Example) -> Evidence:
     f = example.features
     return Evidence(f["dense"], f["support"], f["coverage"], f["margin"], int(f["agreement"]),
                     f["section_coverage"], f["missing_rare"], (), f["unit_coverage"], f["unit_missing_rare"],
-                    f["negation"], f["answer_type"], f.get("unit_margin", 0.0), f.get("pair_overlap", 0.5))
+                    f["negation"], f["answer_type"])
 
 
 def decisions(model: Calibration, examples: Sequence[Example],

@@ -153,39 +153,6 @@ def answer_type(question: str, unit_text: str) -> float:
     return 0.5
 
 
-def unit_margin(scored: Sequence[ScoredUnit]) -> float:
-    """How far the best unit's similarity stands above the next different unit's (0 when there is none): an
-    answer is usually one sentence, a near miss written against a paragraph often resembles several equally."""
-    if not scored:
-        return 0.0
-    best = scored[0]
-    others = [s.similarity for s in scored[1:] if s.unit.scoring_text() != best.unit.scoring_text()]
-    return max(0.0, best.similarity - max(others)) if others else best.similarity
-
-
-# Two question words read as one relation when the unit holds them at most this many words apart.
-PAIR_WINDOW = 3
-
-
-def _stem(word: str) -> str:
-    return word[:5]  # crude, but the same on both sides: "founded"/"founder", "invaded"/"invasion"
-
-
-def pair_overlap(question: str, unit_text: str) -> float:
-    """The share of the question's adjacent content-word pairs ("Norman conquest", "founded … city") that the unit
-    holds close together (within PAIR_WINDOW words, either order): the unit states what the question relates, not
-    only its words scattered (a near miss swaps who did what). 0.5 when the question has no such pair."""
-    asked = [_stem(w) for w in tokens(content_text(question)) if w not in _STOP]
-    pairs = {(a, b) for a, b in zip(asked, asked[1:], strict=False) if a != b}
-    if not pairs:
-        return 0.5
-    where: dict[str, list[int]] = {}
-    for i, word in enumerate(tokens(unit_text)):
-        where.setdefault(_stem(word), []).append(i)
-    held = sum(any(abs(i - j) <= PAIR_WINDOW for i in where.get(a, ()) for j in where.get(b, ())) for a, b in pairs)
-    return held / len(pairs)
-
-
 def score_units(question: str, passages: Sequence[Passage], embedder: Embedder) -> list[ScoredUnit]:
     """Every unit of the passages, scored against the question, best first."""
     candidates: list[tuple[Passage, Unit]] = []
