@@ -420,7 +420,8 @@ class Answerer:
         specific = extractive.specific_words(query)
         async with self.retriever.engine.connect() as conn:
             config = self.settings.text_search_config
-            stats = await memory_store.term_statistics(conn, extractive.content_text(query), passages, config)
+            stats = await memory_store.term_statistics(conn, extractive.content_text(query), passages, config,
+                                                       words_only=True)
             named = await memory_store.term_statistics(conn, " ".join(specific), passages, config) if specific else []
         not_found = tuple(_surface(lexeme, specific) for lexeme in absent_specific(named, 2))
         return Evidence(best_similarity, support, coverage(stats), margin, agreement, coverage(stats, 1),

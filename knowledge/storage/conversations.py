@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from knowledge.storage.words import lexical_text
+from knowledge.storage.words import lexical_text, word_text
 
 
 @dataclass(frozen=True)
@@ -203,10 +203,12 @@ class TermStat:
     in_passages: tuple[bool, ...]  # for each passage asked about, whether it holds the term
 
 
-async def term_statistics(conn: AsyncConnection, question: str, passages: Sequence[str], config: str) -> list[TermStat]:
+async def term_statistics(conn: AsyncConnection, question: str, passages: Sequence[str], config: str, *,
+                          words_only: bool = False) -> list[TermStat]:
     """For each (stemmed) term of the question: how many indexed chunks hold it and, for each passage, whether the
     passage holds it. One round trip; the answer's evidence and the follow-up
-    decision read the index's own statistics instead of word lists."""
+    decision read the index's own statistics instead of word lists. `words_only`: a Chinese or Japanese question's
+    terms are its words, not also its character bigrams (`words.word_text`)."""
     rows = (
         await conn.execute(
             text(
@@ -216,7 +218,8 @@ async def term_statistics(conn: AsyncConnection, question: str, passages: Sequen
                 "FROM unnest(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :question))) AS q(lexeme) "
                 "CROSS JOIN corpus_stats s LEFT JOIN lexemes l ON l.lexeme = q.lexeme WHERE s.id = 1"
             ),
-            {"config": config, "question": lexical_text(question), "passages": [lexical_text(p) for p in passages]},
+            {"config": config, "question": word_text(question) if words_only else lexical_text(question),
+             "passages": [lexical_text(p) for p in passages]},
         )
     ).all()
     return [TermStat(row[0], int(row[1]), int(row[2]), tuple(row[3])) for row in rows]

@@ -97,6 +97,17 @@ def lexical_text(text: str) -> str:
     return CJK_RUN.sub(lambda m: " " + " ".join(run_terms(m.group(0))) + " ", normal)
 
 
+def word_text(text: str) -> str:
+    """The text with every CJK run replaced by its words alone, without the character bigrams `lexical_text` adds:
+    the terms a question itself asks about. A bigram spanning two words ("没用" and "用完" in "没用完的年假") is
+    in no document, so counted as a question term it read as a rare term the answer lacks (issue 39). Passages are
+    still compared by `lexical_text`, whose bigrams hold a two-character word however the dictionary split them."""
+    if not has_cjk(text):
+        return text
+    normal = _CJK_PUNCTUATION.sub(" ", unicodedata.normalize("NFKC", text))
+    return CJK_RUN.sub(lambda m: " " + " ".join(segment(m.group(0))) + " ", normal)
+
+
 def tokens(text: str) -> list[str]:
     """Lower-cased Latin words and the CJK words and bigrams of a text, in order."""
     if not has_cjk(text):

@@ -80,12 +80,27 @@ def _terms(text: str) -> set[str]:
 _STOP_WORD = re.compile(r"\b(?:" + "|".join(sorted(_STOP, key=len, reverse=True)) + r")\b", re.IGNORECASE)
 
 
+_NEGATED_MODAL = {"can": "can", "won": "will", "shan": "shall"}  # "can't", "won't", "shan't"
+_CONTRACTION = re.compile(r"\b(\w+?)(n)?['\u2019](t|ve|ll|re|d|m|s)\b", re.IGNORECASE)
+_HYPHEN = re.compile(r"(?<=[^\W\d_])-(?=[^\W\d_])")
+
+
+def _expand(match: re.Match[str]) -> str:
+    stem, n, suffix = match.group(1), match.group(2) or "", match.group(3).lower()
+    if suffix == "t" and n:
+        return _NEGATED_MODAL.get((stem + n).lower(), stem)  # "doesn't" -> "does", "can't" -> "can"
+    return stem + n  # "I've" -> "I", "it's" -> "it", "we'll" -> "we"
+
+
 def content_text(question: str) -> str:
-    """The question without the offline answer's stop words ("how", "many", "get"): the terms the evidence weighs
-    (knowledge.answer.evidence). Postgres's own stop list keeps "many", "much" and "get"; in a small knowledge base
-    no chunk holds them, so they read as rare terms the document lacks and the decision hedged a plainly answered
-    question. Chinese and Japanese text is left as it is (the stop words are English)."""
-    return _STOP_WORD.sub(" ", question)
+    """The question's own content words, as the evidence weighs them (knowledge.answer.evidence): without the
+    offline answer's stop words ("how", "many", "get"), the endings of contractions ("I've", "we'll", "doesn't") and
+    the compound a hyphenated word also makes. Postgres's own stop list keeps "many", "much" and "get", and parses
+    "I've" into "i" and "ve", and "write-up" into "write-up", "write" and "up"; no chunk of a small knowledge base
+    holds "many", "ve" or the compound, so they read as rare terms the document lacks, and the decision hedged or
+    declined a plainly answered question (issue 39). The parts of a hyphenated word stay, and are held by a document
+    that writes it either way. Chinese and Japanese text is left as it is (the stop words are English)."""
+    return _STOP_WORD.sub(" ", _HYPHEN.sub(" ", _CONTRACTION.sub(_expand, question)))
 
 
 _CASED_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")
