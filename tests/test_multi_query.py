@@ -100,6 +100,7 @@ def test_a_question_ending_in_one_or_a_bare_phrase_leans_on_the_thread():
     assert leans_on_thread("For a cousin?") and leans_on_thread("In Canada?") and leans_on_thread("After five years?")
     assert leans_on_thread("how long before the first one?")  # "the first one" is item 0, which once read as none
     assert not leans_on_thread("For how long can I carry over unused vacation days?")
+    assert not leans_on_thread("What are the first steps after a water main break?")  # names its own topic
     assert not leans_on_thread("Which one of the 2025 holidays falls on a Monday?")
     assert not leans_on_thread("How many weeks of paid parental leave does Northwind offer?")
 

@@ -322,11 +322,18 @@ _POINTS_AT_SOMEONE = re.compile(r"\b(?:he|she|him|his|her|hers)\b", re.IGNORECAS
 SHORT_ANSWER_WORDS = 8
 
 
+def _NAMES_ITS_OWN(question: str, match: re.Match[str]) -> bool:  # noqa: N802 (reads as the predicate it is)
+    """"the first steps after a water main break": a plural noun followed by more words names what it means itself."""
+    noun = match.group(0).split()[-1].lower() if len(match.group(0).split()) > 2 else ""
+    rest = question[match.end():].strip(" ?.!,")
+    return noun.endswith("s") and noun not in ("ones", "items", "entries", "rows", "options") and bool(rest)
+
+
 def refers_to_item(question: str) -> int | None:
     """Which item of the previous answer the question points at ("the second one": 1, "the last one": -1,
     "第二个": 1), or None."""
     match = _ITEM_REFERENCE.search(question)
-    if match:
+    if match and not _NAMES_ITS_OWN(question, match):
         return _ORDINAL_WORDS[match.group(1).lower()]
     match = _CJK_ITEM_REFERENCE.search(question)
     if match:
