@@ -10,7 +10,15 @@ import uuid
 import pytest
 from conftest import REPO
 
-from knowledge.answer.memory import ChatMessage, History, answer_items, pointed_item, refers_to_item
+from knowledge.answer.memory import (
+    ChatMessage,
+    History,
+    answer_items,
+    leans_on_thread,
+    pointed_item,
+    readings_of,
+    refers_to_item,
+)
 from knowledge.search.fusion import fuse_readings
 
 EVERYONE = ["everyone"]
@@ -58,6 +66,43 @@ async def test_a_topic_switch_stays_alone(handbook_kb):
     answer = await handbook_kb.answer("What is the capital of Australia?", EVERYONE, conversation)
     assert answer.standalone_query == "What is the capital of Australia?"
     assert answer.outcome != "answer"  # nothing in the handbook says: never an office passage as the answer
+
+
+def test_a_reading_with_the_same_words_as_another_does_not_vote_twice():
+    # The previous turn adds no word the question lacks: "the question with the previous turn" searches what the
+    # question alone searches, and would double that ranking's vote against the rewrite's.
+    history = History(messages=[ChatMessage("user", "Sick days?"), ChatMessage("assistant", "10 a year.")])
+    readings = readings_of("When do my sick days reset?", "When do my sick days reset? january", history, None)
+    assert [(r.query, r.weight) for r in readings] == [("When do my sick days reset? january", 1.0),
+                                                       ("When do my sick days reset?", 0.25)]
+
+
+def test_that_and_he_point_at_what_a_short_previous_answer_named():
+    # A history without stored turns (thread messages, an eval file) has no cited documents: a short answer is the
+    # item. A long answer is not one item, and "it" is the topic (the rewrite carries it), not the answer.
+    short = History(messages=[ChatMessage("user", "Which password manager do we use?"),
+                              ChatMessage("assistant", "1Password Business.")])
+    assert pointed_item("Who pays for that?", short) == "1password business"
+    assert pointed_item("Where did he start teaching?", History(messages=[
+        ChatMessage("user", "Who was a prominent Huguenot refugee?"), ChatMessage("assistant", "Pierre Bayle.")],
+    )) == "pierre bayle"
+    assert pointed_item("How much does it cost?", short) is None
+    long = History(messages=[ChatMessage("user", "What laptop do engineers get?"), ChatMessage(
+        "assistant", "A MacBook Pro 14 inch with an M3 Pro chip, 36 GB memory, a 1 TB SSD and a three year warranty.")])
+    assert pointed_item("Who pays for that?", long) is None
+
+
+def test_a_question_ending_in_one_or_a_bare_phrase_leans_on_the_thread():
+    """Whatever the index holds: "How do I request one?" after a corporate-card question asks how to request a card,
+    and "For a cousin?" after a bereavement question is about bereavement leave. (Decided from the index alone, in an
+    index where "request" or "cousin" is rare, both were searched as asked: the software-request page, a decline.)"""
+    assert leans_on_thread("How do I request one?")
+    assert leans_on_thread("For a cousin?") and leans_on_thread("In Canada?") and leans_on_thread("After five years?")
+    assert leans_on_thread("how long before the first one?")  # "the first one" is item 0, which once read as none
+    assert not leans_on_thread("For how long can I carry over unused vacation days?")
+    assert not leans_on_thread("What are the first steps after a water main break?")  # names its own topic
+    assert not leans_on_thread("Which one of the 2025 holidays falls on a Monday?")
+    assert not leans_on_thread("How many weeks of paid parental leave does Northwind offer?")
 
 
 def _switches(path):

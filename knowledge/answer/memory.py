@@ -135,6 +135,15 @@ _FOLLOW_UP_OPENERS = re.compile(
 _PRONOUNS = frozenset("it its it's they them their theirs those these he she him her mine yours ours".split())
 # "an early one", "the second one": "one" standing for something named before (alone, "one" is just a number).
 _ONE_OF_THEM = re.compile(r"\b(?:a|an|the|that|this|which)\s+(?:[a-z]+\s+)?ones?\b", re.IGNORECASE)
+# "How do I request one?": "one" closing the question stands for something named before (as a number it would count
+# something: "one day", "one of the…").
+_TRAILING_ONE = re.compile(r"\b(?:ones?|mine|yours|ours|theirs)\s*[?.!]*\s*$", re.IGNORECASE)
+# "For a cousin?", "In Canada?", "After five years?": a bare phrase, opening with a preposition and naming at most
+# FRAGMENT_CONTENT_WORDS things, completes the previous question; it is not a question of its own.
+_FRAGMENT_OPENER = re.compile(
+    r"^\s*(?:for|with|without|in|at|on|from|to|by|during|after|before|under|over|via|outside|inside)\b", re.IGNORECASE
+)
+FRAGMENT_CONTENT_WORDS = 2
 # A question stands alone when a term of its own is in at most this fraction of the indexed chunks: it finds
 # focused hits without the conversation (tuned on examples/handbook/conversations.jsonl: docs/answers.md).
 SPECIFIC_TERM_FRACTION = 0.10
@@ -176,6 +185,24 @@ def looks_like_follow_up(question: str, min_content_words: int = STANDALONE_CONT
     return points_back(question) or len(content_words(question)) < min_content_words
 
 
+def is_fragment(question: str) -> bool:
+    """A bare phrase completing the previous question ("For a cousin?", "In Canada?"), not a question of its own."""
+    opener = _FRAGMENT_OPENER.match(question)
+    return opener is not None and len(content_words(question[opener.end():])) <= FRAGMENT_CONTENT_WORDS
+
+
+def leans_on_thread(question: str) -> bool:
+    """Does the question's wording alone say it needs the thread, whatever the index holds? It opens as an ellipsis
+    ("and for…", "what about…"), is a bare phrase ("For a cousin?"), leans on a pronoun ("When does it vest?"),
+    points at an item ("the second one") or ends on "one" standing for something named before ("How do I request
+    one?")."""
+    if _FOLLOW_UP_OPENERS.match(question) or refers_to_item(question) is not None or is_fragment(question):
+        return True
+    pointing = _pointing_part(question)
+    return bool(any(w.lower() in _PRONOUNS for w in _WORD.findall(pointing)) or _ONE_OF_THEM.search(pointing)
+                or _TRAILING_ONE.search(pointing))
+
+
 def _stem(word: str) -> str:
     return word[:5]
 
@@ -215,7 +242,13 @@ def rewrite_offline(
             elif history.summary:  # the turn before came from the summary
                 text = _expand_with(text, _last_summary_line(history.summary), limit)
         resolved.append(text)
-    context = _referent(question, resolved, pick) if resolved else _last_summary_line(history.summary)
+    if not resolved:
+        return _expand_with(question, _last_summary_line(history.summary), limit)
+    # Which turn is meant is read from the turns' own words (as asked), then its resolved form is added: a short turn
+    # resolved with the one before it must not win "back to the incidents…" with the words it borrowed.
+    referent = _referent(question, previous[-len(resolved):], pick) if pick == "overlap" else None
+    context = (resolved[previous[-len(resolved):].index(referent)] if referent is not None
+               and len(resolved) == len(previous) else _referent(question, resolved, pick))
     return _expand_with(question, context, limit)
 
 
@@ -282,13 +315,25 @@ _CJK_ITEM_REFERENCE = re.compile(r"第([一二两三四五六七八九十]|\d+)(
 
 # "that", "there", "this": what the previous answer's documents said (not "it", which is usually its topic).
 _POINTS_AT_A_PLACE = re.compile(r"\b(?:that|there|this)\b", re.IGNORECASE)
+# "he", "she": the person the previous answer named ("Pierre Bayle." → "Where did he start teaching?").
+_POINTS_AT_SOMEONE = re.compile(r"\b(?:he|she|him|his|her|hers)\b", re.IGNORECASE)
+# An answer of at most this many content words names its item ("The Edict of Fontainebleau."): what "that" or
+# "he" in the next question stands for when no cited documents are known. A longer answer is not one item.
+SHORT_ANSWER_WORDS = 8
+
+
+def _NAMES_ITS_OWN(question: str, match: re.Match[str]) -> bool:  # noqa: N802 (reads as the predicate it is)
+    """"the first steps after a water main break": a plural noun followed by more words names what it means itself."""
+    noun = match.group(0).split()[-1].lower() if len(match.group(0).split()) > 2 else ""
+    rest = question[match.end():].strip(" ?.!,")
+    return noun.endswith("s") and noun not in ("ones", "items", "entries", "rows", "options") and bool(rest)
 
 
 def refers_to_item(question: str) -> int | None:
     """Which item of the previous answer the question points at ("the second one": 1, "the last one": -1,
     "第二个": 1), or None."""
     match = _ITEM_REFERENCE.search(question)
-    if match:
+    if match and not _NAMES_ITS_OWN(question, match):
         return _ORDINAL_WORDS[match.group(1).lower()]
     match = _CJK_ITEM_REFERENCE.search(question)
     if match:
@@ -316,8 +361,13 @@ def pointed_item(question: str, history: History) -> str | None:
         if items and -len(items) <= index < len(items):
             return items[index]
         return None
-    if history.cited and _POINTS_AT_A_PLACE.search(question):
-        return " ".join(history.cited[:2])
+    if _POINTS_AT_A_PLACE.search(question) or _POINTS_AT_SOMEONE.search(question):
+        if history.cited:
+            return " ".join(history.cited[:2])
+        if answers:  # a history without stored turns (thread messages, an eval file): a short answer names the thing
+            named = content_words(plain_answer_text(answers[-1]))
+            if 0 < len(named) <= SHORT_ANSWER_WORDS:
+                return " ".join(dict.fromkeys(named))
     return None
 
 
@@ -332,11 +382,22 @@ def readings_of(question: str, rewrite: str, history: History, pointed: str | No
         weight = POINTED_WEIGHT if refers_to_item(question) is not None else WITH_PREVIOUS_WEIGHT
         candidates.append(Reading(f"{question} {pointed}", weight))
     candidates.append(Reading(question, ALONE_WEIGHT))
+    # A reading that adds no word to the question (the previous turn holding nothing the question lacks) is the
+    # question alone again: it would give the question's own ranking a second, larger vote, so it is left out. (Two
+    # readings with the same words in another order are kept: the dense side reads phrasing, not a bag of words.)
+    own = _stems(question)
     readings: list[Reading] = []
     for reading in candidates:
-        if reading.query.strip() and all(r.query != reading.query for r in readings):
-            readings.append(reading)
+        if not reading.query.strip() or any(r.query == reading.query for r in readings):
+            continue
+        if reading is not candidates[0] and reading.query != question and _stems(reading.query) == own:
+            continue
+        readings.append(reading)
     return tuple(readings)
+
+
+def _stems(text: str) -> frozenset[str]:
+    return frozenset(_stem(w) for w in content_words(text))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -586,10 +647,7 @@ class ConversationMemory:
         own. Unless it opens as an ellipsis ("and for…", "what about…"), leans on a pronoun or points at an item
         ("When does it vest?", "the second one"). Everything else is a follow-up. So "What is the company 401(k)
         match?" after a card question is searched as asked, and a change of topic drops the old one."""
-        if _FOLLOW_UP_OPENERS.match(question) or refers_to_item(question):
-            return False
-        pointing = _pointing_part(question)
-        if any(w.lower() in _PRONOUNS for w in _WORD.findall(pointing)) or _ONE_OF_THEM.search(pointing):
+        if leans_on_thread(question):
             return False
         own = content_words(question)
         off_thread = False
