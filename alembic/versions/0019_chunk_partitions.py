@@ -43,7 +43,9 @@ depends_on = None
 _BATCH = 20_000
 
 # A source's partition: created on its own and attached (ATTACH takes SHARE UPDATE EXCLUSIVE on `chunks`, so
-# searches and other sources' writes go on; CREATE TABLE ... PARTITION OF would take ACCESS EXCLUSIVE). The new
+# searches and other sources' writes go on; CREATE TABLE ... PARTITION OF would take ACCESS EXCLUSIVE). It checks
+# that the default partition holds none of the source's rows, holding that (normally empty) partition until the
+# transaction that added the source commits: those are short (store.ensure_source, sources.save_source). The new
 # table gets every index and row trigger of the parent as it is attached. Does nothing when `chunks` is not
 # partitioned (a database downgraded past this migration keeps the function until the downgrade drops it).
 _CREATE_PARTITION = r"""
