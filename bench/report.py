@@ -24,6 +24,7 @@ busy machine absolute figures move a lot, the ratios much less. Targets are read
 make bench                                                       # quick set: 10k search, small ingest, bot; < 5 min
 .venv/bin/python bench/search.py --chunks 10k,100k               # 100k: about 12 min on 2 cores (idle)
 .venv/bin/python bench/search.py --chunks 1M --queries 100 --recall-queries 10 --keep   # 1M: 25 min to 1 h by machine (load 9–30 min, graph 4–8, 0.5–1 min per recall question)
+.venv/bin/python bench/search.py --chunks 100k --queries 100 --recall-queries 20 --sources 10 --layout single,partitioned --name partitions   # one table against partitions by source
 .venv/bin/python bench/ingest.py --documents 400 --store-chunks 20000 --base-chunks 100000
 .venv/bin/python bench/bot_bench.py                                    # bot overhead, ack, `ragbot run` RSS: ≈ 1 min idle
 .venv/bin/python bench/bot_bench.py --mentions 300 --skip-rss          # more samples, overhead and ack only
@@ -319,6 +320,57 @@ def scale_section(scale: dict | None, workers: dict | None) -> str:  # type: ign
     return "\n".join(lines) + "\n"
 
 
+PARTITIONS_COMMAND = ("PYTHONPATH=. .venv/bin/python bench/search.py --chunks 100k --queries 100 --recall-queries 20 "
+                      "--sources 10 --layout single,partitioned --name partitions")
+PARTITIONS_1M_COMMAND = ("PYTHONPATH=. nice -n 10 .venv/bin/python bench/search.py --chunks 1M --queries 100 "
+                         "--recall-queries 10 --sources 10 --layout single,partitioned --name partitions-1m")
+
+
+def partitions_section(results: list[dict]) -> str:  # type: ignore[type-arg]
+    """`chunks` as one table (migration 0018) against partitioned by source (0019), on one load moved between them by
+    the migration (bench/search.py --sources 10 --layout single,partitioned)."""
+    lines = ["## Partitions by source (`bench/search.py --sources 10 --layout single,partitioned`)", "",
+             f"    {PARTITIONS_COMMAND}", f"    {PARTITIONS_1M_COMMAND}   # not run yet: 25 min to 1 h per layout", ""]
+    for result in results:
+        lines += [_machine(result), ""]
+        for size, figures in sorted(result.get("sizes", {}).items(), key=lambda kv: int(kv[0])):
+            layouts = [name for name in ("single", "partitioned") if name in figures]
+            lines += [f"{int(size):,} chunks over {figures.get('sources')} sources (runs of ten documents per source, "
+                      "so each holds every access group), one load moved between the layouts by the migration. p50 / "
+                      "p95 in ms of `KnowledgeBase.search` (k = 10), the question embedded in the call; *10%*: the "
+                      "asker may see 10% of the documents; *one source*: the search limited to one of the ten "
+                      "(`SearchFilters.sources`, as a channel's sources or `--source`). Recall@10 against exact search "
+                      "(within that source for the one-source rows).", "",
+                      "| | " + " | ".join(layouts) + " |", "|---|" + "---|" * len(layouts)]
+
+            def row(label: str, get, layouts=layouts, figures=figures) -> str:  # type: ignore[no-untyped-def]
+                return f"| {label} | " + " | ".join(str(get(figures[name])) for name in layouts) + " |"
+
+            def latency(key: str):  # type: ignore[no-untyped-def]
+                return lambda f: "{p50} / {p95}".format(**f["latency_ms"][key]) if key in f["latency_ms"] else "–"
+
+            lines += [
+                row("hybrid, every source", latency("hybrid")),
+                row("hybrid, every source, 10%", latency("hybrid_filtered")),
+                row("hybrid, one source", latency("hybrid_one_source")),
+                row("hybrid, one source, 10%", latency("hybrid_one_source_filtered")),
+                row("dense, every source (cached question)", latency("dense_cached_query")),
+                row("lexical, every source", latency("lexical")),
+                row("bare HNSW top-10 floor (raw SQL)", latency("raw_sql")),
+                row("HNSW recall@10 (10%)", lambda f: f"{f['hnsw_recall@10']} ({f['hnsw_filtered_recall@10']})"),
+                row("HNSW recall@10 one source (10%)", lambda f: (
+                    f"{f['one_source']['hnsw_recall@10']} ({f['one_source']['hnsw_filtered_recall@10']})")),
+                row("lexical recall@10 (one source)", lambda f: (
+                    f"{f['lexical_recall@10']} ({f['one_source']['lexical_recall@10']})")),
+                row("chunks: heap + TOAST + indexes (MB)", lambda f: f["chunks_table_mb"]),
+                row("HNSW graph(s) (MB)", lambda f: next((v for k, v in f["index_mb"].items() if "hnsw" in k), "–")),
+                row("moved into this layout by the migration (s)", lambda f: f.get("migrate_s") or "(loaded)"),
+                row("load average at start", lambda f: f.get("load_average_at_start")),
+                "",
+            ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parts = [HEADER]
     search = _load("search")
@@ -335,6 +387,9 @@ def main() -> None:
         parts.append(bot_section(bot))
     if _load("scale") or _load("sync_workers"):
         parts.append(scale_section(_load("scale"), _load("sync_workers")))
+    partitions = [r for r in (_load("partitions"), _load("partitions-1m")) if r]
+    if partitions:
+        parts.append(partitions_section(partitions))
     notes = HERE / "NOTES.md"
     if notes.exists():
         parts.append(notes.read_text())

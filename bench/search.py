@@ -2,6 +2,12 @@
 
     PYTHONPATH=. .venv/bin/python bench/search.py --chunks 10k            # the quick set (make bench)
     PYTHONPATH=. .venv/bin/python bench/search.py --chunks 10k,100k,1M    # larger sizes take tens of minutes
+    PYTHONPATH=. .venv/bin/python bench/search.py --chunks 100k --sources 10 --layout single,partitioned
+
+`--sources N` spreads the documents over N sources (bench-0 ... by document number) and also times searches
+limited to one source (`hybrid_one_source*`, recall against exact search within that source). `--layout` measures
+`chunks` as one table (migration 0018) and/or partitioned by source (0019): the corpus is loaded once, in the first
+layout, and moved to the next by the migration itself (its duration is reported as `migrate_s`).
 
 For each size, a fresh database is filled with the synthetic corpus of bench/common.py through the product's own
 storage path (`store.write_documents`: the BM25 statistics, weights and GIN index maintained exactly as in a sync),
@@ -70,20 +76,56 @@ def regenerate_sample(dimension: int, n_chunks: int) -> tuple[SyntheticCorpus, l
     return corpus, sample
 
 
-async def load_corpus(kb, n_chunks: int) -> tuple[SyntheticCorpus, list[tuple[str, np.ndarray]], dict[str, float]]:  # type: ignore[no-untyped-def]
-    """Write n_chunks synthetic chunks through the product's store path, then build the HNSW index."""
+def source_names(n_sources: int) -> list[str]:
+    return ["bench"] if n_sources <= 1 else [f"bench-{i}" for i in range(n_sources)]
+
+
+async def set_layout(kb, layout: str) -> float:  # type: ignore[no-untyped-def]
+    """Move `chunks` to `layout` with the migration itself ("single": 0018's one table, "partitioned": 0019), then
+    VACUUM (ANALYZE) it; returns the migration's seconds."""
+    from alembic import command
+    from db.migrate import alembic_config
+
+    def migrate(sync_connection) -> None:  # type: ignore[no-untyped-def]
+        config = alembic_config()
+        config.attributes["connection"] = sync_connection
+        if layout == "single":
+            command.downgrade(config, "0018_cjk_lexemes")
+        else:
+            command.upgrade(config, "head")
+
+    started = timer()
+    async with kb.engine.begin() as conn:
+        kind = (await conn.execute(text("SELECT relkind FROM pg_class WHERE oid = 'chunks'::regclass"))).scalar()
+        if (kind == "p") == (layout == "partitioned"):
+            return 0.0
+        await conn.run_sync(migrate)
+    elapsed = timer() - started
+    for engine in {kb.engine, kb.search_engine}:
+        await engine.dispose()
+    async with kb.engine.connect() as conn:
+        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await conn.execute(text("VACUUM (ANALYZE) chunks"))
+    return elapsed
+
+
+async def load_corpus(kb, n_chunks: int, n_sources: int = 1) -> tuple[SyntheticCorpus, list[tuple[str, np.ndarray]], dict[str, float]]:  # type: ignore[no-untyped-def]
+    """Write n_chunks synthetic chunks through the product's store path (documents 10k..10k+9 in source k mod
+    n_sources),
+    then build the HNSW index."""
     corpus = SyntheticCorpus(kb.embedder.dimension)
     sample: list[tuple[str, np.ndarray]] = []  # (chunk text, its vector): what questions are drawn from
     async with kb.engine.begin() as conn:
-        source_id = await store.ensure_source(conn, "bench", "bench", None)
+        source_ids = [await store.ensure_source(conn, name, "bench", None) for name in source_names(n_sources)]
     generate_s = store_s = 0.0
-    batch: list[store.DocumentWrite] = []
+    batches: list[list[store.DocumentWrite]] = [[] for _ in source_ids]
     written = 0
 
-    async def flush() -> None:
+    async def flush(i: int) -> None:
         nonlocal store_s, written
+        batch = batches[i]
         started = timer()
-        await store.write_documents(kb.engine, source_id, batch, kb.settings.text_search_config)
+        await store.write_documents(kb.engine, source_ids[i], batch, kb.settings.text_search_config)
         store_s += timer() - started
         written += sum(len(d.chunks) for d in batch)
         batch.clear()
@@ -94,8 +136,10 @@ async def load_corpus(kb, n_chunks: int) -> tuple[SyntheticCorpus, list[tuple[st
     async with store.bulk_load(kb.engine) as bulk:
         assert bulk, "the benchmark database was not empty"
         started = timer()
-        pending = 0
+        pending = [0] * len(source_ids)
         for document in corpus.documents(n_chunks):
+            # runs of ten documents (one of each access group) per source, so every source holds every group
+            i = document.number // 10 % len(source_ids)
             rows = [
                 store.ChunkRow(i, body, "", len(body.split()), f"{document.number}-{i}",
                                store.as_vector(vector), body)
@@ -103,20 +147,21 @@ async def load_corpus(kb, n_chunks: int) -> tuple[SyntheticCorpus, list[tuple[st
             ]
             if len(sample) < 2000 and document.number % 7 == 0:
                 sample.append((document.chunks[0], document.vectors[0]))
-            batch.append(store.DocumentWrite(
+            batches[i].append(store.DocumentWrite(
                 external_id=f"doc-{document.number}", title=f"Synthetic document {document.number}", url=None,
                 path=None, author=None, updated_at=None, content_hash=f"h{document.number}", access=document.access,
                 chunks=rows,
             ))
-            pending += len(rows)
-            if pending >= WRITE_BATCH_CHUNKS:
+            pending[i] += len(rows)
+            if pending[i] >= WRITE_BATCH_CHUNKS:
                 generate_s += timer() - started
-                await flush()
-                pending = 0
+                await flush(i)
+                pending[i] = 0
                 started = timer()
         generate_s += timer() - started
-        if batch:
-            await flush()
+        for i, batch in enumerate(batches):
+            if batch:
+                await flush(i)
         print()
         started = timer()  # the graph is built (and the table analysed) when the bulk load ends
     index_s = timer() - started
@@ -130,15 +175,24 @@ async def load_corpus(kb, n_chunks: int) -> tuple[SyntheticCorpus, list[tuple[st
 
 async def sizes(kb) -> dict[str, object]:  # type: ignore[no-untyped-def]
     async with kb.engine.connect() as conn:
+        # summed over the partitions when chunks is partitioned (the parent itself stores nothing)
         table = (await conn.execute(text(
-            "SELECT pg_total_relation_size('chunks') AS total, pg_relation_size('chunks') AS heap, "
-            "pg_total_relation_size('chunks') - pg_relation_size('chunks') - pg_indexes_size('chunks') AS toast, "
-            "pg_indexes_size('chunks') AS indexes, pg_total_relation_size('lexemes') AS lexemes, "
+            "WITH t AS (SELECT oid AS relid FROM pg_class WHERE oid = 'chunks'::regclass AND relkind = 'r' "
+            "UNION ALL SELECT inhrelid FROM pg_inherits WHERE inhparent = 'chunks'::regclass) "
+            "SELECT (SELECT sum(pg_total_relation_size(relid))::bigint FROM t) AS total, "
+            "(SELECT sum(pg_relation_size(relid))::bigint FROM t) AS heap, "
+            "(SELECT sum(pg_total_relation_size(relid) - pg_relation_size(relid) - pg_indexes_size(relid))::bigint "
+            "FROM t) AS toast, (SELECT sum(pg_indexes_size(relid))::bigint FROM t) AS indexes, "
+            "pg_total_relation_size('lexemes') AS lexemes, "
             "(SELECT count(*) FROM chunks) AS chunks, (SELECT count(*) FROM lexemes) AS vocabulary"
         ))).one()
         indexes = (await conn.execute(text(
-            "SELECT indexrelname, pg_relation_size(indexrelid) AS size FROM pg_stat_user_indexes "
-            "WHERE relname = 'chunks' ORDER BY 2 DESC"
+            "SELECT coalesce(p.relname, i.indexrelname) AS indexrelname, sum(pg_relation_size(i.indexrelid))::bigint AS size "
+            "FROM pg_stat_user_indexes i LEFT JOIN pg_inherits h ON h.inhrelid = i.indexrelid "
+            "LEFT JOIN pg_class p ON p.oid = h.inhparent "
+            "WHERE i.relid = 'chunks'::regclass "
+            "OR i.relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'chunks'::regclass) "
+            "GROUP BY 1 ORDER BY 2 DESC"
         ))).all()
     mb = 1024 * 1024
     return {
@@ -151,11 +205,12 @@ async def sizes(kb) -> dict[str, object]:  # type: ignore[no-untyped-def]
 
 
 async def timed_search(kb, queries: list[str], mode: str, principals: tuple[str, ...], embed: bool,  # type: ignore[no-untyped-def]
-                       floor_vectors: list[str] | None = None, floor: list[float] | None = None):
+                       floor_vectors: list[str] | None = None, floor: list[float] | None = None,
+                       sources: tuple[str, ...] | None = None):
     """Time the product's search per query; with floor_vectors, the bare HNSW top-10 for the same query right after
-    each call (appended to `floor`), so both see the same moment's load."""
+    each call (appended to `floor`), so both see the same moment's load. `sources`: a search limited to them."""
     samples, short = [], 0
-    filters = SearchFilters(principals)
+    filters = SearchFilters(principals, sources=sources)
     for i, query in enumerate(queries):
         if embed:
             kb.retriever._query_vectors.pop(query, None)  # the product's query cache: forget this one
@@ -206,15 +261,16 @@ async def raw_driver_floor(kb, vectors: list[np.ndarray]) -> list[float]:  # typ
     return samples
 
 
-async def exact_dense(kb, vector: np.ndarray, principals: tuple[str, ...]) -> list[int]:  # type: ignore[no-untyped-def]
-    """The exact top-10 by full-precision cosine (a sequential scan), best first."""
+async def exact_dense(kb, vector: np.ndarray, principals: tuple[str, ...], source: str | None = None) -> list[int]:  # type: ignore[no-untyped-def]
+    """The exact top-10 by full-precision cosine (a sequential scan), best first (within `source` if given)."""
     async with kb.engine.begin() as conn:
         await conn.execute(text("SET LOCAL enable_indexscan = off"))
         await conn.execute(text("SET LOCAL enable_bitmapscan = off"))
         rows = await conn.execute(
-            text("SELECT id FROM chunks WHERE access && CAST(:p AS text[]) "
+            text("SELECT id FROM chunks WHERE access && CAST(:p AS text[]) AND (CAST(:s AS text) IS NULL "
+                 "OR source_id = (SELECT id FROM sources WHERE name = CAST(:s AS text))) "
                  "ORDER BY embedding <=> CAST(:q AS vector) LIMIT 10"),
-            {"q": vector, "p": list(principals) + ["everyone"]},
+            {"q": vector, "p": list(principals) + ["everyone"], "s": source},
         )
         return [r.id for r in rows]
 
@@ -231,6 +287,7 @@ q AS (
 candidates AS (
     SELECT c.id, c.tsv, c.lexical_len FROM chunks c
     WHERE c.tsv @@ (SELECT string_agg(quote_literal(lexeme), ' | ')::tsquery FROM q)
+      AND (CAST(:source AS text) IS NULL OR c.source_id = (SELECT id FROM sources WHERE name = CAST(:source AS text)))
 )
 SELECT c.id, sum(q.idf * x.tf * (s.k1 + 1) / (x.tf + s.k1 * (1 - s.b + s.b * c.lexical_len / s.avgdl))) AS score
 FROM candidates c CROSS JOIN s, unnest(c.tsv) t
@@ -240,17 +297,19 @@ GROUP BY c.id ORDER BY score DESC, c.id LIMIT 10
 """)
 
 
-async def recall(kb, queries: list[str]) -> dict[str, float]:  # type: ignore[no-untyped-def]
+async def recall(kb, queries: list[str], source: str | None = None) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """recall@10 of the product's dense and lexical paths against exact search, and how often the dense path's
     best hit is exact search's: on these clustered vectors most of recall@10's misses are near-ties (hits as similar
-    as the ones missed), while a different best hit means the search missed the question's clear answer."""
+    as the ones missed), while a different best hit means the search missed the question's clear answer. `source`:
+    searches limited to that source, against exact search within it."""
     dense = dense_filtered = lexical = top1 = top1_filtered = 0.0
+    sources = (source,) if source else None
     for query in queries:
         vector = await kb.retriever.query_vector(query)
         for principals, bucket in ((EVERY_DOCUMENT, "all"), (TEN_PERCENT, "ten")):
-            exact = await exact_dense(kb, vector, principals)
-            got = [h.chunk_id for h in (await kb.search(query, SearchFilters(principals), k=10, mode="dense",
-                                                        max_per_document=10)).hits]
+            exact = await exact_dense(kb, vector, principals, source)
+            got = [h.chunk_id for h in (await kb.search(query, SearchFilters(principals, sources=sources), k=10,
+                                                        mode="dense", max_per_document=10)).hits]
             share = len(set(exact) & set(got)) / max(len(exact), 1)
             same_best = float(exact[:1] == got[:1])
             if bucket == "all":
@@ -261,9 +320,9 @@ async def recall(kb, queries: list[str]) -> dict[str, float]:  # type: ignore[no
                 top1_filtered += same_best
         async with kb.engine.connect() as conn:
             exact_lex = {r.id for r in await conn.execute(
-                EXACT_BM25, {"query": query, "config": kb.settings.text_search_config})}
-        got_lex = {h.chunk_id for h in (await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="lexical",
-                                                        max_per_document=10)).hits}
+                EXACT_BM25, {"query": query, "config": kb.settings.text_search_config, "source": source})}
+        got_lex = {h.chunk_id for h in (await kb.search(query, SearchFilters(EVERY_DOCUMENT, sources=sources), k=10,
+                                                        mode="lexical", max_per_document=10)).hits}
         lexical += len(exact_lex & got_lex) / max(len(exact_lex), 1)
     n = len(queries)
     return {"hnsw_recall@10": round(dense / n, 4), "hnsw_filtered_recall@10": round(dense_filtered / n, 4),
@@ -320,7 +379,7 @@ async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object
     for query in queries:
         async with kb.engine.connect() as conn:
             truths.append({r.id for r in await conn.execute(
-                EXACT_BM25, {"query": query, "config": kb.settings.text_search_config})})
+                EXACT_BM25, {"query": query, "config": kb.settings.text_search_config, "source": None})})
     for postings in (1000, 2000, 3000, 5000, 10000):
         retriever = Retriever(kb.search_engine, kb.embedder, kb.settings, SearchTuning(candidate_postings=postings))
         samples, hits = [], 0.0
@@ -336,10 +395,69 @@ async def levers(kb, queries: list[str], vectors: list[str]) -> dict[str, object
     return out
 
 
+async def measure(kb, queries: list[str], vectors: list[np.ndarray], recall_queries: int,  # type: ignore[no-untyped-def]
+                  with_levers: bool, one_source: str | None) -> dict[str, object]:
+    """Every timing and recall of one layout of the loaded corpus (see the module docstring)."""
+    figures: dict[str, object] = {**await sizes(kb),
+                                  "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    for query in queries[:20]:  # warm the connection pool, the model and Postgres' caches
+        await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="hybrid")
+        if one_source:
+            await kb.search(query, SearchFilters(EVERY_DOCUMENT, sources=(one_source,)), k=10, mode="hybrid")
+    latency: dict[str, object] = {}
+    short: dict[str, int] = {}
+    floor: list[float] = []  # the bare HNSW top-10, timed right after every product call
+    for embed in (False, True):
+        for mode in ("hybrid", "dense", "lexical"):
+            if mode == "lexical" and embed:
+                continue  # lexical search never embeds the query
+            for label, principals in (("", EVERY_DOCUMENT), ("_filtered", TEN_PERCENT)):
+                samples, missing = await timed_search(kb, queries, mode, principals, embed, vectors, floor)
+                key = f"{mode}{label}" + ("" if embed or mode == "lexical" else "_cached_query")
+                latency[key] = summary(samples)
+                short[key] = missing
+                print(f"  {key:32s} {latency[key]}")
+        if embed:
+            break
+    if one_source:  # searches limited to one source (a channel's source, --source), question embedded
+        for label, principals in (("", EVERY_DOCUMENT), ("_filtered", TEN_PERCENT)):
+            samples, missing = await timed_search(kb, queries, "hybrid", principals, True, sources=(one_source,))
+            key = f"hybrid_one_source{label}"
+            latency[key] = summary(samples)
+            short[key] = missing
+            print(f"  {key:32s} {latency[key]}")
+    # the floor again, all at once after the product's calls (for comparison with the interleaved one)
+    latency["raw_sql"] = summary(floor)
+    latency["raw_sql_after"] = summary(await raw_floor(kb, vectors, None))
+    latency["raw_sql_filtered"] = summary(await raw_floor(kb, vectors, TEN_PERCENT))
+    latency["raw_driver"] = summary(await raw_driver_floor(kb, vectors))
+    for key in ("raw_sql", "raw_sql_filtered", "raw_driver"):
+        print(f"  {key:32s} {latency[key]}")
+    print("  recall against exact search ...")
+    figures.update(await recall(kb, queries[:recall_queries]))
+    if one_source:
+        figures["one_source"] = await recall(kb, queries[:recall_queries], one_source)
+        print(f"  recall within {one_source}: {figures['one_source']}")
+    if with_levers:
+        print("  levers ...")
+        figures["levers"] = await levers(kb, queries[:recall_queries], vectors[:recall_queries])
+    figures["latency_ms"] = latency
+    figures["searches_with_fewer_than_10_results"] = short
+    for key in ("hybrid", "hybrid_filtered", "dense", "lexical", "raw_sql", "raw_driver"):
+        figures[f"{key}_p95_ms"] = latency[key]["p95"]  # type: ignore[index]
+    figures["hybrid_filtered_vs_floor_p95"] = round(
+        latency["hybrid_filtered"]["p95"] / max(latency["raw_sql"]["p95"], 1e-9), 2)  # type: ignore[index]
+    print(f"  recall: hnsw {figures['hnsw_recall@10']} (filtered {figures['hnsw_filtered_recall@10']}), "
+          f"same best hit {figures['hnsw_top1_agreement']} (filtered {figures['hnsw_filtered_top1_agreement']}), "
+          f"lexical {figures['lexical_recall@10']}")
+    return figures
+
+
 async def run_size(
-    n_chunks: int, n_queries: int, recall_queries: int, keep: bool, with_levers: bool = False, reuse: bool = False
+    n_chunks: int, n_queries: int, recall_queries: int, keep: bool, with_levers: bool = False, reuse: bool = False,
+    n_sources: int = 1, layouts: tuple[str, ...] = (),
 ) -> dict[str, object]:
-    database = f"ragbot_bench_search_{n_chunks}"
+    database = f"ragbot_bench_search_{n_chunks}" + (f"_{n_sources}_sources" if n_sources > 1 else "")
     if reuse:
         kb = await open_existing_kb(database)
         print(f"{n_chunks:,} chunks: reusing {database} (load figures are not re-measured)")
@@ -350,12 +468,13 @@ async def run_size(
         kb = await open_fresh_kb(database)
     try:
         if not reuse:
-            print(f"{n_chunks:,} chunks: loading through the product's store path")
-            corpus, sample, load = await load_corpus(kb, n_chunks)
+            if layouts:
+                await set_layout(kb, layouts[0])  # loaded in the first layout
+            print(f"{n_chunks:,} chunks over {n_sources} source(s): loading through the product's store path")
+            corpus, sample, load = await load_corpus(kb, n_chunks, n_sources)
             print(f"  {load}")
-        figures: dict[str, object] = {"chunks": n_chunks, **load, **await sizes(kb),
-                                      "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                      "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+        figures: dict[str, object] = {"chunks": n_chunks, "sources": n_sources, **load,
+                                      "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         # What a question is embedded with after a first sync: the product builds its ONNX question encoder then.
         await asyncio.to_thread(kb.embedder.prepare_query_encoder)
         encoder = kb.embedder.small_batch_encoder
@@ -375,45 +494,16 @@ async def run_size(
             "synthetic": summary(kb.embedder.count_tokens_many(queries)),
         }
         print(f"  question tokens: {figures['question_tokens']}")
-        for query in queries[:20]:  # warm the connection pool, the model and Postgres' caches
-            await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="hybrid")
         vectors = [await kb.retriever.query_vector(q) for q in queries]  # also fills the query cache
-        latency: dict[str, object] = {}
-        short: dict[str, int] = {}
-        floor: list[float] = []  # the bare HNSW top-10, timed right after every product call
-        for embed in (False, True):
-            for mode in ("hybrid", "dense", "lexical"):
-                if mode == "lexical" and embed:
-                    continue  # lexical search never embeds the query
-                for label, principals in (("", EVERY_DOCUMENT), ("_filtered", TEN_PERCENT)):
-                    samples, missing = await timed_search(kb, queries, mode, principals, embed, vectors, floor)
-                    key = f"{mode}{label}" + ("" if embed or mode == "lexical" else "_cached_query")
-                    latency[key] = summary(samples)
-                    short[key] = missing
-                    print(f"  {key:32s} {latency[key]}")
-            if embed:
-                break
-        # the floor again, all at once after the product's calls (for comparison with the interleaved one)
-        latency["raw_sql"] = summary(floor)
-        latency["raw_sql_after"] = summary(await raw_floor(kb, vectors, None))
-        latency["raw_sql_filtered"] = summary(await raw_floor(kb, vectors, TEN_PERCENT))
-        latency["raw_driver"] = summary(await raw_driver_floor(kb, vectors))
-        for key in ("raw_sql", "raw_sql_filtered", "raw_driver"):
-            print(f"  {key:32s} {latency[key]}")
-        print("  recall against exact search ...")
-        figures.update(await recall(kb, queries[:recall_queries]))
-        if with_levers:
-            print("  levers ...")
-            figures["levers"] = await levers(kb, queries[:recall_queries], vectors[:recall_queries])
-        figures["latency_ms"] = latency
-        figures["searches_with_fewer_than_10_results"] = short
-        for key in ("hybrid", "hybrid_filtered", "dense", "lexical", "raw_sql", "raw_driver"):
-            figures[f"{key}_p95_ms"] = latency[key]["p95"]  # type: ignore[index]
-        figures["hybrid_filtered_vs_floor_p95"] = round(
-            latency["hybrid_filtered"]["p95"] / max(latency["raw_sql"]["p95"], 1e-9), 2)  # type: ignore[index]
-        print(f"  recall: hnsw {figures['hnsw_recall@10']} (filtered {figures['hnsw_filtered_recall@10']}), "
-              f"same best hit {figures['hnsw_top1_agreement']} (filtered {figures['hnsw_filtered_top1_agreement']}), "
-              f"lexical {figures['lexical_recall@10']}")
+        one_source = source_names(n_sources)[n_sources // 2] if n_sources > 1 else None
+        if not layouts:
+            figures.update(await measure(kb, queries, vectors, recall_queries, with_levers, one_source))
+            return figures
+        for layout in layouts:
+            migrate_s = await set_layout(kb, layout)
+            print(f"  layout {layout}" + (f" (moved by the migration in {migrate_s:.1f} s)" if migrate_s else ""))
+            figures[layout] = {"migrate_s": round(migrate_s, 1),
+                               **await measure(kb, queries, vectors, recall_queries, with_levers, one_source)}
         return figures
     finally:
         await kb.close()
@@ -432,12 +522,19 @@ async def main() -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="search the databases a --keep run left (skips loading; for trying search changes)")
     parser.add_argument("--name", default="search", help="results file name (bench/results/<name>.json)")
+    parser.add_argument("--sources", type=int, default=1,
+                        help="spread the documents over this many sources and also time searches of one of them")
+    parser.add_argument("--layout", default="",
+                        help="comma-separated layouts of chunks to measure on one load: single (migration 0018), "
+                             "partitioned (0019); default: the schema's own (partitioned)")
     args = parser.parse_args()
     results: dict[str, object] = {}
     versions: dict[str, str] = {}
     for size in [parse_size(s) for s in args.chunks.split(",")]:
+        layouts = tuple(x for x in args.layout.split(",") if x)
+        assert set(layouts) <= {"single", "partitioned"}, "--layout takes single and/or partitioned"
         results[str(size)] = await run_size(size, args.queries, args.recall_queries, args.keep, args.levers,
-                                            args.reuse)
+                                            args.reuse, args.sources, layouts)
     from db.engine import create_engine, database_url
 
     engine = create_engine(database_url())

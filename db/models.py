@@ -79,6 +79,8 @@ class Document(Base):
 
 
 class Chunk(Base):
+    """Partitioned by source (migration 0019): one partition per source, so the key includes `source_id`."""
+
     __tablename__ = "chunks"
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     document_id: Mapped[int] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"))
@@ -95,7 +97,7 @@ class Chunk(Base):
     tf_tiers = mapped_column(TSVECTOR, nullable=True)
     bm25_avgdl = mapped_column(Float)  # the avgdl those weights were computed with (NULL: before migration 0006)
     access: Mapped[list[str]] = mapped_column(ARRAY(Text))
-    source_id: Mapped[int] = mapped_column(Integer)
+    source_id: Mapped[int] = mapped_column(Integer, primary_key=True)  # the partition key
     doc_updated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 

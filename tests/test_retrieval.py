@@ -282,7 +282,8 @@ async def test_a_question_of_common_words_finds_the_chunk_that_repeats_them(fres
     # when Postgres rebuilds it (maintenance runs index expressions with a search_path of pg_catalog only).
     async with fresh_kb.engine.begin() as conn:
         await conn.execute(text("UPDATE chunks SET tf_tiers = NULL"))
-    async with fresh_kb.engine.begin() as conn:
+    async with fresh_kb.engine.connect() as conn:  # a partitioned index (migration 0019) reindexes outside a transaction
+        conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
         await conn.execute(text("REINDEX INDEX chunks_tf_tiers"))
     hits = (await tuned(fresh_kb, knobs).search("hangar", SearchFilters(), k=1, mode="lexical")).hits
     assert [h.external_id for h in hits] == ["answer"]

@@ -13,7 +13,7 @@ Revises: 0018_cjk_lexemes
 from alembic import op
 
 revision = "0020_sync_parts"
-down_revision = "0018_cjk_lexemes"
+down_revision = "0019_chunk_partitions"
 branch_labels = None
 depends_on = None
 

@@ -98,7 +98,15 @@ async def delete_source(conn: AsyncConnection, name: str) -> tuple[int, int] | N
         )
     ).one()
     await conn.execute(text("DELETE FROM sources WHERE id = :s"), {"s": source_id})
+    # Its chunks went with it (the cascade, counted out of the BM25 statistics by the delete trigger): its emptied
+    # partition (migration 0019) goes too. Dropping a partition locks `chunks` until this transaction commits.
+    await conn.execute(text(f"DROP TABLE IF EXISTS {partition_name(source_id)}"))
     return documents, chunks
+
+
+def partition_name(source_id: int) -> str:
+    """The partition of `chunks` that holds a source's chunks (migration 0019: created with the source)."""
+    return f"chunks_p{int(source_id)}"
 
 
 async def vacuum_chunks(engine: AsyncEngine) -> None:
@@ -252,7 +260,8 @@ async def write_documents(
             document_ids = await _upsert_documents(conn, source_id, to_write)
             replaced = [document_ids[d.external_id] for d in to_write if d.external_id in existing]
             old_chunks = list((await conn.execute(
-                text("SELECT id FROM chunks WHERE document_id = ANY(:ids)"), {"ids": replaced}
+                text("SELECT id FROM chunks WHERE document_id = ANY(:ids) AND source_id = :s"),
+                {"ids": replaced, "s": source_id}
             )).scalars()) if replaced else []
             await _insert_chunks(conn, source_id, [
                 (document_ids[d.external_id], d.chunks, chunk_tsvectors[d.external_id]) for d in to_write
@@ -260,7 +269,9 @@ async def write_documents(
             # After the insert, not before: the delete trigger takes the statistics row, on which concurrent writers
             # queue, so deleting first would make this insert wait for the other writers' commits.
             if old_chunks:
-                await conn.execute(text("DELETE FROM chunks WHERE id = ANY(:ids)"), {"ids": old_chunks})
+                # by source too: only its partition is read (migration 0019)
+                await conn.execute(text("DELETE FROM chunks WHERE id = ANY(:ids) AND source_id = :s"),
+                                   {"ids": old_chunks, "s": source_id})
             for d in to_write:
                 outcomes[d.external_id] = WriteOutcome(
                     document_ids[d.external_id], "added" if d.external_id not in existing else "updated"

@@ -129,11 +129,16 @@ class SearchTuning:
         }
 
 
+# A search limited to some sources names their ids (resolved from the names before the statement, `_source_ids`)
+# as a bind parameter compared with the partition key: Postgres then prunes every other source's partition (migration
+# 0019) as it plans the statement for those values, and scans only theirs. It prunes with `= ANY(array)` only for an
+# array it knows when planning, so such a statement is always planned for its values (never a generic plan), and a
+# condition that also had to let every source through (`:sources IS NULL OR ...`), or ids from a subquery, would
+# leave every partition in the plan: a search of every source runs a statement without the condition.
+_SOURCE_FILTER = "    AND c.source_id = ANY(CAST(:source_ids AS integer[]))\n"
 _FILTERS = """
         c.access && CAST(:principals AS text[])
-    AND (CAST(:sources AS text[]) IS NULL
-         OR c.source_id = ANY(ARRAY(SELECT id FROM sources WHERE name = ANY(CAST(:sources AS text[])))))
-    AND (CAST(:updated_after AS timestamptz) IS NULL OR c.doc_updated_at >= CAST(:updated_after AS timestamptz))
+{source_filter}    AND (CAST(:updated_after AS timestamptz) IS NULL OR c.doc_updated_at >= CAST(:updated_after AS timestamptz))
 """
 
 # The same filters, with the access check kept out of index use: for a posting list bounded by
@@ -146,7 +151,18 @@ _FILTERS_PER_ROW = _FILTERS.replace(
 
 _CORPUS_SIZE = text("SELECT n_chunks FROM corpus_stats WHERE id = 1")
 
-_PERMITTED_COUNT = text("SELECT count(*) AS n FROM (SELECT 1 FROM chunks c WHERE " + _FILTERS + " LIMIT :n) permitted")
+
+
+def _with_sources(sql: str, by_source: bool) -> str:
+    """`sql` with its `{source_filter}`s as a search of some sources (by_source) or of every source has them."""
+    return sql.replace("{source_filter}", _SOURCE_FILTER if by_source else "")
+
+
+_PERMITTED_COUNT = {
+    by_source: text(_with_sources("SELECT count(*) AS n FROM (SELECT 1 FROM chunks c WHERE " + _FILTERS
+                                  + " LIMIT :n) permitted", by_source))
+    for by_source in (False, True)
+}
 
 _LEXICAL_CTES = """
 question_terms AS (
@@ -220,10 +236,10 @@ together AS MATERIALIZED (
     -- posting list of an AND and skips through the others; one OR of all the groups would read every list whole),
     -- the asker's access checked row by row before the cap (chunks they may not see take no place). A chunk this
     -- brings may come twice, or also from `scored`'s scans: `lexical` scores it once.
-    SELECT c.id, c.bm25
+    SELECT c.id, c.source_id, c.bm25
     FROM (SELECT * FROM together_groups ORDER BY expected, a, b, c) g
     CROSS JOIN LATERAL (
-        SELECT c.id, c.bm25 FROM chunks c WHERE c.tsv @@ g.terms AND {row_filters} LIMIT :together_cap
+        SELECT c.id, c.source_id, c.bm25 FROM chunks c WHERE c.tsv @@ g.terms AND {row_filters} LIMIT :together_cap
     ) c
     LIMIT :together_cap
 ),
@@ -275,15 +291,15 @@ bm25_query AS (
            AND NOT EXISTS (SELECT 1 FROM tier_walk w WHERE w.id = t.id AND w.found >= :n)) AS common
 ),
 scored AS MATERIALIZED (
-    SELECT c.id, -(c.bm25 <#> q.weights) AS score, c.bm25
+    SELECT c.id, c.source_id, -(c.bm25 <#> q.weights) AS score, c.bm25
     FROM (
-        (SELECT c.id, c.bm25 FROM chunks c, bm25_query q
+        (SELECT c.id, c.source_id, c.bm25 FROM chunks c, bm25_query q
          WHERE c.tsv @@ q.candidates AND {candidate_filters}
          LIMIT greatest(:scan_cap, :common_index_df))
         UNION ALL
-        (SELECT id, bm25 FROM together)
+        (SELECT id, source_id, bm25 FROM together)
         UNION ALL
-        (SELECT c.id, c.bm25 FROM chunks c, bm25_query q
+        (SELECT c.id, c.source_id, c.bm25 FROM chunks c, bm25_query q
          WHERE {tiers_of_c} @@ q.repeated AND {row_filters}
          LIMIT :scan_cap)
         UNION ALL
@@ -291,8 +307,9 @@ scored AS MATERIALIZED (
         -- id order until CANDIDATE_SCAN_CAP of them hold it (a BM25 weight is > 0 for every term a chunk
         -- holds, so the one-hot product says whether the chunk contains it; the weights are stored in the row).
         -- (The first condition does not depend on the row: evaluated once, it skips the scan for other questions.)
-        (SELECT c.id, c.bm25
-         FROM (SELECT id, bm25, access, source_id, doc_updated_at FROM chunks ORDER BY id LIMIT :common_scan_rows) c
+        (SELECT c.id, c.source_id, c.bm25
+         FROM (SELECT id, bm25, access, source_id, doc_updated_at FROM chunks c WHERE true
+{source_filter}               ORDER BY id LIMIT :common_scan_rows) c
          WHERE (SELECT common FROM bm25_query) IS NOT NULL
            AND (c.bm25 <#> (SELECT common FROM bm25_query)) < 0 AND {row_filters}
          LIMIT :scan_cap)
@@ -312,9 +329,9 @@ full_match AS (
           END
 ),
 lexical AS MATERIALIZED (
-    SELECT s.id, max(s.score) AS score, max(f.score) AS full_match_score
+    SELECT s.id, s.source_id, max(s.score) AS score, max(f.score) AS full_match_score
     FROM scored s, full_match f
-    GROUP BY s.id
+    GROUP BY s.id, s.source_id
     ORDER BY max(s.score) DESC, s.id
     LIMIT :n
 )"""
@@ -324,8 +341,8 @@ lexical AS MATERIALIZED (
 # met within a few dozen rows), else in the GIN index. The index alone builds a bitmap of the whole posting list
 # before it can answer: 80 ms for a term in 40% of a million chunks.
 _COMMON_TERM_VISIBLE = """(
-    EXISTS (SELECT 1 FROM (SELECT bm25, access, source_id, doc_updated_at FROM chunks ORDER BY id
-                           LIMIT :common_probe_rows) c
+    EXISTS (SELECT 1 FROM (SELECT bm25, access, source_id, doc_updated_at FROM chunks c WHERE true
+{source_filter}                           ORDER BY id LIMIT :common_probe_rows) c
             WHERE (c.bm25 <#> {holds_t}) < 0 AND {row_filters})
     OR EXISTS (SELECT 1 FROM chunks c WHERE c.tsv @@ CAST(t.literal AS tsquery) AND {filters}))"""
 
@@ -356,31 +373,38 @@ JOIN sources s ON s.id = d.source_id"""
 _LEXICAL_SELECT = f"""
 SELECT l.id, l.score, l.full_match_score, {_SHOWN_COLUMNS}
 FROM lexical l
-JOIN chunks c ON c.id = l.id
-{_SHOWN_JOINS}"""
-LEXICAL_SQL = "WITH RECURSIVE " + _lexical_search_ctes() + _LEXICAL_SELECT
+JOIN chunks c ON c.id = l.id AND c.source_id = l.source_id
+{{source_filter}}{_SHOWN_JOINS}"""
+LEXICAL_SQL = _with_sources("WITH RECURSIVE " + _lexical_search_ctes() + _LEXICAL_SELECT, False)
 # The same with the asker's filters open to the indexes (the access index's bitmap ANDed with the terms'), for a
 # search with every term (rare_corpus = EVERY_TERM): candidates are then only chunks the asker may see, however few
 # of a term's postings those are.
-LEXICAL_SQL_AMONG_PERMITTED = "WITH RECURSIVE " + _lexical_search_ctes(_FILTERS) + _LEXICAL_SELECT
+LEXICAL_SQL_AMONG_PERMITTED = _with_sources("WITH RECURSIVE " + _lexical_search_ctes(_FILTERS) + _LEXICAL_SELECT,
+                                            False)
 # Built once: SQLAlchemy finds a statement's parameters with a regular expression over its text, which for
 # BM25's 15,000 characters is a measurable share of a search's Python time.
-_LEXICAL = text(LEXICAL_SQL)
-_LEXICAL_AMONG_PERMITTED = text(LEXICAL_SQL_AMONG_PERMITTED)
+# Keyed by (among_permitted, by_source).
+_LEXICAL = {
+    (among_permitted, by_source): text(_with_sources(
+        "WITH RECURSIVE " + _lexical_search_ctes(_FILTERS if among_permitted else _FILTERS_PER_ROW) + _LEXICAL_SELECT,
+        by_source))
+    for among_permitted in (False, True) for by_source in (False, True)
+}
 
 
-def dense_sql(dimension: int, *, exact: bool = False) -> str:
+def dense_sql(dimension: int, *, exact: bool = False, by_source: bool = False) -> str:
     """The HNSW search for the n chunks nearest the question that the asker may see. `dimension` is an int from the
     model, never user input. `exact` orders by the full-precision distance, which no index serves: an exact scan
-    of the permitted chunks, for when the index scan falls short (fast for the small permitted sets where it does)."""
+    of the permitted chunks, for when the index scan falls short (fast for the small permitted sets where it does).
+    `by_source`: the search is limited to the sources in :source_ids (only their partitions are scanned)."""
     dim = str(int(dimension))
     # the order from the half-precision HNSW index (store.vector_index_sql), the score at full precision
     order = f"c.embedding::halfvec({dim}) <=> CAST(:embedding AS halfvec({dim}))"
     if exact:
         order = f"c.embedding::vector({dim}) <=> CAST(:embedding AS vector({dim}))"
-    return f"""
+    return _with_sources(f"""
 WITH dense AS MATERIALIZED (
-    SELECT c.id, 1 - (c.embedding::vector({dim}) <=> CAST(:embedding AS vector({dim}))) AS score
+    SELECT c.id, c.source_id, 1 - (c.embedding::vector({dim}) <=> CAST(:embedding AS vector({dim}))) AS score
     FROM chunks c
     WHERE {_FILTERS}
     ORDER BY {order}
@@ -388,31 +412,47 @@ WITH dense AS MATERIALIZED (
 )
 SELECT n.id, n.score, {_SHOWN_COLUMNS}
 FROM dense n
-JOIN chunks c ON c.id = n.id
-{_SHOWN_JOINS}"""
+JOIN chunks c ON c.id = n.id AND c.source_id = n.source_id
+{{source_filter}}{_SHOWN_JOINS}""", by_source)
 
 
 @cache
-def _dense_statement(dimension: int, *, exact: bool = False) -> TextClause:
-    return text(dense_sql(dimension, exact=exact))
+def _dense_statement(dimension: int, *, exact: bool = False, by_source: bool = False) -> TextClause:
+    return text(dense_sql(dimension, exact=exact, by_source=by_source))
+
+
+_SOURCE_IDS = text("SELECT coalesce(array_agg(id ORDER BY id), '{}') AS ids FROM sources WHERE name = ANY(:names)")
+
+
+async def _source_ids(conn: AsyncConnection, params: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The statement's parameters with the ids of the sources it is limited to (`source_ids`, see _SOURCE_FILTER),
+    and whether it is limited: one small read, only for a search of some sources."""
+    names = params.get("sources")
+    if names is None:
+        return dict(params), False
+    (row,) = await read_rows(conn, _SOURCE_IDS, {"names": list(names)})
+    return {**params, "source_ids": list(row.ids)}, True
 
 
 async def lexical_rows(conn: AsyncConnection, params: Mapping[str, Any], *, among_permitted: bool = False) -> list[Any]:
     """BM25's candidates, best first, each with what its hit shows and the full-match score. `among_permitted`: the
     statement with the asker's filters open to the indexes (LEXICAL_SQL_AMONG_PERMITTED). The question is tokenised
     as the chunks were (`lexical_text`: Chinese and Japanese split into words and bigrams)."""
-    params = {**params, "query": lexical_text(str(params["query"]))}
+    params, by_source = await _source_ids(conn, {**params, "query": lexical_text(str(params["query"]))})
     if among_permitted:
-        return await read_rows(conn, _LEXICAL_AMONG_PERMITTED, params)
+        return await read_rows(conn, _LEXICAL[True, by_source], params)
     # Its plan cannot use the question (its terms are found while it runs) and barely the asker: the same rows
-    # either way, and 2-2.7 ms less a search than planning it at every run.
-    return await read_rows(conn, _LEXICAL, params, generic_plan=True)
+    # either way, and 2-2.7 ms less a search than planning it at every run. Not for a search of some sources: only a
+    # plan made for their ids leaves the other sources' partitions out (see _SOURCE_FILTER).
+    return await read_rows(conn, _LEXICAL[False, by_source], params, generic_plan=not by_source)
 
 
 async def dense_rows(conn: AsyncConnection, dimension: int, params: Mapping[str, Any], *, exact: bool = False,
                      settings: Mapping[str, str] | None = None) -> list[Any]:
     """The n chunks nearest the question that the asker may see (`settings`: e.g. hnsw.ef_search)."""
-    return await read_rows(conn, _dense_statement(dimension, exact=exact), params, settings=settings)
+    params, by_source = await _source_ids(conn, params)
+    return await read_rows(conn, _dense_statement(dimension, exact=exact, by_source=by_source), params,
+                           settings=settings)
 
 
 async def corpus_size(conn: AsyncConnection) -> int:
@@ -423,7 +463,8 @@ async def corpus_size(conn: AsyncConnection) -> int:
 
 async def permitted_count(conn: AsyncConnection, params: Mapping[str, Any]) -> int:
     """How many chunks the asker may see, counted up to params["n"]."""
-    (permitted,) = await read_rows(conn, _PERMITTED_COUNT, params)
+    params, by_source = await _source_ids(conn, params)
+    (permitted,) = await read_rows(conn, _PERMITTED_COUNT[by_source], params)
     return int(permitted.n)
 
 
