@@ -38,6 +38,8 @@ NOT_SETTINGS = {
     "PYTEST_XDIST_TESTRUNUID": "pytest-xdist's variable (docs/development.md: the shared test server)",
     "SLOW_MODULES": "a constant of tests/conftest.py (docs/development.md)",
     "TEST_SERVER_SETTINGS": "a constant of tests/conftest.py (docs/development.md)",
+    "RAGBOT_SCALE_SMOKE": "opts into the podman smoke test of compose.scale.yaml (docs/operations.md)",
+    "CONTAINERS_CONF": "podman's own configuration file variable, set by that smoke test (docs/operations.md)",
     "THREAD_PAGE_SIZE": "a constant of bot/slack (docs/connectors.md)",
     "THREAD_MAX_PAGES": "a constant of bot/slack (docs/connectors.md)",
     "PRIOR_MESSAGES_LIMIT": "a constant of bot/slack (docs/connectors.md)",

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import functools
 import itertools
 import json
 import secrets
@@ -183,6 +184,34 @@ class Message:
         return self.visible_to in (None, member_id)
 
 
+@dataclass(frozen=True)
+class _Keys:
+    kid: str
+    signing_key: rsa.RSAPrivateKey
+    signing_cert: x509.Certificate
+    entra_kid: str
+    entra_key: rsa.RSAPrivateKey
+    ca_key: rsa.RSAPrivateKey
+    ca_cert: x509.Certificate
+    tls_key: rsa.RSAPrivateKey
+    tls_cert: x509.Certificate
+
+
+@functools.cache
+def _key_material() -> _Keys:
+    """The fake Microsoft's CA, TLS and signing keys, made once per test process. Per fake they would break the
+    SDK's key look-up: it keeps one PyJWKClient per JWKS address for the whole process, and pyjwt refetches for an
+    unknown kid at most once per 30 s (its refresh cooldown), so a second fake's new kid inside that window fails."""
+    signing_key, ca_key, tls_key = _new_key(), _new_key(), _new_key()
+    ca_cert = _certificate("ragbot fake Microsoft CA", ca_key, ca_key, None, ca=True)
+    return _Keys(
+        kid=secrets.token_hex(8), signing_key=signing_key,
+        signing_cert=_certificate("botframework signing", signing_key, ca_key, ca_cert.subject, ca=False,
+                                  hosts=(BOTFRAMEWORK_HOST,)),
+        entra_kid=secrets.token_hex(8), entra_key=_new_key(), ca_key=ca_key, ca_cert=ca_cert, tls_key=tls_key,
+        tls_cert=_certificate(BOTFRAMEWORK_HOST, tls_key, ca_key, ca_cert.subject, ca=False, hosts=TUNNELLED_HOSTS))
+
+
 class FakeTeamsConnector:
     def __init__(self, *, app_id: str | None = None, app_password: str | None = None,
                  tenant_id: str | None = None) -> None:
@@ -190,17 +219,12 @@ class FakeTeamsConnector:
         self.app_password = app_password or secrets.token_urlsafe(24)
         self.tenant_id = tenant_id or str(uuid.uuid4())
         self.bot_id = f"28:{self.app_id}"
-        self.kid = secrets.token_hex(8)  # unique per fake: pyjwt refetches the JWKS for a kid it does not know
-        self._signing_key = _new_key()
-        self._entra_key = _new_key()  # Entra ID's own signing key (the tenant's discovery/v2.0/keys)
-        self.entra_kid = secrets.token_hex(8)
-        self._ca_key = _new_key()
-        self._ca_cert = _certificate("ragbot fake Microsoft CA", self._ca_key, self._ca_key, None, ca=True)
-        self._tls_key = _new_key()
-        self._tls_cert = _certificate(BOTFRAMEWORK_HOST, self._tls_key, self._ca_key, self._ca_cert.subject,
-                                      ca=False, hosts=TUNNELLED_HOSTS)
-        self._signing_cert = _certificate("botframework signing", self._signing_key, self._ca_key,
-                                          self._ca_cert.subject, ca=False, hosts=(BOTFRAMEWORK_HOST,))
+        keys = _key_material()  # one set per process, as Microsoft's keys are stable (see _key_material)
+        self.kid, self._signing_key = keys.kid, keys.signing_key
+        self.entra_kid, self._entra_key = keys.entra_kid, keys.entra_key  # Entra ID's own (discovery/v2.0/keys)
+        self._ca_key, self._ca_cert = keys.ca_key, keys.ca_cert
+        self._tls_key, self._tls_cert = keys.tls_key, keys.tls_cert
+        self._signing_cert = keys.signing_cert
         self._dir = Path(tempfile.mkdtemp(prefix="fake-teams-"))
         self.ca_file = self._dir / "ca.pem"
         self.ca_file.write_bytes(self._ca_cert.public_bytes(serialization.Encoding.PEM))
