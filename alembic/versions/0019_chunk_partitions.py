@@ -57,10 +57,6 @@ BEGIN
     IF (SELECT relkind FROM pg_class WHERE oid = parent) <> 'p' OR to_regclass(name) IS NOT NULL THEN
         RETURN;
     END IF;
-    -- The index writers' lock (db.locks.INDEX_WRITERS), shared, before any table lock: attaching takes the default
-    -- partition ACCESS EXCLUSIVE, and a bulk load's DROP INDEX (which holds that lock exclusively) takes every
-    -- partition's index: without it the two deadlock when a second source is added during a first sync.
-    PERFORM pg_advisory_xact_lock_shared(727274003);
     EXECUTE format('CREATE TABLE %I (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)',
                    name, parent);
     EXECUTE format('ALTER TABLE %s ATTACH PARTITION %I FOR VALUES IN (%s)', parent, name, source);

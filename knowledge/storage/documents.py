@@ -713,6 +713,10 @@ async def _claim_bulk_load(engine: AsyncEngine) -> int | None:
         dimension = int(await get_meta(conn, "embedding_dimension") or 0)  # set with the model's vector index
         empty = (await conn.execute(text("SELECT NOT EXISTS (SELECT 1 FROM chunks)"))).scalar()
         if dimension and empty:
+            # The table first, then its graph: dropping a partitioned index locks each partition's index, and a
+            # source being added attaches its partition holding the default one; taking the whole table here first
+            # (it is empty, so nothing waits long) orders the two instead of letting them deadlock.
+            await conn.execute(text("LOCK TABLE chunks IN ACCESS EXCLUSIVE MODE"))
             await drop_vector_indexes(conn)
             return dimension
         if dimension:
