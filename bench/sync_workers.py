@@ -50,6 +50,17 @@ def make_big_source(root: Path, folders: int, pages: int) -> Path:
     return source
 
 
+def stop_workers(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGINT every worker (a scheduler ends its run cleanly on it), then kill any still running after 120 s."""
+    for process in processes:
+        process.send_signal(signal.SIGINT)
+    for process in processes:
+        try:
+            process.wait(120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 async def measure_big(workers: int, folder: Path, split: bool = True) -> dict[str, object]:
     """One big source's first sync, split by folder (or, `split=False`, as one unit), with `workers` scheduler
     processes."""
@@ -72,13 +83,7 @@ async def measure_big(workers: int, folder: Path, split: bool = True) -> dict[st
             else:
                 raise SystemExit("the workers did not publish the big source within 30 minutes")
         finally:
-            for process in processes:
-                process.send_signal(signal.SIGINT)
-            for process in processes:
-                try:
-                    process.wait(120)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stop_workers(processes)
         done = [r for r in runs if r.status == "ok" and r.finished_at]
         start = min(r.started_at for r in runs)
         end = max(r.finished_at for r in done if r.finished_at)
@@ -129,13 +134,7 @@ async def measure(workers: int, folders: list[Path]) -> dict[str, object]:
             else:
                 raise SystemExit("the workers did not sync every source within 30 minutes")
         finally:
-            for process in processes:
-                process.send_signal(signal.SIGINT)
-            for process in processes:
-                try:
-                    process.wait(120)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stop_workers(processes)
         first: dict[str, SyncRun] = {}
         for run in sorted(runs, key=lambda r: r.started_at):
             first.setdefault(run.source, run)
