@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -36,6 +36,7 @@ from bot.chat.channels import ChannelSettings, channel_settings
 from bot.chat.delivery import asks_privately, channel_mode, public_conversation
 from bot.chat.errors import apology, new_error_id
 from bot.chat.guests import OUTSIDER_REPLY
+from bot.chat.history import ThreadMessage, thread_history
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo
 from bot.chat.state import BotState
 from knowledge import QuestionTooLong
@@ -233,6 +234,26 @@ class ChatFlow:
         if not await self.claim(f"{self.platform}:share:{answer_id}"):
             return SHARE_DONE
         return Share(delivered.question, public_conversation(delivered.conversation_id))
+
+    def history(self, conversation_id: str, fetch: Callable[[], Awaitable[Iterable[ThreadMessage]]], *,
+                me: str | None, before: float, question_id: str | None = None,
+                ) -> Callable[[], Awaitable[Sequence[ChatMessage] | None]]:
+        """The history of a question asked in a thread (`Ask.history`): nothing when the bot has answered in this
+        conversation already (its own memory holds the turns), else the thread's earlier messages the adapter
+        fetches, through the one policy (`bot.chat.history.thread_history`: before the question, the bot's own
+        answers and people's messages, the last few, not too old). A thread that cannot be read is no history."""
+
+        async def read() -> Sequence[ChatMessage] | None:
+            if await self.answered_in(conversation_id):
+                return None
+            try:
+                messages = list(await fetch())
+            except Exception as exc:
+                logger.warning("%s: could not read the thread for context: %s", self.platform, exc)
+                return None
+            return thread_history(messages, me=me, before=before, question_id=question_id)
+
+        return read
 
     async def answered_in(self, conversation_id: str) -> bool:
         """Whether the bot has answered in this conversation (a thread reply there is a follow-up)."""

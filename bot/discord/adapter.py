@@ -44,6 +44,7 @@ from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_rating
 from bot.chat.flow import SHARE_NOT_YOURS, Ask, ChatFlow, OnText
 from bot.chat.guests import MEMBER, Standing, trusted_admin
+from bot.chat.history import PRIOR_MESSAGES_LIMIT, ThreadMessage
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
 from bot.chat.render import SOURCES_TITLE, SourceEntry, answer_view, sources_list, split_text
@@ -69,7 +70,6 @@ EMBED_DESCRIPTION_LIMIT = 4096
 EMBED_TOTAL_LIMIT = 6000  # all embeds of one message together
 EMBEDS_PER_MESSAGE = 10
 THREAD_NAME_LIMIT = 100
-HISTORY_MESSAGES = 20  # thread messages read as history when mentioned mid-thread
 NO_PINGS = discord.AllowedMentions.none()
 PLATFORM = "discord"
 GUILD_MEMBERS_PAGE = 1000  # GET /guilds/{id}/members: at most 1000 per page, paged by `after`
@@ -545,7 +545,8 @@ class RagbotDiscord(discord.Client):
     # ---- answering ------------------------------------------------------------------------------------------------
 
     async def answer_into(self, send: Send, question: str, user: discord.abc.User, target: AnswerTarget,
-                          conversation_id: str, history: Callable[[], Awaitable[list[ChatMessage]]] | None = None,
+                          conversation_id: str,
+                          history: Callable[[], Awaitable[Sequence[ChatMessage] | None]] | None = None,
                           private: bool = False, *, auto: bool = False, claim: LeaseClaim | None = None,
                           ) -> Answer | None:
         """Answer `question` through the shared chat flow and post it through `send`: progressively while Claude
@@ -630,7 +631,9 @@ class RagbotDiscord(discord.Client):
             parent = channel.parent_id if isinstance(channel, discord.Thread) else None
             await self.answer_into(
                 channel.send, question, message.author, _target(channel.id, guild_id, parent or channel.id),
-                conversation, None if followup else (lambda: self.thread_history(channel, before=message)),
+                conversation, self.flow.history(conversation, lambda: self.thread_history(channel, before=message),
+                                                me=str(self.user.id), before=message.created_at.timestamp(),
+                                                question_id=str(message.id)),
                 claim=claim,
             )
             return
@@ -677,16 +680,14 @@ class RagbotDiscord(discord.Client):
         await self.answer_into(send, question, message.author, _target(message.channel.id, guild_id, message.channel.id),
                                f"{PLATFORM}:{guild_id}:{message.id}", auto=True, claim=claim)
 
-    async def thread_history(self, thread: Any, before: discord.Message) -> list[ChatMessage]:
-        """The messages of a thread the bot is mentioned in for the first time, oldest first, as history."""
+    async def thread_history(self, thread: Any, before: discord.Message) -> list[ThreadMessage]:
+        """The messages of a thread before the one the bot is mentioned in, oldest first, for the core's history
+        policy (`ChatFlow.history`)."""
         assert self.user is not None
-        history = []
-        async for old in thread.history(limit=HISTORY_MESSAGES, before=before):
-            mine = old.author.id == self.user.id
-            text = old.content if mine else self.question_from(old)
-            if text:
-                history.append(ChatMessage("assistant" if mine else "user", text))
-        return list(reversed(history))
+        newest_first = [ThreadMessage(str(old.author.id), old.author.bot, old.content if old.author.id == self.user.id
+                                      else self.question_from(old), old.created_at.timestamp(), str(old.id))
+                        async for old in thread.history(limit=PRIOR_MESSAGES_LIMIT, before=before)]
+        return newest_first[::-1]
 
     # ---- feedback -----------------------------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_button_value
 from bot.chat.flow import Ask, ChatFlow, OnText
 from bot.chat.guests import MEMBER, Standing, trusted_admin
+from bot.chat.history import PRIOR_MESSAGES_LIMIT, ThreadMessage
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
 from bot.chat.render import AnswerView, answer_view
@@ -68,7 +69,7 @@ from bot.slack.format import (
     stream_tail_blocks,
     to_mrkdwn,
 )
-from knowledge import ChatMessage, Person, check_principal
+from knowledge import Person, check_principal
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -91,7 +92,6 @@ SUGGESTED_PROMPTS = [
 ]
 NOTE_OFFLINE = "Composed answers are unavailable right now, so these are excerpts from the documents."
 STATUS_SEARCHING = "is searching the documents…"
-PRIOR_MESSAGES_LIMIT = 30
 # conversations.replies pages: a thread longer than this many pages keeps the last messages of the pages read.
 THREAD_PAGE_SIZE = 200
 THREAD_MAX_PAGES = 10
@@ -498,7 +498,9 @@ class SlackAdapter:
                                                  "_How many vacation days do I get?_"))
             await self.flow.delivered(claim)
             return
-        history = (lambda: self._prior_messages(where, event)) if mid_thread else None
+        history = self.flow.history(where.conversation_id, lambda: self._prior_messages(where),
+                                    me=self.bot_user_id, before=_ts_float(where.message_ts),
+                                    question_id=where.message_ts) if mid_thread else None
         identity = f"slack:{where.user}"
         conversation = where.conversation_id
         answer_reply: SlackReply | SlackEphemeralReply = reply
@@ -583,12 +585,13 @@ class SlackAdapter:
         email = user.email if user else None
         return Person((f"user:{email}",) if email else (), f"slack:{user_id}")
 
-    async def _prior_messages(self, where: Where, event: dict[str, Any]) -> list[ChatMessage] | None:
-        """Mentioned mid-thread: the thread's earlier messages (which the bot never saw) become the history: the
-        last PRIOR_MESSAGES_LIMIT before the mention. conversations.replies pages oldest first, so the pages are
-        followed (response_metadata.next_cursor, at most THREAD_MAX_PAGES) and only the tail is kept."""
-        if where.thread_ts is None or await self.flow.answered_in(where.conversation_id):
-            return None  # (a question mid-thread always has its thread's ts)
+    async def _prior_messages(self, where: Where) -> list[ThreadMessage]:
+        """Mentioned mid-thread: the thread's messages before the mention (which the bot never saw), for the core's
+        history policy (`ChatFlow.history`). conversations.replies pages oldest first, so the pages are followed
+        (response_metadata.next_cursor, at most THREAD_MAX_PAGES) and only the tail is held; a page that fails
+        ends the reading with what was read."""
+        if where.thread_ts is None:  # (a question mid-thread always has its thread's ts)
+            return []
         before = _ts_value(where.message_ts)
         kept: dict[str, dict[str, Any]] = {}  # ts -> message, only those before the mention
         cursor: str | None = None
@@ -608,19 +611,19 @@ class SlackAdapter:
                 if not cursor:
                     break
         except SlackClientError as exc:
-            logger.warning("Slack: could not read the thread for context: %s", exc)
             if not kept:
-                return None
+                raise
+            logger.warning("Slack: read only part of the thread for context: %s", exc)
         prior = []
-        for ts, message in sorted(kept.items(), key=lambda item: _ts_value(item[0])):  # noqa: B007 (the name documents the tuple's shape)
-            if message.get("subtype") not in (None, "thread_broadcast"):
-                continue
-            text = question_text(message.get("text") or "", self.bot_user_id)
-            if not text:
-                continue
-            mine = message.get("user") == self.bot_user_id or (self.bot_id and message.get("bot_id") == self.bot_id)
-            prior.append(ChatMessage("assistant" if mine else "user", text))
-        return prior[-PRIOR_MESSAGES_LIMIT:] or None
+        for ts, message in sorted(kept.items(), key=lambda item: _ts_value(item[0])):
+            if message.get("subtype") not in (None, "thread_broadcast", "bot_message"):
+                continue  # joins, edits' tombstones...
+            mine = message.get("user") == self.bot_user_id or bool(self.bot_id and message.get("bot_id") == self.bot_id)
+            author = self.bot_user_id if mine else str(message.get("user") or message.get("bot_id") or "")
+            prior.append(ThreadMessage(author or "", mine or bool(message.get("bot_id")),
+                                       question_text(message.get("text") or "", self.bot_user_id), _ts_float(ts),
+                                       ts))
+        return prior
 
     # Posting.
 
@@ -739,6 +742,11 @@ def _ts_value(ts: str) -> tuple[int, int]:
         return int(seconds), int(micro or 0)
     except ValueError:
         return (0, 0)
+
+
+def _ts_float(ts: str) -> float:
+    seconds, micro = _ts_value(ts)
+    return seconds + micro / 1_000_000
 
 
 def _slack_error(exc: SlackClientError) -> str:
