@@ -1,7 +1,7 @@
 """The `/kb` admin commands, for every platform and the CLI: plain async functions returning text.
 
-The adapter decides whether the caller is an admin (Slack: users.info is_admin/is_owner or ADMIN_USER_IDS; Discord:
-Manage Server or ADMIN_USER_IDS) and passes that in `Caller`. Replies use light Markdown (`**bold**`, `` `code` ``,
+Whether the caller is an admin is decided by the chat core (`ChatFlow.kb_command`: the platform's admin flag from
+the adapter's Directory, for a member of the installing organisation, or ADMIN_USER_IDS) and passed in `Caller`. Replies use light Markdown (`**bold**`, `` `code` ``,
 "- " lists) that each adapter converts. Replies carry counts and source names only — never document titles — so a
 reply can go anywhere.
 """
@@ -48,7 +48,10 @@ see it and why (admins)
 In a channel, answers only use documents everyone may see plus what an admin granted the channel. In a private \
 conversation they also use the documents you may see."""
 
-NEEDS_ADMIN = "`{command}` needs an admin (a workspace admin or owner, or a user listed in ADMIN_USER_IDS). Nothing was changed."
+NEEDS_ADMIN = ("`{command}` needs an admin (an admin or owner of this workspace, server or team, or a user listed in "
+               "ADMIN_USER_IDS). Nothing was changed.")
+# What only an admin may run. status: its counts include restricted documents; sources shows them to admins only.
+ADMIN_COMMANDS = ("reindex", "channel-access", "users", "status", "channel", "gaps", "access")
 
 
 @dataclass(frozen=True)
@@ -260,18 +263,31 @@ async def users_list(state: BotState, identity: str | None = None) -> str:
 # Parsing and dispatch: `/kb <text>` on Slack, the same words from anywhere else.
 
 
+def parse(text: str) -> list[str]:
+    """A command's words ("channel-access add group:eng"); an unbalanced quote splits on spaces."""
+    try:
+        return shlex.split(text or "")
+    except ValueError:
+        return (text or "").split()
+
+
+def refusal(text: str, caller: Caller) -> str | None:
+    """What a caller who may not run this command is told (None: they may), before anything runs."""
+    words = parse(text)
+    command = words[0].lower() if words else "help"
+    if command in ADMIN_COMMANDS and not caller.is_admin:
+        return NEEDS_ADMIN.format(command=f"/kb {command}")
+    return None
+
+
 async def run_command(kb: KnowledgeBase, state: BotState, text: str, caller: Caller) -> CommandResult:
     """Parse `text` ("reindex handbook", "channel-access add group:eng") and run it for `caller`."""
-    try:
-        words = shlex.split(text or "")
-    except ValueError:
-        words = (text or "").split()
+    words = parse(text)
     command = words[0].lower() if words else "help"
     args = words[1:]
-    # status: its counts include restricted documents (admins only, as on Discord); sources shows them to admins.
-    admin_only = command in ("reindex", "channel-access", "users", "status", "channel", "gaps", "access")
-    if admin_only and not caller.is_admin:
-        return CommandResult(NEEDS_ADMIN.format(command=f"/kb {command}"), ok=False)
+    refused = refusal(text, caller)
+    if refused is not None:
+        return CommandResult(refused, ok=False)
     try:
         if command == "help":
             return CommandResult(HELP)

@@ -23,6 +23,7 @@ chat core calls"):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -35,7 +36,7 @@ from bot.chat.auto import is_answer, looks_like_question, outcome_of
 from bot.chat.channels import ChannelSettings, channel_settings
 from bot.chat.delivery import asks_privately, channel_mode, public_conversation
 from bot.chat.errors import apology, new_error_id
-from bot.chat.guests import OUTSIDER_REPLY
+from bot.chat.guests import OUTSIDER_REPLY, trusted_admin
 from bot.chat.history import ThreadMessage, thread_history
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo
 from bot.chat.state import BotState
@@ -88,6 +89,23 @@ class Ask:
     auto: bool = False  # a help-channel question nobody addressed to the bot: posted only if it is an answer
 
 
+Respond = Callable[[str], Awaitable[None]]  # posts a text only the caller sees (an ephemeral, a targeted message)
+
+
+@dataclass(frozen=True)
+class CommandUser:
+    """Who typed a `/kb` command, and where. `user_id`: the platform's own id (ADMIN_USER_IDS lists it bare or as
+    "<platform>:<id>"); `person`: what the live event said of them (Discord's Manage Server in that server), else
+    the adapter's Directory is asked; the rest as `admin.Caller`."""
+
+    user_id: str
+    channel_key: str | None = None
+    workspace: str | None = None
+    person: PersonInfo | None = None
+    resolve_person: Callable[[str], Awaitable[Any]] | None = None
+    reads_channel: Callable[[str], Awaitable[bool]] | None = None
+
+
 @dataclass(frozen=True)
 class Share:
     """A private answer its asker shares: the question to answer AGAIN for the channel (never the private text),
@@ -107,7 +125,7 @@ class ChatFlow:
     def __init__(self, kb: KnowledgeBase, platform: str, metrics: BotMetrics | None = None, *,
                  state: BotState | None = None, lease_seconds: float = lease.LEASE_SECONDS,
                  heartbeat_seconds: float = lease.HEARTBEAT_SECONDS, max_attempts: int = lease.MAX_ATTEMPTS,
-                 rule: AudienceRule | None = None) -> None:
+                 rule: AudienceRule | None = None, listed_admin: Callable[[str, str], bool] | None = None) -> None:
         self.kb = kb
         self.rule = rule  # who reads an answer (bot.chat.readers): `ask` and `resume` need it
         self.state = state if state is not None else BotState(kb.engine)  # the bot tables (bot.chat.state)
@@ -117,6 +135,8 @@ class ChatFlow:
         self.heartbeat_seconds = heartbeat_seconds  # ANSWER_HEARTBEAT_SECONDS: how often a live holder renews it
         self.max_attempts = max_attempts
         self.holder = lease.new_holder(platform)
+        self.listed_admin = listed_admin  # BotSettings.is_listed_admin: ADMIN_USER_IDS (platform, user id) -> bool
+        self.tasks: set[asyncio.Task[Any]] = set()  # `/kb` jobs still running (a reindex); `drain` waits for them
 
     def count(self, what: str, *labels: str) -> None:
         if self.metrics is not None:
@@ -402,6 +422,56 @@ class ChatFlow:
         if self.metrics is not None:
             self.metrics.observe_answer(self.platform, answer, time.perf_counter() - started)
         return answer
+
+    async def kb_command(self, text: str, who: CommandUser, respond: Respond,
+                         working: Callable[[], Awaitable[None]] | None = None) -> None:
+        """A `/kb` command from end to end, the same on every platform: who is an admin (the platform's admin
+        flag, for a member of the installing organisation, or ADMIN_USER_IDS "<platform>:<id>"), the refusal of an
+        admin command to anyone else (before anything runs), the command itself, and its reply `respond`ed to the
+        caller alone; a long job's report follows the same way when it is done. `working`: called once the command
+        may run, before it does (Discord acknowledges the interaction there, within its 3 seconds)."""
+        identity = f"{self.platform}:{who.user_id}"
+        person = who.person
+        if person is None:
+            try:
+                person = await self.rule.directory.person(identity) if self.rule is not None else PersonInfo()
+            except Exception:
+                logger.warning("%s: could not look %s up for /kb", self.platform, identity, exc_info=True)
+                person = PersonInfo()
+        listed = bool(self.listed_admin and self.listed_admin(self.platform, who.user_id))
+        caller = admin.Caller(
+            identity, listed or trusted_admin(person.admin, person.standing), channel_key=who.channel_key,
+            workspace=who.workspace, resolve_person=who.resolve_person,
+            email=None if person.standing.outsider else person.email, operator=listed, reads_channel=who.reads_channel,
+        )
+        refused = admin.refusal(text, caller)
+        if refused is not None:
+            await self.kb_reply(respond, refused)
+            return
+        if working is not None:
+            await working()
+        result = await self.command(text, caller)
+        await self.kb_reply(respond, result.text)
+        if result.followup is not None:
+            job = result.followup
+            task = asyncio.ensure_future(self._report(job, respond))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _report(self, job: Callable[[], Awaitable[str]], respond: Respond) -> None:
+        await self.kb_reply(respond, await self.followup(job))
+
+    async def kb_reply(self, respond: Respond, text: str) -> None:
+        """`respond(text)`, a failure to post it logged (never raised into the platform's handler)."""
+        try:
+            await respond(text)
+        except Exception:  # e.g. Discord's interaction ran out during a long sync: nobody to tell but the log
+            logger.exception("%s: could not reply to a /kb command", self.platform)
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Wait for the `/kb` jobs still running (an adapter's `stop`)."""
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=timeout)
 
     async def command(self, text: str, caller: admin.Caller) -> admin.CommandResult:
         """A `/kb` command; an unexpected failure becomes an apology (never a stack trace in chat)."""

@@ -46,10 +46,13 @@ class Readers:
 
 @dataclass(frozen=True)
 class PersonInfo:
-    """What the platform says of a person: their email (None when it does not tell) and their standing."""
+    """What the platform says of a person: their email (None when it does not tell), their standing, and whether
+    the platform makes them an admin (a workspace admin or owner, Manage Server): it counts for `/kb` only for a
+    member of the installing organisation (`ChatFlow.kb_command`)."""
 
     email: str | None = None
     standing: Standing = MEMBER
+    admin: bool = False
 
 
 class Directory(Protocol):

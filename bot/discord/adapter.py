@@ -38,12 +38,12 @@ import discord
 import yarl
 from discord import app_commands
 
-from bot.chat import access, admin
+from bot.chat import access
 from bot.chat.audience import AudienceUnavailable, Member
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_rating
-from bot.chat.flow import SHARE_NOT_YOURS, Ask, ChatFlow, OnText
-from bot.chat.guests import MEMBER, Standing, trusted_admin
+from bot.chat.flow import SHARE_NOT_YOURS, Ask, ChatFlow, CommandUser, OnText
+from bot.chat.guests import MEMBER, Standing
 from bot.chat.history import PRIOR_MESSAGES_LIMIT, ThreadMessage
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
@@ -81,7 +81,6 @@ INTERACTION_RESUME_MARGIN = 60.0
 # The start-up sweep runs at login, before the gateway has sent the servers (READY): a resumed answer in a channel
 # waits this long for them, since its readers are the channel's members from that cache.
 READY_WAIT_SECONDS = 5.0  # within the default 10 s lease the sweep took
-ADMIN_REFUSAL = "`/{command}` needs an admin (Manage Server, or a user listed in ADMIN_USER_IDS). Nothing was changed."
 
 
 def configure_api_url(url: str | None) -> None:
@@ -381,11 +380,11 @@ class RagbotDiscord(discord.Client):
         self.audiences = self.rule.channels  # channel member lists, invalidated on member/role/channel events
         self.flow = ChatFlow(kb, PLATFORM, metrics, state=self.rule.channels.state,
                              lease_seconds=settings.answer_lease_seconds,
-                             heartbeat_seconds=settings.answer_heartbeat_seconds, rule=self.rule)
+                             heartbeat_seconds=settings.answer_heartbeat_seconds, rule=self.rule,
+                             listed_admin=settings.is_listed_admin)
         self._sweeper: asyncio.Task[None] | None = None
         self.tree = app_commands.CommandTree(self)
         self.tree.error(self._on_command_error)  # discord.py's documented way to replace the tree's on_error
-        self.background: set[asyncio.Task[Any]] = set()  # reindex jobs still running
         _register_commands(self)
 
     # ---- start-up -------------------------------------------------------------------------------------------------
@@ -410,13 +409,6 @@ class RagbotDiscord(discord.Client):
             self.tree.copy_global_to(guild=guild)
             return await self.tree.sync(guild=guild)
         return await self.tree.sync()
-
-    def run_in_background(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
-        task.set_name(name)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-        return task
 
     # ---- who asks, who reads ----------------------------------------------------------------------------------------
 
@@ -447,9 +439,10 @@ class RagbotDiscord(discord.Client):
         return await self.rule.audience(self.identity(user), Readers(channel_key(guild_id, channel_id)),
                                         self.person_of(user))
 
-    def person_of(self, user: discord.abc.User) -> PersonInfo:
-        """Discord tells no email (the identity map gives a person's documents); the standing from the event's user."""
-        return PersonInfo(None, self.standing(user))
+    def person_of(self, user: discord.abc.User, *, manage_guild: bool = False) -> PersonInfo:
+        """Discord tells no email (the identity map gives a person's documents); the standing from the event's user;
+        an admin: Manage Server in the server the interaction came from."""
+        return PersonInfo(None, self.standing(user), admin=manage_guild)
 
     # The core's Directory (bot.chat.readers), for a question resumed from its stored target.
 
@@ -533,14 +526,6 @@ class RagbotDiscord(discord.Client):
 
     async def on_member_remove(self, member: discord.Member) -> None:
         self._forget_guild(member.guild.id)
-
-    def is_admin(self, interaction: discord.Interaction) -> bool:
-        """Manage Server in this server, or listed in ADMIN_USER_IDS. Checked here on every call, whatever
-        Discord's default-permission hint shows to whom."""
-        if self.settings.is_listed_admin(PLATFORM, str(interaction.user.id)):
-            return True
-        return interaction.guild_id is not None and trusted_admin(interaction.permissions.manage_guild,
-                                                                  self.standing(interaction.user))
 
     # ---- answering ------------------------------------------------------------------------------------------------
 
@@ -722,11 +707,7 @@ class RagbotDiscord(discord.Client):
 
     async def _on_command_error(self, interaction: discord.Interaction,
                                 error: app_commands.AppCommandError) -> None:
-        if isinstance(error, app_commands.CheckFailure):
-            command = interaction.command.qualified_name if interaction.command else "kb"
-            text = ADMIN_REFUSAL.format(command=command)
-        else:
-            text = self.flow.failure("command", error, doing="running that command")
+        text = self.flow.failure("command", error, doing="running that command")
         if interaction.response.is_done():
             await interaction.followup.send(text, ephemeral=True, allowed_mentions=NO_PINGS)
         else:
@@ -783,11 +764,6 @@ def thread_name(question: str) -> str:
 # ---- slash commands -----------------------------------------------------------------------------------------------
 
 
-def _admin_only(interaction: discord.Interaction) -> bool:
-    client = interaction.client
-    return isinstance(client, RagbotDiscord) and client.is_admin(interaction)
-
-
 def _interaction_channel_key(interaction: discord.Interaction) -> str | None:
     """Grants belong to a channel; a thread uses its parent channel's."""
     if interaction.guild_id is None or interaction.channel_id is None:
@@ -829,50 +805,42 @@ def _register_commands(bot: RagbotDiscord) -> None:
     users = app_commands.Group(name="users", parent=kb, description="Whom a Discord user asks as in DMs")
 
     async def run(interaction: discord.Interaction, words: list[str], *, defer: bool = False) -> None:
-        """Run a /kb command through the platform-neutral admin actions and reply ephemerally. Long work (a
-        reindex) is acknowledged at once and its result posted as an ephemeral follow-up when it is done."""
-        caller = admin.Caller(bot.identity(interaction.user), bot.is_admin(interaction),
-                              _interaction_channel_key(interaction),
-                              workspace=f"{PLATFORM}:{interaction.guild_id}:" if interaction.guild_id else None,
-                              operator=bot.settings.is_listed_admin(PLATFORM, str(interaction.user.id)),
-                              reads_channel=lambda key: bot.reads_channel(key, interaction.user))
-        if defer:
-            await interaction.response.defer(ephemeral=True, thinking=True)
-        result = await bot.flow.command(shlex.join(words), caller)
-        pieces = split_text(result.text, MESSAGE_LIMIT) or ["Done."]
-        if not interaction.response.is_done():
-            await interaction.response.send_message(pieces.pop(0), ephemeral=True, allowed_mentions=NO_PINGS)
-        for piece in pieces:
-            await interaction.followup.send(piece, ephemeral=True, allowed_mentions=NO_PINGS)
-        if result.followup is not None:
-            job = result.followup
+        """A /kb command, run by the chat core (`ChatFlow.kb_command`: who is an admin, refusals, the command, a
+        job's report), every reply ephemeral: the interaction's response first, then follow-ups. Long work is
+        acknowledged at once (`defer`, once the command may run) and its result posted when it is done."""
+        async def respond(text: str) -> None:
+            for piece in split_text(text, MESSAGE_LIMIT) or ["Done."]:
+                if not interaction.response.is_done():
+                    await interaction.response.send_message(piece, ephemeral=True, allowed_mentions=NO_PINGS)
+                else:
+                    await interaction.followup.send(piece, ephemeral=True, allowed_mentions=NO_PINGS)
 
-            async def report() -> None:
-                try:
-                    for piece in split_text(await bot.flow.followup(job), MESSAGE_LIMIT):
-                        await interaction.followup.send(piece, ephemeral=True, allowed_mentions=NO_PINGS)
-                except Exception:  # e.g. the interaction's 15 minutes ran out during a long sync
-                    logger.exception("discord: could not report the result of /kb %s", " ".join(words))
+        async def working() -> None:
+            if defer:
+                await interaction.response.defer(ephemeral=True, thinking=True)
 
-            bot.run_in_background(report(), name=f"ragbot-discord-kb-{interaction.id}")
+        guild = interaction.guild_id
+        who = CommandUser(str(interaction.user.id), _interaction_channel_key(interaction),
+                          workspace=f"{PLATFORM}:{guild}:" if guild else None,
+                          person=bot.person_of(interaction.user, manage_guild=guild is not None
+                                               and interaction.permissions.manage_guild),
+                          reads_channel=lambda key: bot.reads_channel(key, interaction.user))
+        await bot.flow.kb_command(shlex.join(words), who, respond, working)
 
     @kb.command(name="help", description="What ragbot and the /kb commands do")
     async def kb_help(interaction: discord.Interaction) -> None:
         await run(interaction, ["help"])
 
     @kb.command(name="sources", description="The indexed sources and when they last synced")
-    @app_commands.check(_admin_only)
     async def kb_sources(interaction: discord.Interaction) -> None:
         await run(interaction, ["sources"], defer=True)
 
     @kb.command(name="status", description="Documents, chunks and the last sync per source")
-    @app_commands.check(_admin_only)
     async def kb_status(interaction: discord.Interaction) -> None:
         await run(interaction, ["status"], defer=True)
 
     @kb.command(name="reindex", description="Sync a source now (every source when none is given)")
     @app_commands.describe(source="The source to sync")
-    @app_commands.check(_admin_only)
     async def kb_reindex(interaction: discord.Interaction, source: str | None = None) -> None:
         await run(interaction, ["reindex", *([source] if source else [])])
 
@@ -883,29 +851,24 @@ def _register_commands(bot: RagbotDiscord) -> None:
 
     @channel_access.command(name="add", description="Let answers in this channel use a principal's documents")
     @app_commands.describe(principal="e.g. group:engineering or user:alice@example.com")
-    @app_commands.check(_admin_only)
     async def channel_access_add(interaction: discord.Interaction, principal: str) -> None:
         await run(interaction, ["channel-access", "add", principal])
 
     @channel_access.command(name="remove", description="Stop answers in this channel using a principal's documents")
     @app_commands.describe(principal="A principal granted earlier")
-    @app_commands.check(_admin_only)
     async def channel_access_remove(interaction: discord.Interaction, principal: str) -> None:
         await run(interaction, ["channel-access", "remove", principal])
 
     @channel_access.command(name="list", description="The principals granted to this channel")
-    @app_commands.check(_admin_only)
     async def channel_access_list(interaction: discord.Interaction) -> None:
         await run(interaction, ["channel-access", "list"])
 
     @users.command(name="map", description="Answer this user's DMs with a principal's documents as well")
     @app_commands.describe(user="The Discord user", principal="e.g. user:alice@example.com")
-    @app_commands.check(_admin_only)
     async def users_map(interaction: discord.Interaction, user: discord.User, principal: str) -> None:
         await run(interaction, ["users", "map", bot.identity(user), principal])
 
     @users.command(name="list", description="Which Discord users are mapped to which principals")
-    @app_commands.check(_admin_only)
     async def users_list(interaction: discord.Interaction) -> None:
         await run(interaction, ["users", "list"])
 
@@ -913,34 +876,28 @@ def _register_commands(bot: RagbotDiscord) -> None:
                                        description="This channel's sources, auto-answers and answer mode (admins)")
 
     @channel_group.command(name="show", description="This channel's settings")
-    @app_commands.check(_admin_only)
     async def channel_show(interaction: discord.Interaction) -> None:
         await run(interaction, ["channel", "show"])
 
     @channel_group.command(name="sources", description="Only these sources answer in this channel")
     @app_commands.describe(action="add or remove", source="A source name (see /kb sources)")
-    @app_commands.check(_admin_only)
     async def channel_sources(interaction: discord.Interaction, action: Literal["add", "remove"], source: str) -> None:
         await run(interaction, ["channel", "sources", action, source])
 
     @channel_group.command(name="auto", description="Answer questions here without a mention, when there is an answer")
-    @app_commands.check(_admin_only)
     async def channel_auto(interaction: discord.Interaction, state: Literal["on", "off"]) -> None:
         await run(interaction, ["channel", "auto", state])
 
     @channel_group.command(name="mode", description="Answer in public or privately (to the asker)")
-    @app_commands.check(_admin_only)
     async def channel_mode_command(interaction: discord.Interaction, mode: Literal["public", "private"]) -> None:
         await run(interaction, ["channel", "mode", mode])
 
     @kb.command(name="gaps", description="Questions the bot declined, was unsure about or got 👎 on, by topic")
-    @app_commands.check(_admin_only)
     async def kb_gaps(interaction: discord.Interaction) -> None:
         await run(interaction, ["gaps"], defer=True)
     @kb.command(name="access", description="A person's principals and where each came from (and one document)")
     @app_commands.describe(user="A Discord user", principal="Or a principal, e.g. user:alice@example.com",
                            document="A document id, URL, SOURCE:ID or title: may they see it, and why")
-    @app_commands.check(_admin_only)
     async def kb_access(interaction: discord.Interaction, user: discord.User | None = None,
                         principal: str | None = None, document: str | None = None) -> None:
         who = bot.identity(user) if user is not None else (principal or "")

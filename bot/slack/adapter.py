@@ -27,7 +27,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -45,14 +45,13 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.chat import admin
 from bot.chat.access import Audience
 from bot.chat.audience import AudienceUnavailable, Member
 from bot.chat.delivery import private_conversation
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_button_value
-from bot.chat.flow import Ask, ChatFlow, OnText
-from bot.chat.guests import MEMBER, Standing, trusted_admin
+from bot.chat.flow import Ask, ChatFlow, CommandUser, OnText
+from bot.chat.guests import MEMBER, Standing
 from bot.chat.history import PRIOR_MESSAGES_LIMIT, ThreadMessage
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
@@ -250,7 +249,8 @@ class SlackAdapter:
         self.audiences = self.rule.channels  # channel member lists, invalidated on membership events
         self.flow = ChatFlow(self.kb, PLATFORM, self.metrics, state=context.state,
                              lease_seconds=self.settings.answer_lease_seconds,
-                             heartbeat_seconds=self.settings.answer_heartbeat_seconds, rule=self.rule)
+                             heartbeat_seconds=self.settings.answer_heartbeat_seconds, rule=self.rule,
+                             listed_admin=self.settings.is_listed_admin)
         self._sweeper: asyncio.Task[None] | None = None
         token = self.settings.slack_bot_token.get_secret_value() if self.settings.slack_bot_token else None
         self.client = client or AsyncWebClient(
@@ -278,7 +278,6 @@ class SlackAdapter:
         self.enterprise_id: str | None = None
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
-        self.tasks: set[asyncio.Task[Any]] = set()
         self._socket_handler: Any = None
         self._register()
 
@@ -324,8 +323,7 @@ class SlackAdapter:
         if self._socket_handler is not None:
             await self._socket_handler.close_async()
             self._socket_handler = None
-        if self.tasks:
-            await asyncio.wait(self.tasks, timeout=30)
+        await self.flow.drain()
 
     async def handle_http(self, request: web.Request) -> web.Response:
         """POST /slack/events: events, interactivity and slash commands, verified by bolt (401 on a bad or stale
@@ -339,11 +337,6 @@ class SlackAdapter:
             return web.json_response({"error": "malformed request", "error_id": reference}, status=400,
                                      headers={"X-Slack-No-Retry": "1"})
         return await to_aiohttp_response(bolt_response)
-
-    def _spawn(self, work: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(work)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
 
     # Listeners.
 
@@ -525,7 +518,7 @@ class SlackAdapter:
         user = await self.users.get(identity.partition(":")[2])
         if user is None:
             return PersonInfo()
-        return PersonInfo(user.email, user.standing(self.team_id, self.enterprise_id))
+        return PersonInfo(user.email, user.standing(self.team_id, self.enterprise_id), admin=user.is_admin)
 
     async def channel_members(self, channel_key: str, limit: int) -> Sequence[Member] | None:
         return await self._channel_members(channel_key.rpartition(":")[2], limit)
@@ -656,22 +649,30 @@ class SlackAdapter:
     # /kb and feedback.
 
     async def _on_kb_command(self, ack: Any, command: dict[str, Any], respond: Any) -> None:
+        """`/kb …`: run by the chat core (`ChatFlow.kb_command`: who is an admin, refusals, the command, a job's
+        report); its first reply is the slash command's ephemeral acknowledgement, later ones go through the
+        response_url (or, once that has expired after 30 minutes, an ephemeral message)."""
         user_id = command.get("user_id") or ""
         channel = command.get("channel_id") or ""
         team = command.get("team_id") or "T"
-        user = await self.users.get(user_id) if user_id else None
-        # Workspace admins and owners of the installed team only: an external user's is_admin is about their own.
-        platform_admin = bool(user and trusted_admin(user.is_admin, user.standing(self.team_id, self.enterprise_id)))
-        listed = self.settings.is_listed_admin(PLATFORM, user_id)
-        caller = admin.Caller(f"slack:{user_id}", platform_admin or listed,
-                              channel_key=None if channel.startswith("D") or not channel else f"slack:{team}:{channel}",
-                              workspace=f"slack:{team}:", resolve_person=self.resolve_person,
-                              email=user.email if user else None, operator=listed,
-                              reads_channel=lambda key: self._reads_channel(key, user_id))
-        result = await self.flow.command(command.get("text") or "", caller)
-        await ack(response_type="ephemeral", text=to_mrkdwn(result.text))
-        if result.followup is not None:
-            self._spawn(self._run_followup(result.followup, respond, channel, user_id))
+        acknowledged = False
+
+        async def reply(text: str) -> None:
+            nonlocal acknowledged
+            if not acknowledged:
+                acknowledged = True
+                await ack(response_type="ephemeral", text=to_mrkdwn(text))
+                return
+            try:
+                await respond(response_type="ephemeral", text=to_mrkdwn(text), replace_original=False)
+            except Exception:  # the response_url lasts 30 minutes: fall back to an ephemeral message
+                await self.client.chat_postEphemeral(channel=channel, user=user_id, text=to_mrkdwn(text))
+
+        who = CommandUser(user_id, channel_key=None if channel.startswith("D") or not channel
+                          else f"slack:{team}:{channel}", workspace=f"slack:{team}:",
+                          resolve_person=self.resolve_person,
+                          reads_channel=lambda key: self._reads_channel(key, user_id))
+        await self.flow.kb_command(command.get("text") or "", who, reply)
 
     async def _reads_channel(self, key: str, user_id: str) -> bool:
         """Could this user read the channel `key` ("slack:T1:C2") as a member? Public: yes; private: if a member."""
@@ -680,13 +681,6 @@ class SlackAdapter:
             return False  # another workspace's channel
         return await self.audiences.may_read(key, f"slack:{user_id}",
                                              lambda limit: self._channel_members(channel, limit))
-
-    async def _run_followup(self, job: Callable[[], Awaitable[str]], respond: Any, channel: str, user_id: str) -> None:
-        text = await self.flow.followup(job)
-        try:
-            await respond(response_type="ephemeral", text=to_mrkdwn(text), replace_original=False)
-        except Exception:  # the response_url lasts 30 minutes: fall back to an ephemeral message
-            await self.client.chat_postEphemeral(channel=channel, user=user_id, text=to_mrkdwn(text))
 
     async def _on_feedback(self, ack: Any, body: dict[str, Any], action: dict[str, Any]) -> None:
         await ack()

@@ -25,16 +25,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from bot.chat import admin
 from bot.chat.audience import AudienceUnavailable, Member
 from bot.chat.delivery import private_conversation
-from bot.chat.flow import Ask, ChatFlow, OnText, Reply
+from bot.chat.flow import Ask, ChatFlow, CommandUser, OnText, Reply
 from bot.chat.guests import Standing
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
@@ -135,7 +134,8 @@ class TeamsAdapter:
         self.audiences = self.rule.channels  # member lists, invalidated on membership events
         self.flow = ChatFlow(self.kb, PLATFORM, context.metrics, state=context.state,
                              lease_seconds=self.settings.answer_lease_seconds,
-                             heartbeat_seconds=self.settings.answer_heartbeat_seconds, rule=self.rule)
+                             heartbeat_seconds=self.settings.answer_heartbeat_seconds, rule=self.rule,
+                             listed_admin=self.settings.is_listed_admin)
         self.platform = TeamsPlatform(self.teams, on_message=self.on_message, on_feedback=self.on_feedback,
                                       on_membership=self.on_membership)
         self.messages = AnswerMessages(context.state.engine)
@@ -145,7 +145,6 @@ class TeamsAdapter:
         self._seen: dict[str, TeamsConversation] = {}
         self._roster_of: dict[str, TeamsConversation] = {}
         self._sweeper: asyncio.Task[None] | None = None
-        self.tasks: set[asyncio.Task[Any]] = set()
 
     # Lifecycle (bot.app.Adapter).
 
@@ -161,13 +160,7 @@ class TeamsAdapter:
         await stop_sweeper(self._sweeper)
         self._sweeper = None
         await self.platform.drain()
-        if self.tasks:
-            await asyncio.wait(set(self.tasks), timeout=30)
-
-    def _spawn(self, work: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(work)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        await self.flow.drain()
 
     def _note(self, where: Where) -> None:
         """Remember where `where`'s asker was seen: the Directory asks that conversation's roster."""
@@ -315,34 +308,21 @@ class TeamsAdapter:
             if not await self.flow.claim(self._event_key(message)):
                 return
         except Exception as exc:
-            await self._tell(where, self.flow.failure("claim", exc, where=where.conversation_key))
+            await self.flow.kb_reply(lambda text: self._tell(where, text),
+                                     self.flow.failure("claim", exc, where=where.conversation_key))
             return
-        person = await self.person(where.identity)
-        # Team owners would need Microsoft Graph: admins are ADMIN_USER_IDS (teams:<aadObjectId>) for now.
-        listed = self.settings.is_listed_admin(PLATFORM, where.user_aad or where.user_id)
-        caller = admin.Caller(
-            where.identity, listed, channel_key=None if where.personal else where.channel_key,
-            workspace=f"teams:{where.tenant_id or '-'}:", resolve_person=self.resolve_person,
-            email=None if person.standing.outsider else person.email,
-            operator=listed, reads_channel=lambda key: self._reads_channel(key, where.identity),
-        )
-        result = await self.flow.command(text, caller)
-        await self._tell(where, result.text)
-        if result.followup is not None:
-            self._spawn(self._followup(result.followup, where))
-
-    async def _followup(self, job: Callable[[], Awaitable[str]], where: Where) -> None:
-        await self._tell(where, await self.flow.followup(job))
+        # Admins: ADMIN_USER_IDS (teams:<aadObjectId>); team owners would need Microsoft Graph (the roster does not say).
+        who = CommandUser(where.user_aad or where.user_id, channel_key=None if where.personal else where.channel_key,
+                          workspace=f"teams:{where.tenant_id or '-'}:", resolve_person=self.resolve_person,
+                          reads_channel=lambda key: self._reads_channel(key, where.identity))
+        await self.flow.kb_command(text, who, lambda reply: self._tell(where, reply))
 
     async def _tell(self, where: Where, text: str) -> None:
-        """A command's reply: in a 1:1 chat, a message; elsewhere a targeted message only the caller sees."""
-        try:
-            if where.personal:
-                await self.platform.post(where.target, message_activity(text))
-            else:
-                await self.platform.post_private(where.target, where.user_id, message_activity(text))
-        except Exception:
-            logger.exception("Teams: could not post a command's reply")
+        """A reply only the user sees: in a 1:1 chat, a message; elsewhere a targeted message."""
+        if where.personal:
+            await self.platform.post(where.target, message_activity(text))
+        else:
+            await self.platform.post_private(where.target, where.user_id, message_activity(text))
 
     async def _reads_channel(self, key: str, identity: str) -> bool:
         """Could this user read the conversation `key` as a member? Only conversations this process has seen."""
