@@ -39,6 +39,7 @@ from bot.chat.errors import apology, new_error_id
 from bot.chat.guests import OUTSIDER_REPLY, trusted_admin
 from bot.chat.history import ThreadMessage, thread_history
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo
+from bot.chat.render import EMPTY_QUESTION, AnswerView, answer_view, text_view
 from bot.chat.state import BotState
 from knowledge import QuestionTooLong
 
@@ -74,6 +75,37 @@ class Reply(Protocol):
     async def deliver(self, answer: Answer, answer_id: int) -> None: ...
 
     async def fail(self, text: str) -> None: ...
+
+
+class PrivateReply:
+    """The `Reply` for an answer only its asker sees in a channel (Slack's ephemeral message, Teams' targeted
+    message: neither can be edited or streamed): nothing is shown while it is written, then the answer's view with
+    the private note and "Share in channel" (`answer_view(..., private=True)`), or the apology as a plain view. A
+    platform subclasses it for its one "post privately" call, `post_privately`; a failure to post an apology is
+    logged, never raised."""
+
+    placeholder: str | None = None  # nothing is posted before the answer: a takeover posts it anew
+
+    async def post_privately(self, view: AnswerView) -> None:
+        raise NotImplementedError
+
+    async def begin(self) -> None:
+        return None
+
+    async def open(self) -> OnText | None:
+        return None
+
+    async def end(self) -> None:
+        return None
+
+    async def deliver(self, answer: Answer, answer_id: int) -> None:
+        await self.post_privately(answer_view(answer, answer_id, private=True))
+
+    async def fail(self, text: str) -> None:
+        try:
+            await self.post_privately(text_view(text))
+        except Exception:
+            logger.exception("could not even post the apology privately")
 
 
 @dataclass(frozen=True)
@@ -206,6 +238,19 @@ class ChatFlow:
         if claim is None:
             return None
         return lease.LeaseKeeper(self.state, claim, self.lease_seconds, self.heartbeat_seconds)
+
+    async def hint_if_empty(self, question: str, claim: LeaseClaim | None, say: Respond) -> bool:
+        """A mention without a question gets the same hint on every platform (`render.EMPTY_QUESTION`, posted by
+        `say` where the answer would go) instead of an answer, and its claimed event counts as handled. False
+        when there is a question to answer."""
+        if question.strip():
+            return False
+        try:
+            await say(EMPTY_QUESTION)
+        except Exception:
+            logger.exception("%s: could not post the hint for an empty question", self.platform)
+        await self.delivered(claim)
+        return True
 
     async def delivered(self, claim: LeaseClaim | None) -> None:
         """A claimed event was handled without an answer (an empty mention got a hint): never handle it again."""

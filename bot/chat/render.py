@@ -112,6 +112,15 @@ def sources_list(citations: Sequence[Citation]) -> list[SourceEntry]:
 
 SOURCES_TITLE = "Sources"
 RELATED_TITLE = "Closest documents"
+# The words every platform shows, written once (light Markdown, which each adapter converts: Slack's mrkdwn...).
+# A mention (or a DM) without a question: how to ask one; the claimed event then counts as handled.
+EMPTY_QUESTION = "Ask me a question about your documents, e.g. _How many vacation days do I get?_"
+# Excerpts instead of a composed answer (Claude unavailable): said above the answer.
+NOTE_OFFLINE = "Composed answers are unavailable right now, so these are excerpts from the documents."
+# Under an answer only its asker sees in a channel: why it may say more, and the button that answers for everyone.
+SHARE_LABEL = "Share in channel"
+PRIVATE_NOTE = (f"Only you can see this answer: it may use documents shared with you. **{SHARE_LABEL}** answers "
+                "again for everyone here.")
 
 
 @dataclass(frozen=True)
@@ -119,19 +128,40 @@ class AnswerView:
     """What to show for an answer, decided here once for every platform; each adapter only says how (Block Kit,
     embeds, cards). An answer shows its text, then a list of documents under `sources_title`: the sources it cites,
     or for a decline the closest documents the asker may see (so a decline still points somewhere: issue 42 found
-    one platform dropping them), or nothing; then `feedback` buttons for the delivered answer's id."""
+    one platform dropping them), or nothing; then `feedback` buttons for the delivered answer's id. `note`: said
+    above it (excerpts instead of a composed answer). A private answer (only its asker sees it, in a channel)
+    carries `private_note` and a `share` button with that label, whose click answers again for the channel
+    (`ChatFlow.claim_share`)."""
 
     text: str
     sources: tuple[SourceEntry, ...]
     sources_title: str
     declined: bool
     feedback: int | None = None
+    note: str | None = None
+    private_note: str | None = None
+    share: str | None = None
+
+    @property
+    def cited(self) -> bool:
+        """Whether `sources` are what the text cites ([n] markers), not a decline's closest documents."""
+        return self.sources_title == SOURCES_TITLE
 
 
-def answer_view(answer: Answer, answer_id: int | None = None) -> AnswerView:
-    """The view of `answer`: its citations as Sources, or a decline's related documents as the closest ones."""
+def answer_view(answer: Answer, answer_id: int | None = None, *, private: bool = False) -> AnswerView:
+    """The view of `answer`: its citations as Sources, or a decline's related documents as the closest ones;
+    `private`: an answer only its asker sees, with the note and "Share in channel"."""
+    offline = NOTE_OFFLINE if answer.mode == "extractive" and answer.note and not answer.abstained else None
+    extra = {"note": offline, "private_note": PRIVATE_NOTE if private else None,
+             "share": SHARE_LABEL if private and answer_id is not None else None}
     if answer.citations:
         return AnswerView(answer.text, tuple(sources_list(answer.citations)), SOURCES_TITLE, answer.abstained,
-                          answer_id)
+                          answer_id, **extra)
     related = list(getattr(answer, "related", None) or []) if answer.abstained else []
-    return AnswerView(answer.text, tuple(sources_list(related)), RELATED_TITLE, answer.abstained, answer_id)
+    return AnswerView(answer.text, tuple(sources_list(related)), RELATED_TITLE, answer.abstained, answer_id,
+                      **extra)
+
+
+def text_view(text: str) -> AnswerView:
+    """A plain message (an apology, a refusal) as a view: no sources, no buttons."""
+    return AnswerView(text, (), SOURCES_TITLE, False)

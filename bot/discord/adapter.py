@@ -47,7 +47,7 @@ from bot.chat.guests import MEMBER, Standing
 from bot.chat.history import PRIOR_MESSAGES_LIMIT, ThreadMessage
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
-from bot.chat.render import SOURCES_TITLE, SourceEntry, answer_view, sources_list, split_text
+from bot.chat.render import SHARE_LABEL, SOURCES_TITLE, SourceEntry, answer_view, sources_list, split_text
 from bot.chat.sanitize import quote_safe
 from bot.chat.state import BotState
 from bot.server import StartupError
@@ -169,15 +169,18 @@ class Part:
     embeds: list[discord.Embed]
 
 
-def render_answer(answer: Answer) -> list[Part]:
+def render_answer(answer: Answer, *, private: bool = False) -> list[Part]:
     """The final answer as Discord messages: text split at 2,000 characters (never inside a link or a citation),
-    then the sources embed(s) on the last message."""
-    text = discord_safe(answer.text)
-    if answer.mode == "extractive" and answer.note and not answer.abstained:
-        text += "\n\n*Quoted excerpts: the language model is unavailable right now.*"
+    then the sources embed(s) on the last message. What to show is the core's decision (`answer_view`): the
+    sources or a decline's closest documents, the offline note, a private answer's note."""
+    view = answer_view(answer, private=private)
+    text = discord_safe(view.text)
+    if view.note:
+        text += f"\n\n*{view.note}*"
+    if view.private_note:
+        text += f"\n\n*{view.private_note}*"
     texts = split_text(text, MESSAGE_LIMIT) or [""]
     parts = [Part(t, []) for t in texts]
-    view = answer_view(answer)  # what to show (the core's decision): the sources, or a decline's closest documents
     groups = group_embeds(entry_embeds(view.sources, view.sources_title) if view.sources else [])
     if groups:
         parts[-1] = Part(parts[-1].content, groups[0])
@@ -234,7 +237,7 @@ class ShareButton(discord.ui.DynamicItem[discord.ui.Button], template=r"ragbot:s
 
     def __init__(self, answer_id: int) -> None:
         self.answer_id = answer_id
-        super().__init__(discord.ui.Button(style=discord.ButtonStyle.primary, label="Share in channel",
+        super().__init__(discord.ui.Button(style=discord.ButtonStyle.primary, label=SHARE_LABEL,
                                            custom_id=f"ragbot:share:{answer_id}"))
 
     @classmethod
@@ -356,7 +359,7 @@ class PrivateReply(ProgressiveReply):
     """A private (ephemeral) answer in a server: the same as any answer, plus the "Share in channel" button."""
 
     async def deliver(self, answer: Answer, answer_id: int) -> None:
-        await self.finish(render_answer(answer), private_view(answer_id))
+        await self.finish(render_answer(answer, private=True), private_view(answer_id))
 
 
 # ---- the client ---------------------------------------------------------------------------------------------------
@@ -383,6 +386,7 @@ class RagbotDiscord(discord.Client):
                              heartbeat_seconds=settings.answer_heartbeat_seconds, rule=self.rule,
                              listed_admin=settings.is_listed_admin)
         self._sweeper: asyncio.Task[None] | None = None
+        self.background = self.flow.tasks  # `/kb` jobs still running (a reindex), run by the chat core
         self.tree = app_commands.CommandTree(self)
         self.tree.error(self._on_command_error)  # discord.py's documented way to replace the tree's on_error
         _register_commands(self)
@@ -627,10 +631,8 @@ class RagbotDiscord(discord.Client):
             return
         if not (claim := await self.claim(message)):
             return
-        if not question:
-            await self.flow.delivered(claim)
-            await message.reply("Ask me a question after the mention, e.g. `@ragbot how many vacation days do I get?`",
-                                allowed_mentions=NO_PINGS)
+        if await self.flow.hint_if_empty(question, claim,
+                                         lambda hint: message.reply(hint, allowed_mentions=NO_PINGS)):
             return
         try:
             thread = await message.create_thread(name=thread_name(question), auto_archive_duration=1440)

@@ -50,12 +50,12 @@ from bot.chat.audience import AudienceUnavailable, Member
 from bot.chat.delivery import private_conversation
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_button_value
-from bot.chat.flow import Ask, ChatFlow, CommandUser, OnText
+from bot.chat.flow import Ask, ChatFlow, CommandUser, OnText, PrivateReply
 from bot.chat.guests import MEMBER, Standing
 from bot.chat.history import PRIOR_MESSAGES_LIMIT, ThreadMessage
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
-from bot.chat.render import AnswerView, answer_view
+from bot.chat.render import SHARE_LABEL, AnswerView, answer_view
 from bot.server import StartupError
 from bot.slack.format import (
     BLOCKS_PER_MESSAGE,
@@ -89,7 +89,6 @@ SUGGESTED_PROMPTS = [
     {"title": "Time off", "message": "How many vacation days do I get?"},
     {"title": "Expenses", "message": "How do I submit an expense report?"},
 ]
-NOTE_OFFLINE = "Composed answers are unavailable right now, so these are excerpts from the documents."
 STATUS_SEARCHING = "is searching the documents…"
 # conversations.replies pages: a thread longer than this many pages keeps the last messages of the pages read.
 THREAD_PAGE_SIZE = 200
@@ -97,8 +96,6 @@ THREAD_MAX_PAGES = 10
 MEMBERS_PAGE_SIZE = 200  # conversations.members: Slack recommends no more than 200 per page
 USERS_INFO_CONCURRENCY = 8  # users.info calls in flight while resolving a channel's members
 SHARE_ACTION_ID = "ragbot_share"
-PRIVATE_NOTE = "Only you can see this answer: it may use documents shared with you. *Share in channel* answers again " \
-               "for everyone here."
 _USER_MENTION = re.compile(r"^<@([UW][A-Z0-9]+)(?:\|[^>]*)?>$")
 _USER_ID = re.compile(r"^(?:slack:)?([UW][A-Z0-9]{2,})$")
 
@@ -486,10 +483,7 @@ class SlackAdapter:
             return
         reply.placeholder_ts = claim.placeholder  # taken over after a crash: answer in the same placeholder
         question = question_text(event.get("text") or "", self.bot_user_id)
-        if not question:
-            await self._post(where, SlackMessage("Ask me a question about your documents, e.g. "
-                                                 "_How many vacation days do I get?_"))
-            await self.flow.delivered(claim)
+        if await self.flow.hint_if_empty(question, claim, lambda hint: self._post(where, SlackMessage(hint))):
             return
         history = self.flow.history(where.conversation_id, lambda: self._prior_messages(where),
                                     me=self.bot_user_id, before=_ts_float(where.message_ts),
@@ -724,9 +718,19 @@ class SlackAdapter:
         await self.flow.answer(ask, SlackReply(self, where))
 
 
-def view_messages(view: AnswerView, note: str | None) -> list[SlackMessage]:
-    """The core's view of an answer (bot.chat.render.answer_view) as Slack messages."""
-    return answer_messages(view.text, view.sources, view.feedback, note, view.sources_title)
+def view_messages(view: AnswerView, thread_ts: str | None = None) -> list[SlackMessage]:
+    """The core's view of an answer (bot.chat.render.answer_view) as Slack messages; a private answer's note and
+    "Share in channel" button (answering in the thread `thread_ts`) close the last one."""
+    messages = answer_messages(view.text, view.sources, view.feedback, view.note, view.sources_title)
+    if view.private_note is None or view.feedback is None:
+        return messages
+    private_note = to_mrkdwn(view.private_note)
+    tail = [{"type": "context", "elements": [{"type": "mrkdwn", "text": private_note}]},
+            share_block(view.feedback, thread_ts, view.share or SHARE_LABEL)]
+    if len(messages[-1].blocks) + len(tail) > BLOCKS_PER_MESSAGE:
+        messages.append(SlackMessage(private_note, []))
+    messages[-1].blocks.extend(tail)
+    return messages
 
 
 def _ts_value(ts: str) -> tuple[int, int]:
@@ -748,55 +752,29 @@ def _slack_error(exc: SlackClientError) -> str:
     return str(response.get("error")) if response is not None and response.get("error") else type(exc).__name__
 
 
-def share_block(answer_id: int, thread_ts: str | None) -> dict[str, Any]:
+def share_block(answer_id: int, thread_ts: str | None, label: str) -> dict[str, Any]:
     """The "Share in channel" button under a private answer (Block Kit: an `actions` block holding a `button`
     element: https://api.slack.com/reference/block-kit/block-elements#button)."""
     return {"type": "actions", "block_id": "ragbot_share", "elements": [{
-        "type": "button", "action_id": SHARE_ACTION_ID, "text": {"type": "plain_text", "text": "Share in channel"},
+        "type": "button", "action_id": SHARE_ACTION_ID, "text": {"type": "plain_text", "text": label},
         "value": json.dumps({"a": answer_id, "t": thread_ts}),
     }]}
 
 
-class SlackEphemeralReply:
-    """The chat flow's `Reply` for a private answer in a channel: nothing is posted until the answer is ready
-    (ephemeral messages cannot be edited), then chat.postEphemeral to the asker alone, in the thread, with a note
-    and the "Share in channel" button; an apology goes the same way."""
+class SlackEphemeralReply(PrivateReply):
+    """A private answer in a channel (bot.chat.flow.PrivateReply): chat.postEphemeral to the asker alone, in the
+    thread."""
 
     def __init__(self, adapter: SlackAdapter, where: Where) -> None:
         self.adapter = adapter
         self.where = where
 
-    async def begin(self) -> None:
-        return None
-
-    async def open(self) -> OnText | None:
-        return None
-
-    async def end(self) -> None:
-        return None
-
-    async def _post(self, message: SlackMessage) -> None:
-        await self.adapter.client.chat_postEphemeral(
-            channel=self.where.channel, user=self.where.user, thread_ts=self.where.thread_ts, text=message.text,
-            blocks=message.blocks or None,
-        )
-
-    async def deliver(self, answer: Answer, answer_id: int) -> None:
-        note = NOTE_OFFLINE if answer.note else None
-        messages = view_messages(answer_view(answer, answer_id), note)
-        tail = [{"type": "context", "elements": [{"type": "mrkdwn", "text": PRIVATE_NOTE}]},
-                share_block(answer_id, self.where.thread_ts)]
-        if len(messages[-1].blocks) + len(tail) > BLOCKS_PER_MESSAGE:
-            messages.append(SlackMessage(PRIVATE_NOTE, []))
-        messages[-1].blocks.extend(tail)
-        for message in messages:
-            await self._post(message)
-
-    async def fail(self, text: str) -> None:
-        try:
-            await self._post(SlackMessage(text))
-        except SlackClientError:
-            logger.exception("Slack: could not even post the apology")
+    async def post_privately(self, view: AnswerView) -> None:
+        for message in view_messages(view, self.where.thread_ts):
+            await self.adapter.client.chat_postEphemeral(
+                channel=self.where.channel, user=self.where.user, thread_ts=self.where.thread_ts, text=message.text,
+                blocks=message.blocks or None,
+            )
 
 
 class SlackReply:
@@ -838,11 +816,10 @@ class SlackReply:
 
     async def deliver(self, answer: Answer, answer_id: int) -> None:
         view = answer_view(answer, answer_id)
-        note = NOTE_OFFLINE if answer.note else None
         if self.stream is not None and self.stream.started:
-            await self.stream.finish(answer, view, note)
+            await self.stream.finish(answer, view)
         else:
-            await self.adapter._deliver(self.where, view_messages(view, note), self.placeholder_ts)
+            await self.adapter._deliver(self.where, view_messages(view), self.placeholder_ts)
 
     async def fail(self, text: str) -> None:
         stream, client, where = self.stream, self.adapter.client, self.where
@@ -903,8 +880,8 @@ class _AnswerStream:
             self.refused = True
             self.placeholder_ts = await self.adapter._post(self.where, SlackMessage(PLACEHOLDER))
 
-    async def finish(self, answer: Answer, view: AnswerView, note: str | None) -> None:
-        tail = stream_tail_blocks(view.sources, view.feedback, note, view.sources_title)
+    async def finish(self, answer: Answer, view: AnswerView) -> None:
+        tail = stream_tail_blocks(view.sources, view.feedback, view.note, view.sources_title)
         remaining = stream_safe(self._pending) if self._pending else None
         self._pending = ""
         response = await self.streamer.stop(markdown_text=remaining, blocks=tail or None)
@@ -912,7 +889,7 @@ class _AnswerStream:
         if ts and (answer.abstained or answer.note or answer.text.strip() != self.received.strip()):
             # What was streamed is not the answer (the stream broke off and excerpts replaced it, or the model
             # declined): the message becomes the final answer.
-            await self.adapter._deliver(self.where, view_messages(view, note), ts)
+            await self.adapter._deliver(self.where, view_messages(view), ts)
 
     async def abort(self, text: str) -> None:
         try:

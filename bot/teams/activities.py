@@ -95,6 +95,10 @@ class TeamsMessage:
     user: TeamsUser
     mentions_bot: bool
     reply_to_id: str | None = None
+    # A click on an Adaptive Card's Action.Submit button: Teams sends a message activity whose `value` is the
+    # action's `data` object, with no text ("Card actions", Adaptive Cards actions: learn.microsoft.com/
+    # microsoftteams/platform/task-modules-and-cards/cards/cards-actions); `reply_to_id` is the card's message.
+    action: dict[str, Any] | None = None
 
     @property
     def thread_root(self) -> str | None:
@@ -206,8 +210,9 @@ def parse_activity(data: dict[str, Any], bot_id: str) -> TeamsEvent | None:
                          if e.get("type") == "mention" and (e.get("mentioned") or {}).get("id") == bot_id}
         names = {html.unescape(_AT.sub(lambda m: m.group(1), n)).strip() for n in mention_names}
         text, mentioned = question_text(str(data.get("text") or ""), names)
+        value = data.get("value")
         return TeamsMessage(str(data.get("id") or ""), text, conversation, user, mentioned or bool(mention_names),
-                            data.get("replyToId"))
+                            data.get("replyToId"), value if isinstance(value, dict) and not text else None)
     if data.get("type") == "invoke" and data.get("name") == "message/submitAction":
         value = data.get("value") or {}
         if value.get("actionName") != "feedback":

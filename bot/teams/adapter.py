@@ -32,15 +32,17 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from bot.chat.audience import AudienceUnavailable, Member
+from bot.chat.cache import BoundedCache
 from bot.chat.delivery import private_conversation
-from bot.chat.flow import Ask, ChatFlow, CommandUser, OnText, Reply
+from bot.chat.flow import Ask, ChatFlow, CommandUser, OnText, PrivateReply, Reply
 from bot.chat.guests import Standing
 from bot.chat.lease import start_sweeper, stop_sweeper
 from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
+from bot.chat.render import AnswerView, answer_view
 from bot.teams.activities import ConversationType, TeamsConversation, TeamsFeedback, TeamsMembershipChange, TeamsMessage
 from bot.teams.messages import AnswerMessages
 from bot.teams.platform import ReplyTarget, TeamsMember, TeamsPlatform, TeamsStream, message_activity
-from bot.teams.render import EMPTY_QUESTION, PLACEHOLDER, STATUS_SEARCHING, answer_content, safe_text
+from bot.teams.render import PLACEHOLDER, STATUS_SEARCHING, answer_content, safe_text, share_card
 from bot.teams.settings import TeamsSettings
 from knowledge import Person, check_principal
 
@@ -56,6 +58,9 @@ PLATFORM = "teams"
 # message faster; "Optimize your bot: rate limiting and best practices in Microsoft Teams").
 UPDATE_SECONDS = 1.0
 COMMAND_WORDS = ("kb", "/kb")
+# What the adapter remembers per person and per conversation (roster entries, where someone was last seen): at most
+# this many of each, the least recently used forgotten first.
+CACHE_ENTRIES = 10_000
 
 
 @dataclass(frozen=True)
@@ -139,11 +144,13 @@ class TeamsAdapter:
         self.platform = TeamsPlatform(self.teams, on_message=self.on_message, on_feedback=self.on_feedback,
                                       on_membership=self.on_membership)
         self.messages = AnswerMessages(context.state.engine)
-        self._members: dict[tuple[str, str], tuple[float, TeamsMember | None]] = {}
+        # Roster entries by (conversation, identity), for USER_CACHE_SECONDS.
+        self._members: BoundedCache[tuple[str, str], tuple[TeamsMember | None]] = BoundedCache(
+            CACHE_ENTRIES, self.settings.user_cache_seconds)
         # Teams tells emails and members only within a conversation: those seen (live, or a resumed question's),
         # by channel key and by the identity last seen in it.
-        self._seen: dict[str, TeamsConversation] = {}
-        self._roster_of: dict[str, TeamsConversation] = {}
+        self._seen: BoundedCache[str, TeamsConversation] = BoundedCache(CACHE_ENTRIES)
+        self._roster_of: BoundedCache[str, TeamsConversation] = BoundedCache(CACHE_ENTRIES)
         self._sweeper: asyncio.Task[None] | None = None
 
     # Lifecycle (bot.app.Adapter).
@@ -165,15 +172,20 @@ class TeamsAdapter:
     def _note(self, where: Where) -> None:
         """Remember where `where`'s asker was seen: the Directory asks that conversation's roster."""
         if not where.personal:
-            self._seen[where.channel_key] = where.conversation
-        self._roster_of[where.identity] = where.conversation
+            self._seen.put(where.channel_key, where.conversation)
+        self._roster_of.put(where.identity, where.conversation)
 
     # Events (TeamsPlatform calls these; its own handler logs what they raise).
 
     async def on_message(self, message: TeamsMessage) -> None:
         where = Where.of(message)
         self._note(where)
+        if message.action is not None:
+            await self._card_action(message, where)
+            return
         if not await self._addressed(message, where):
+            if where.conversation_type == "channel" and message.starts_thread:
+                await self._auto_question(message, where)
             return
         command = command_text(message.text)
         if command is not None:
@@ -196,12 +208,47 @@ class TeamsAdapter:
             logger.info("Teams: feedback on message %s, which is not an answer", feedback.message_id)
             return
         rating: Any = "up" if feedback.reaction == "like" else "down"
-        await self.flow.feedback(answer_id, feedback.user.identity, rating)
+        ack = await self.flow.feedback(answer_id, feedback.user.identity, rating)
+        c = feedback.conversation
+        where = ReplyTarget(c.service_url, c.id, c.type, c.tenant_id, feedback.message_id)
+        # The same acknowledgement as on every platform (bot.chat.feedback), to the clicker alone.
+        await self.flow.kb_reply(lambda text: self._tell_at(where, feedback.user.id, text), ack.text)
 
     async def on_membership(self, change: TeamsMembershipChange) -> None:
         """Someone joined or left: the conversation's audience is listed again at the next question."""
         self.audiences.invalidate(change.conversation.channel_key)
-        self._members = {k: v for k, v in self._members.items() if k[0] != change.conversation.base_id}
+        self._members.drop(lambda key: key[0] == change.conversation.base_id)
+
+    async def _card_action(self, message: TeamsMessage, where: Where) -> None:
+        """A click on a card button. "Share in channel" under a private answer: its question answered AGAIN with
+        the conversation's audience and posted in the thread for everyone (the private text is never reposted);
+        only its asker may share it, once (`ChatFlow.claim_share`), anyone else is told so privately."""
+        action = message.action or {}
+        try:
+            answer_id = int(action["answer"]) if action.get("ragbot") == "share" else None
+        except (KeyError, TypeError, ValueError):
+            answer_id = None
+        if answer_id is None or where.personal:
+            return
+        share = await self.flow.claim_share(answer_id, where.identity)
+        if isinstance(share, str):
+            await self.flow.kb_reply(lambda text: self._tell(where, text), share)
+            return
+        public = replace(where, private=False)
+        ask = self.flow.ask(share.question, share.conversation_id, where.identity, self._target(public))
+        await self.flow.answer(ask, TeamsReply(self, public, stream=False))
+
+    async def _auto_question(self, message: TeamsMessage, where: Where) -> None:
+        """A new channel post nobody addressed to the bot, in a channel with `kb channel auto on` (Teams delivers
+        it only to an app granted ChannelMessage.Read.Group): answered in its thread when it reads as a question
+        and the documents answer it; otherwise nothing is posted (`ChatFlow.auto_claim`, bot.chat.auto)."""
+        claim = await self.flow.auto_claim(message.text, where.channel_key,
+                                           lambda: self.flow.claim_question(self._event_key(message)))
+        if claim is None:
+            return
+        target = self._target(where)
+        ask = self.flow.ask(message.text, where.conversation_key, where.identity, target, auto=True)
+        await self.flow.answer(ask, TeamsReply(self, where, stream=False), claim=claim, target=target.to_json())
 
     # Questions.
 
@@ -216,9 +263,8 @@ class TeamsAdapter:
             return
         reply.placeholder_id = claim.placeholder  # taken over after a crash: answer in the same placeholder
         question = message.text
-        if not question:
-            await self.platform.post(where.target, message_activity(EMPTY_QUESTION))
-            await self.flow.delivered(claim)
+        if await self.flow.hint_if_empty(question, claim,
+                                         lambda hint: self.platform.post(where.target, message_activity(hint))):
             return
         # History: the chat core's memory of this conversation (a thread the bot answered in). Messages the bot
         # never received cannot be read back: the Bot Connector has no API for them (Microsoft Graph has).
@@ -268,15 +314,15 @@ class TeamsAdapter:
             return PersonInfo()
         key = (conversation.base_id, identity)
         cached = self._members.get(key)
-        if cached is not None and time.monotonic() - cached[0] < self.settings.user_cache_seconds:
-            member = cached[1]
+        if cached is not None:
+            member = cached[0]
         else:
             try:
                 member = await self.platform.member(conversation, identity.partition(":")[2])
             except Exception as exc:
                 logger.warning("Teams: could not read %s from the roster: %s", identity, exc)
                 return PersonInfo()
-            self._members[key] = (time.monotonic(), member)
+            self._members.put(key, (member,))
         if member is None or not member.is_guest(self.platform.home_tenant):
             return PersonInfo(member.principal_email if member is not None else None)
         role = (member.user_role or "").lower()
@@ -318,11 +364,15 @@ class TeamsAdapter:
         await self.flow.kb_command(text, who, lambda reply: self._tell(where, reply))
 
     async def _tell(self, where: Where, text: str) -> None:
-        """A reply only the user sees: in a 1:1 chat, a message; elsewhere a targeted message."""
-        if where.personal:
-            await self.platform.post(where.target, message_activity(text))
+        """A reply only the asker sees (a command's, a refused Share)."""
+        await self._tell_at(where.target, where.user_id, text)
+
+    async def _tell_at(self, target: ReplyTarget, user_id: str, text: str) -> None:
+        """A message only `user_id` sees: in a 1:1 chat, a message; elsewhere a targeted message."""
+        if target.conversation_type == "personal":
+            await self.platform.post(target, message_activity(text))
         else:
-            await self.platform.post_private(where.target, where.user_id, message_activity(text))
+            await self.platform.post_private(target, user_id, message_activity(text))
 
     async def _reads_channel(self, key: str, identity: str) -> bool:
         """Could this user read the conversation `key` as a member? Only conversations this process has seen."""
@@ -397,7 +447,7 @@ class TeamsReply:
         return None
 
     async def deliver(self, answer: Answer, answer_id: int) -> None:
-        text, citations = answer_content(answer)
+        text, citations = answer_content(answer_view(answer, answer_id))
         platform = self.adapter.platform
         message_id: str | None
         if self.stream is not None:
@@ -427,31 +477,21 @@ class TeamsReply:
             logger.exception("Teams: could not even post the apology")
 
 
-class TeamsPrivateReply:
-    """The flow's `Reply` for a private answer in a channel or group chat: nothing is shown until the answer is
-    ready, then a targeted message only the asker sees, in the thread; an apology goes the same way."""
+class TeamsPrivateReply(PrivateReply):
+    """A private answer in a channel or group chat (bot.chat.flow.PrivateReply): a targeted message only the asker
+    sees, in the thread; under an answer, the private note and the "Share in channel" card button."""
 
     def __init__(self, adapter: TeamsAdapter, where: Where) -> None:
         self.adapter = adapter
         self.where = where
 
-    async def begin(self) -> None:
-        return None
-
-    async def open(self) -> OnText | None:
-        return None
-
-    async def end(self) -> None:
-        return None
-
-    async def deliver(self, answer: Answer, answer_id: int) -> None:
-        text, citations = answer_content(answer)
-        activity = message_activity(text, citations=citations, ai_generated=True, feedback=True)
-        message_id = await self.adapter.platform.post_private(self.where.target, self.where.user_id, activity)
-        await self.adapter.messages.remember(self.where.base_id, message_id, answer_id)
-
-    async def fail(self, text: str) -> None:
-        try:
-            await self.adapter.platform.post_private(self.where.target, self.where.user_id, message_activity(text))
-        except Exception:
-            logger.exception("Teams: could not even post the apology")
+    async def post_privately(self, view: AnswerView) -> None:
+        platform, where = self.adapter.platform, self.where
+        if view.feedback is None:  # an apology
+            await platform.post_private(where.target, where.user_id, message_activity(view.text))
+            return
+        text, citations = answer_content(view)
+        activity = message_activity(text, citations=citations, ai_generated=True, feedback=True,
+                                    attachments=[share_card(view.feedback, view.share)] if view.share else ())
+        message_id = await platform.post_private(where.target, where.user_id, activity)
+        await self.adapter.messages.remember(where.base_id, message_id, view.feedback)
