@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from importlib.metadata import EntryPoint
@@ -26,11 +27,13 @@ import pytest_asyncio
 import test_answer_lease as lease_tests
 import test_chat_permissions as perms
 from aiohttp import web
-from fakes.discord_api import FakeDiscordAPI
+from fakes.discord_api import FakeDiscordAPI, user_payload
+from fakes.discord_gateway import MANAGE_GUILD, MEMBER_PERMISSIONS, message_payload
 from fakes.slack_api import FakeSlackAPI
 from fakes.teams_connector import FakeTeamsConnector
 from fakes.teams_connector import Member as TeamsUser
-from slack_harness import answer_in, mention, running_bot
+from slack_harness import answer_in, mention, running_bot, wait_for
+from slack_harness import finished as finished_slack
 from test_teams import Bot as TeamsBot
 from test_teams import ask_in_channel, finished, new_id
 
@@ -274,3 +277,284 @@ def test_a_third_party_platform_found_through_its_entry_point_is_started_and_ask
     assert check_as_principal("mattermost:u1") == "mattermost:u1"
     with pytest.raises(KeyError, match="no chat platform named 'irc'"):
         registry.platform("irc")
+
+
+# ---- moved into the core: the empty-question hint, /kb, Share, thread history --------------------------------------
+# Each was written once per adapter and had drifted (Discord's hint, its own admin refusal, Teams had no Share, the
+# adapters kept different thread messages as history); each is now decided in bot/chat and pinned here per platform.
+
+
+def _slack_world(fake: FakeSlackAPI) -> str:
+    for user_id, email, _, _ in perms.PEOPLE.values():
+        fake.add_user(user_id, email=email)
+    fake.add_user("UADMIN", email="root@example.com", is_admin=True)
+    channel = perms.new_channel("C")
+    fake.add_channel(channel, private=False, members=["UFIN", "UOUT", "UADMIN"])
+    return channel
+
+
+async def slack_empty_mention(kb: Any, _discord: FakeDiscordAPI) -> str:
+    with FakeSlackAPI() as fake:
+        channel = _slack_world(fake)
+        event = mention("", user="UOUT", channel=channel)
+        async with running_bot(kb, fake) as bot:
+            assert await bot.send_event(event) == 200
+            [hint] = await wait_for(lambda: fake.thread(channel, event["ts"]), what="the hint")
+        return hint.visible_text
+
+
+async def discord_empty_mention(kb: Any, fake: FakeDiscordAPI) -> str:
+    channel = 820000000000000301
+    bot, harness = await perms.start_discord(kb, fake, {channel: None})
+    try:
+        await harness.message("", mention_bot=True, channel_id=channel, guild_id=perms.GUILD,
+                              author_id=perms.PEOPLE["out"][2])
+    finally:
+        await bot.close()
+    return "\n".join(m.get("content") or "" for m in fake.bot_messages(channel))
+
+
+async def teams_empty_mention(kb: Any, _discord: FakeDiscordAPI) -> str:
+    ann = TeamsUser("aad-ann", "Ann Lee", email="ann@example.com")
+    with teams_connector() as fake:
+        channel = new_id("general")
+        fake.add_conversation(channel, "channel", members=[ann], team_id=new_id("team"), channel_type="standard")
+        async with running_teams_bot(kb, fake) as bot:
+            sent = await ask_in_channel(fake, bot, channel, ann, "")
+            [hint] = await fake.wait_for(timeout=30, condition=lambda: fake.thread(channel, sent["id"]))
+        return hint.text
+
+
+EMPTY_MENTIONS: dict[str, Callable[[Any, FakeDiscordAPI], Awaitable[str]]] = {
+    "slack": slack_empty_mention, "discord": discord_empty_mention, "teams": teams_empty_mention,
+}
+
+
+@pytest.mark.parametrize("platform", sorted(EMPTY_MENTIONS))
+async def test_a_mention_without_a_question_gets_the_same_hint_on_every_platform(
+        platform, kb_factory, tmp_path, discord_api) -> None:
+    kb = await perms.open_world(kb_factory, tmp_path)
+    shown = await EMPTY_MENTIONS[platform](kb, discord_api)
+    assert "Ask me a question about your documents" in shown and "How many vacation days do I get?" in shown
+
+
+REFUSAL = "needs an admin (an admin or owner of this workspace, server or team, or a user listed in ADMIN_USER_IDS)"
+
+
+async def slack_kb_status(kb: Any, _discord: FakeDiscordAPI) -> tuple[str, str, str]:
+    """`/kb status` by a member, by a workspace admin and by a user listed in ADMIN_USER_IDS."""
+    with FakeSlackAPI() as fake:
+        channel = _slack_world(fake)
+        async with running_bot(kb, fake, admin_user_ids="slack:UFIN") as bot:
+            replies = [(await bot.slash("status", user=user, channel=channel))[1]["text"]
+                       for user in ("UOUT", "UADMIN", "UFIN")]
+        return replies[0], replies[1], replies[2]
+
+
+async def discord_kb_status(kb: Any, fake: FakeDiscordAPI) -> tuple[str, str, str]:
+    channel = 820000000000000302
+    bot, harness = await perms.start_discord(kb, fake, {channel: None},
+                                             admin_user_ids=f"discord:{perms.PEOPLE['fin'][2]}")
+    replies = []
+    try:
+        for user, permissions in ((perms.PEOPLE["out"][2], MEMBER_PERMISSIONS),
+                                  (perms.PEOPLE["cfo"][2], MEMBER_PERMISSIONS | MANAGE_GUILD),
+                                  (perms.PEOPLE["fin"][2], MEMBER_PERMISSIONS)):
+            ran = await harness.slash("kb status", guild_id=perms.GUILD, channel_id=channel, user_id=user,
+                                      permissions=permissions)
+            replies.append("\n".join(m.get("content") or "" for m in fake.interaction_messages(ran["token"])))
+    finally:
+        await bot.close()
+    return replies[0], replies[1], replies[2]
+
+
+async def teams_kb_status(kb: Any, _discord: FakeDiscordAPI) -> tuple[str, str, str]:
+    """Teams has no admin flag the Bot Connector tells (team owners need Microsoft Graph): the member and the
+    listed admin; the middle case is a member of a group chat asking there (a targeted reply)."""
+    out = TeamsUser("aad-out", "Out Sider", email="out@example.com")
+    fin = TeamsUser("aad-fin", "Fin Ance", email="fin@example.com")
+    with teams_connector() as fake:
+        chat = f"19:chat-{new_id('x')[3:13]}@thread.v2"
+        fake.add_conversation(chat, "groupChat", members=[out, fin])
+        async with running_teams_bot(kb, fake, admin_user_ids=f"teams:{fin.aad_object_id}") as bot:
+            texts = []
+            for user in (out, fin):
+                before = len(fake.bot_messages(chat))
+                assert (await fake.deliver(bot.url, fake.group_message("<at>ragbot</at> kb status", chat, user)))[0] \
+                    == 202
+                [reply] = await fake.wait_for(timeout=30, condition=lambda n=before: fake.bot_messages(chat)[n:])
+                assert reply.seen_by(user.id) and not reply.seen_by((fin if user is out else out).id)
+                texts.append(reply.text)
+        return texts[0], texts[1], texts[1]
+
+
+KB_STATUS: dict[str, Callable[[Any, FakeDiscordAPI], Awaitable[tuple[str, str, str]]]] = {
+    "slack": slack_kb_status, "discord": discord_kb_status, "teams": teams_kb_status,
+}
+
+
+@pytest.mark.parametrize("platform", sorted(KB_STATUS))
+async def test_kb_status_is_refused_to_a_member_in_the_same_words_and_runs_for_admins(
+        platform, kb_factory, tmp_path, discord_api) -> None:
+    kb = await perms.open_world(kb_factory, tmp_path)
+    member, platform_admin, listed = await KB_STATUS[platform](kb, discord_api)
+    assert REFUSAL in member and "documents," not in member
+    for shown in (platform_admin, listed):
+        assert "documents," in shown and "needs an admin" not in shown  # "**Index**: N documents, M chunks"
+
+
+async def slack_share(kb: Any, _discord: FakeDiscordAPI) -> tuple[str, str]:
+    """Fin asks privately in a public channel; Out's click on Share is refused, Fin's posts the answer publicly.
+    Returns the private answer's text and the public one's."""
+    with FakeSlackAPI() as fake:
+        channel = _slack_world(fake)
+        event = mention(f"privately, {QUESTION}", user="UFIN", channel=channel)
+        async with running_bot(kb, fake) as bot:
+            assert await bot.send_event(event) == 200
+            [private] = await wait_for(lambda: perms.ephemeral_done(fake, "UFIN", channel), what="the private answer")
+            share = next(e for b in private.blocks if b.get("type") == "actions" for e in b["elements"])
+            assert share["text"]["text"] == "Share in channel"
+            assert await perms.click(bot, private, share, user="UOUT") == 200
+            assert await perms.click(bot, private, share, user="UFIN") == 200
+            [public] = await wait_for(lambda: [m for m in fake.thread(channel, event["ts"]) if finished_slack(m)],
+                                      what="the shared answer")
+        return private.visible_text, public.visible_text
+
+
+async def discord_share(kb: Any, fake: FakeDiscordAPI) -> tuple[str, str]:
+    channel = 820000000000000303
+    fin, out = perms.PEOPLE["fin"][2], perms.PEOPLE["out"][2]
+    bot, harness = await perms.start_discord(kb, fake, {channel: None})
+    try:
+        ask = await harness.slash("ask", [{"type": 3, "name": "question", "value": QUESTION},
+                                          {"type": 5, "name": "private", "value": True}],
+                                  guild_id=perms.GUILD, channel_id=channel, user_id=fin)
+        [private] = fake.interaction_messages(ask["token"])
+        share = next(c for row in private["components"] for c in row["components"]
+                     if c["custom_id"].startswith("ragbot:share:"))
+        assert share["label"] == "Share in channel"
+        await harness.click(private, share["custom_id"], guild_id=perms.GUILD, channel_id=channel, user_id=out)
+        clicked = await harness.click(private, share["custom_id"], guild_id=perms.GUILD, channel_id=channel,
+                                      user_id=fin)
+        public = [m for m in fake.interaction_messages(clicked["token"]) if not m["flags"] & 64]
+    finally:
+        await bot.close()
+    assert private["flags"] & 64 and public
+    return private.get("content") or "", "\n".join(m.get("content") or "" for m in public)
+
+
+async def teams_share(kb: Any, _discord: FakeDiscordAPI) -> tuple[str, str]:
+    """Teams: the private answer is a targeted message whose card holds Share (Action.Submit); the click comes back
+    as a message activity with the card's data."""
+    fin = TeamsUser("aad-fin", "Fin Ance", email=perms.PEOPLE["fin"][1])
+    out = TeamsUser("aad-out", "Out Sider", email=perms.PEOPLE["out"][1])
+    with teams_connector() as fake:
+        channel = new_id("general")
+        fake.add_conversation(channel, "channel", members=[fin, out], team_id=new_id("team"), channel_type="standard")
+        async with running_teams_bot(kb, fake) as bot:
+            question = await ask_in_channel(fake, bot, channel, fin, f"privately {QUESTION}")
+            [private] = await fake.wait_for(timeout=90, condition=lambda: [
+                m for m in fake.thread(channel, question["id"]) if finished(m)])
+            assert private.seen_by(fin.id) and not private.seen_by(out.id)
+            [action] = [a for attachment in private.activity.get("attachments") or []
+                        for a in (attachment.get("content") or {}).get("actions") or []]
+            assert action["type"] == "Action.Submit" and action["title"] == "Share in channel"
+            thread = f"{channel};messageid={question['id']}"
+            for user in (out, fin):
+                status, _ = await fake.deliver(bot.url, fake.card_submit(private.id, thread, user, action["data"]))
+                assert status == 202
+                await bot.adapter.platform.drain(timeout=120)
+            refused = [m for m in fake.thread(channel, question["id"]) if m.visible_to == out.id]
+            assert refused and "Only the person who asked" in refused[0].text
+            public = [m for m in fake.thread(channel, question["id"]) if finished(m) and m.visible_to is None]
+        return private.text, "\n".join(m.text for m in public)
+
+
+SHARES: dict[str, Callable[[Any, FakeDiscordAPI], Awaitable[tuple[str, str]]]] = {
+    "slack": slack_share, "discord": discord_share, "teams": teams_share,
+}
+
+
+@pytest.mark.parametrize("platform", sorted(SHARES))
+async def test_share_under_a_private_answer_posts_it_publicly_for_everyone(
+        platform, kb_factory, tmp_path, discord_api) -> None:
+    kb = await perms.open_world(kb_factory, tmp_path)
+    private, public = await SHARES[platform](kb, discord_api)
+    assert SECRET in private and "Only you can see this answer" in private  # the asker's own access, and said so
+    assert public.strip()  # answered again for the channel...
+    assert SECRET not in public and "Only you can see" not in public  # ...from what everyone there may see
+
+
+class RecordsHistory:
+    """The real knowledge base, recording the earlier thread messages each question is answered with."""
+
+    def __init__(self, kb: Any) -> None:
+        self._kb = kb
+        self.histories: list[list[tuple[str, str]] | None] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kb, name)
+
+    async def answer(self, *args: Any, **kwargs: Any) -> Any:
+        prior = kwargs.get("prior_messages")
+        self.histories.append([(m.role, m.text) for m in prior] if prior else None)
+        return await self._kb.answer(*args, **kwargs)
+
+
+THREAD = [("person", "We are planning the offsite at the lake next spring."),
+          ("bot", "The offsite is planned for May at the lake [1]."),
+          ("other bot", "Build #42 passed on main."),
+          ("person", "Who books the rooms?")]
+# What every platform counts as the conversation: people's messages and the bot's own answers, in order; another
+# bot's post is not part of it.
+EXPECTED_HISTORY = [("user", THREAD[0][1]), ("assistant", THREAD[1][1]), ("user", THREAD[3][1])]
+
+
+async def slack_thread_history(kb: RecordsHistory, _discord: FakeDiscordAPI) -> None:
+    with FakeSlackAPI() as fake:
+        channel = _slack_world(fake)
+        root = fake.add_message(channel, THREAD[0][1], user="UOUT")  # the thread's first message is its root
+        for who, text in THREAD[1:]:
+            fake.add_message(channel, text, user="UOUT" if who == "person" else None, thread_ts=root, bot=who == "bot")
+            if who == "other bot":
+                fake.messages[-1].bot_id = "BOTHER"  # another app's post (a message with a bot_id)
+        event = mention("and when is it?", user="UOUT", channel=channel, thread_ts=root,
+                        ts=f"{int(time.time()) + 5}.000001")
+        async with running_bot(kb, fake) as bot:
+            assert await bot.send_event(event) == 200
+            await answer_in(fake, channel, root)
+
+
+async def discord_thread_history(kb: RecordsHistory, fake: FakeDiscordAPI) -> None:
+    channel = 820000000000000304
+    out = perms.PEOPLE["out"][2]
+    bot, harness = await perms.start_discord(kb, fake, {channel: None})
+    try:
+        thread = fake.user_thread(perms.GUILD, channel, owner_id=out)
+        harness.sync_threads()
+        for who, text in THREAD:
+            payload = message_payload(fake, text, channel_id=thread, guild_id=perms.GUILD, author_id=out)
+            if who == "bot":
+                payload["author"] = fake.bot_user
+            elif who == "other bot":
+                payload["author"] = user_payload(830000000000000999, "ci-bot", bot=True)
+            fake.record_user_message(payload)  # already in the thread: the bot never received them
+        await harness.message("and when is it?", mention_bot=True, channel_id=thread, guild_id=perms.GUILD,
+                              author_id=out)
+    finally:
+        await bot.close()
+
+
+THREAD_HISTORIES: dict[str, Callable[[RecordsHistory, FakeDiscordAPI], Awaitable[None]]] = {
+    "slack": slack_thread_history, "discord": discord_thread_history,
+    # Teams: the Bot Connector cannot read a thread's earlier messages back (Microsoft Graph could), so a mention
+    # mid-thread there has only the core's memory of the thread (docs/teams.md, "Follow-ups").
+}
+
+
+@pytest.mark.parametrize("platform", sorted(THREAD_HISTORIES))
+async def test_a_mention_mid_thread_counts_the_earlier_messages_the_same_way_everywhere(
+        platform, kb_factory, tmp_path, discord_api) -> None:
+    kb = RecordsHistory(await perms.open_world(kb_factory, tmp_path))
+    await THREAD_HISTORIES[platform](kb, discord_api)
+    assert kb.histories == [EXPECTED_HISTORY]

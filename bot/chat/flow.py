@@ -233,6 +233,15 @@ class ChatFlow:
                            claim.key, claim.attempts)
         return claim
 
+    async def claim_or_apologise(self, reply: Reply, *keys: str, where: str = "") -> LeaseClaim | None:
+        """`claim_question`; when the database cannot be reached, the asker gets an apology through `reply` rather
+        than silence (and None)."""
+        try:
+            return await self.claim_question(*keys)
+        except Exception as exc:
+            await reply.fail(self.failure("claim", exc, where=where))
+            return None
+
     def keeper(self, claim: LeaseClaim | None) -> lease.LeaseKeeper | None:
         """The heartbeat of a claimed question while it is answered (None: nothing was claimed)."""
         if claim is None:

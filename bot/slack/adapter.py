@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from bot.chat.flow import Reply
-    from bot.chat.state import LeaseClaim, PendingQuestion
+    from bot.chat.state import PendingQuestion
     from bot.context import BotContext
     from knowledge import Answer
 
@@ -445,13 +445,6 @@ class SlackAdapter:
             keys.append(f"slack:msg:{self._team(body, event)}:{event['channel']}:{event['ts']}")
         return await self.flow.claim(*keys)
 
-    async def _claim_question(self, body: dict[str, Any], event: dict[str, Any]) -> LeaseClaim | None:
-        """`_claim` for a question, as a lease on the message (channel + ts; the event id is an alias): a retry
-        after the lease ran out undelivered takes the question over, with the placeholder to answer in."""
-        keys = [f"slack:event:{body['event_id']}"] if body.get("event_id") else []
-        keys.append(f"slack:msg:{self._team(body, event)}:{event['channel']}:{event['ts']}")
-        return await self.flow.claim_question(*keys)
-
     async def resume(self, pending: PendingQuestion) -> tuple[Ask, Reply] | None:
         """A question whose holder died: rebuilt by the chat core from its stored target (`ChatFlow.resume`)."""
         return await self.flow.resume(pending, self.reply_for)
@@ -474,12 +467,11 @@ class SlackAdapter:
 
     async def _question(self, body: dict[str, Any], event: dict[str, Any], where: Where, mid_thread: bool = False) -> None:
         reply = SlackReply(self, where)
-        try:
-            claim = await self._claim_question(body, event)
-            if claim is None:
-                return
-        except Exception as exc:  # the database is down: say so rather than stay silent
-            await reply.fail(self.flow.failure("claim", exc, where=where.conversation_id))
+        # Exactly once, as a lease on the message (channel + ts; the event id is an alias): a retry after the lease
+        # ran out undelivered takes the question over, with the placeholder to answer in.
+        keys = [f"slack:event:{body['event_id']}"] if body.get("event_id") else []
+        keys.append(f"slack:msg:{self._team(body, event)}:{event['channel']}:{event['ts']}")
+        if (claim := await self.flow.claim_or_apologise(reply, *keys, where=where.conversation_id)) is None:
             return
         reply.placeholder_ts = claim.placeholder  # taken over after a crash: answer in the same placeholder
         question = question_text(event.get("text") or "", self.bot_user_id)

@@ -47,7 +47,7 @@ from bot.teams.settings import TeamsSettings
 from knowledge import Person, check_principal
 
 if TYPE_CHECKING:
-    from bot.chat.state import LeaseClaim, PendingQuestion
+    from bot.chat.state import PendingQuestion
     from bot.context import BotContext
     from knowledge import Answer
 
@@ -254,12 +254,8 @@ class TeamsAdapter:
 
     async def _question(self, message: TeamsMessage, where: Where) -> None:
         reply = TeamsReply(self, where)
-        try:
-            claim: LeaseClaim | None = await self.flow.claim_question(self._event_key(message))
-            if claim is None:
-                return
-        except Exception as exc:  # the database is down: say so rather than stay silent
-            await reply.fail(self.flow.failure("claim", exc, where=where.conversation_key))
+        claim = await self.flow.claim_or_apologise(reply, self._event_key(message), where=where.conversation_key)
+        if claim is None:
             return
         reply.placeholder_id = claim.placeholder  # taken over after a crash: answer in the same placeholder
         question = message.text

@@ -374,6 +374,20 @@ class FakeTeamsConnector:
                       "actionValue": {"reaction": reaction, "feedback": json.dumps({"feedbackText": feedback})}},
         }
 
+    def card_submit(self, reply_to_id: str, conversation_id: str, user: Member, data: dict[str, Any]) -> dict[str, Any]:
+        """A click on an Adaptive Card's Action.Submit button in one of the bot's messages ("Card actions",
+        Adaptive Cards actions, learn.microsoft.com/microsoftteams/platform/task-modules-and-cards/cards/
+        cards-actions: Teams sends a message activity whose `value` is the action's `data` object, with no text;
+        replyToId is the card's message). `conversation_id` as the card's conversation names it (a channel thread:
+        "<channel>;messageid=<root>")."""
+        conversation = self.conversations[_base(conversation_id)]
+        activity = self._activity("", conversation, user, conversation_id=conversation_id)
+        self.messages.pop()  # a card click shows no message in the conversation
+        activity["replyToId"] = reply_to_id
+        activity["value"] = data
+        del activity["text"]
+        return activity
+
     def membership_update(self, conversation_id: str, *, added: Sequence[Member] = (),
                           removed: Sequence[Member] = ()) -> dict[str, Any]:
         """People joined or left ("Conversation events in your Teams bot": a conversationUpdate with
