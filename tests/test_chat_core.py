@@ -39,6 +39,8 @@ from test_teams import ask_in_channel, finished, new_id
 
 import bot.platforms as registry
 from bot.app import configured_adapters
+from bot.chat.channels import set_auto
+from bot.chat.feedback import THANKS
 from bot.chat.state import BotState
 from bot.context import BotContext
 from bot.platforms import PlatformSpec
@@ -558,3 +560,85 @@ async def test_a_mention_mid_thread_counts_the_earlier_messages_the_same_way_eve
     kb = RecordsHistory(await perms.open_world(kb_factory, tmp_path))
     await THREAD_HISTORIES[platform](kb, discord_api)
     assert kb.histories == [EXPECTED_HISTORY]
+
+
+# ---- feedback is acknowledged in the same words everywhere; Teams answers help channels as the others do --------
+
+PUBLIC_QUESTION = "How many days of paid vacation do full-time employees get?"  # a document everyone may see
+
+
+async def slack_feedback_ack(kb: Any, _discord: FakeDiscordAPI) -> str:
+    with FakeSlackAPI() as fake:
+        channel = _slack_world(fake)
+        event = mention(PUBLIC_QUESTION, user="UOUT", channel=channel)
+        async with running_bot(kb, fake) as bot:
+            assert await bot.send_event(event) == 200
+            answer = await answer_in(fake, channel, event["ts"])
+            assert await bot.click_feedback(answer, user="UOUT", positive=False) == 200
+            [ack] = await wait_for(lambda: fake.ephemeral_for("UOUT", channel), what="the acknowledgement")
+        return ack.visible_text
+
+
+async def discord_feedback_ack(kb: Any, fake: FakeDiscordAPI) -> str:
+    channel, out = 820000000000000305, perms.PEOPLE["out"][2]
+    bot, harness = await perms.start_discord(kb, fake, {channel: None})
+    try:
+        sent = await harness.message(PUBLIC_QUESTION, mention_bot=True, channel_id=channel, guild_id=perms.GUILD,
+                                     author_id=out)
+        thread = int(sent["id"])
+        [answer] = fake.bot_messages(thread)
+        [down] = [c["custom_id"] for row in answer.get("components") or [] for c in row["components"]
+                  if c["custom_id"].endswith(":down")]
+        clicked = await harness.click(answer, down, guild_id=perms.GUILD, channel_id=thread, user_id=out)
+    finally:
+        await bot.close()
+    return "\n".join(m.get("content") or "" for m in fake.interaction_messages(clicked["token"]))
+
+
+async def teams_feedback_ack(kb: Any, _discord: FakeDiscordAPI) -> str:
+    out = TeamsUser("aad-out", "Out Sider", email=perms.PEOPLE["out"][1])
+    with teams_connector() as fake:
+        async with running_teams_bot(kb, fake) as bot:
+            conversation = f"a:personal-{out.aad_object_id}"
+            assert (await fake.deliver(bot.url, fake.personal_message(PUBLIC_QUESTION, out)))[0] == 202
+            [answer] = await fake.wait_for(timeout=90, condition=lambda: [
+                m for m in fake.bot_messages(conversation) if finished(m)])
+            await bot.adapter.platform.drain()
+            status, _ = await fake.deliver(bot.url, fake.feedback_invoke(answer.id, conversation, out, "dislike"))
+            assert status == 200
+            later = [m for m in fake.bot_messages(conversation) if m.id != answer.id]
+        return "\n".join(m.text for m in later)
+
+
+FEEDBACK_ACKS: dict[str, Callable[[Any, FakeDiscordAPI], Awaitable[str]]] = {
+    "slack": slack_feedback_ack, "discord": discord_feedback_ack, "teams": teams_feedback_ack,
+}
+
+
+@pytest.mark.parametrize("platform", sorted(FEEDBACK_ACKS))
+async def test_a_thumbs_down_is_acknowledged_to_the_clicker_in_the_same_words_everywhere(
+        platform, kb_factory, tmp_path, discord_api) -> None:
+    kb = await perms.open_world(kb_factory, tmp_path)
+    shown = await FEEDBACK_ACKS[platform](kb, discord_api)
+    assert THANKS["down"] in shown
+    [stored] = await BotState(kb.engine).recent_feedback()
+    assert (stored.platform, stored.rating) == (platform, "down")
+
+
+async def test_a_teams_help_channel_answers_unaddressed_questions_in_their_thread_and_leaves_chatter_alone(
+        kb_factory, tmp_path) -> None:
+    kb = await perms.open_world(kb_factory, tmp_path)
+    ann = TeamsUser("aad-ann", "Ann Lee", email="ann@example.com")
+    with teams_connector() as fake:
+        channel = new_id("help")
+        fake.add_conversation(channel, "channel", members=[ann], team_id=new_id("team"), channel_type="standard")
+        await set_auto(BotState(kb.engine), f"teams:{fake.tenant_id}:{channel}", True, "test")
+        async with running_teams_bot(kb, fake) as bot:
+            chatter = fake.channel_message("thanks all, see you at the offsite", channel, ann, mention=False)
+            question = fake.channel_message(PUBLIC_QUESTION, channel, ann, mention=False)
+            for activity in (chatter, question):
+                assert (await fake.deliver(bot.url, activity))[0] == 202
+            await bot.adapter.platform.drain(timeout=120)
+            [answer] = [m for m in fake.thread(channel, question["id"]) if finished(m)]
+            assert "25 days" in answer.text
+            assert fake.thread(channel, chatter["id"]) == []  # not a question: nothing posted
