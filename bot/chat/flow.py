@@ -248,7 +248,8 @@ class ChatFlow:
             return None
         return lease.LeaseKeeper(self.state, claim, self.lease_seconds, self.heartbeat_seconds)
 
-    async def hint_if_empty(self, question: str, claim: LeaseClaim | None, say: Respond) -> bool:
+    async def hint_if_empty(self, question: str, claim: LeaseClaim | None,
+                            say: Callable[[str], Awaitable[object]]) -> bool:
         """A mention without a question gets the same hint on every platform (`render.EMPTY_QUESTION`, posted by
         `say` where the answer would go) instead of an answer, and its claimed event counts as handled. False
         when there is a question to answer."""

@@ -38,7 +38,6 @@ import discord
 import yarl
 from discord import app_commands
 
-from bot.chat import access
 from bot.chat.audience import AudienceUnavailable, Member
 from bot.chat.errors import new_error_id
 from bot.chat.feedback import parse_rating
@@ -433,15 +432,6 @@ class RagbotDiscord(discord.Client):
             if member is not None and len(member.roles) > 1:
                 return MEMBER
         return Standing(True, "a user without a role in the bot's servers")
-
-    async def private_audience(self, user: discord.abc.User) -> access.Audience:
-        return await self.rule.audience(self.identity(user), Readers(None), self.person_of(user))
-
-    async def shared_audience(self, user: discord.abc.User, guild_id: int, channel_id: int) -> access.Audience:
-        """Who reads an answer in this channel (a thread passes its parent): `everyone` + grants where @everyone
-        may view it, the members' common principals + grants where the overwrites hide it (bot.chat.readers)."""
-        return await self.rule.audience(self.identity(user), Readers(channel_key(guild_id, channel_id)),
-                                        self.person_of(user))
 
     def person_of(self, user: discord.abc.User, *, manage_guild: bool = False) -> PersonInfo:
         """Discord tells no email (the identity map gives a person's documents); the standing from the event's user;

@@ -45,7 +45,6 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.chat.access import Audience
 from bot.chat.audience import AudienceUnavailable, Member
 from bot.chat.delivery import private_conversation
 from bot.chat.errors import new_error_id
@@ -493,10 +492,6 @@ class SlackAdapter:
         # Claimed like every question (a private one too): if this process dies, a retry or the sweeper finishes it
         # from the stored target (`resume`), ephemerally when it was private.
         await self.flow.answer(ask, answer_reply, claim=claim, target=target.to_json())
-
-    async def _audience(self, where: Where) -> Audience:
-        """Who reads an answer at `where`, by the core's rule (bot.chat.readers)."""
-        return await self.rule.audience(f"slack:{where.user}", self._target(where).readers)
 
     # The core's Directory (bot.chat.readers): what Slack says of a person and of a channel's members.
 
