@@ -47,9 +47,11 @@ os.environ["QUERY_ENCODER"] = "numpy"
 for _name in ("SLACK_BOT_TOKEN", "DISCORD_BOT_TOKEN", "DISCORD_TOKEN", "ANTHROPIC_BASE_URL", "FUSION", "EMBEDDING_MODEL"):
     os.environ.pop(_name, None)
 
+import discord
 import psycopg
 import pytest
 import pytest_asyncio
+from fakes.discord_api import FakeDiscordAPI
 from sqlalchemy.engine import make_url
 
 from db.embedded import _pgserver, embedded_database_url, stop_embedded
@@ -255,6 +257,16 @@ async def handbook_kb(handbook_url: str) -> AsyncIterator[KnowledgeBase]:
     kb = await KnowledgeBase.open(test_settings(), DatabaseSettings(_env_file=None, database_url=handbook_url))  # type: ignore[call-arg]
     yield kb
     await kb.close()
+
+
+@pytest_asyncio.fixture
+async def discord_api() -> AsyncIterator[FakeDiscordAPI]:
+    """The fake Discord REST API (tests/fakes/discord_api.py), running for one test; discord.py's API base URL, which
+    the bot's `configure_api_url` points at it, is put back afterwards."""
+    previous = discord.http.Route.BASE
+    async with FakeDiscordAPI() as fake:
+        yield fake
+    discord.http.Route.BASE = previous
 
 
 def write(root: Path, relative: str, content: str | bytes) -> Path:

@@ -15,11 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import discord
 import pytest
 import pytest_asyncio
 from conftest import write
-from fakes.discord_api import FakeDiscordAPI
 from fakes.discord_gateway import DiscordHarness
 from fakes.slack_api import FakeSlackAPI
 from slack_harness import answer_in, finished, mention, new_ts, running_bot, settle, wait_for
@@ -194,14 +192,6 @@ async def test_concurrent_takeovers_of_one_expired_lease_have_one_winner(lease_k
 
 
 # ---- Discord: a message is never redelivered, so the sweeper finishes it -------------------------------------------
-
-
-@pytest_asyncio.fixture
-async def discord_api():  # type: ignore[no-untyped-def]
-    previous = discord.http.Route.BASE
-    async with FakeDiscordAPI() as fake:
-        yield fake
-    discord.http.Route.BASE = previous
 
 
 async def test_the_sweeper_finishes_a_discord_answer_in_the_message_the_dead_process_started(lease_kb, discord_api):

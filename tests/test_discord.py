@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import discord
 import pytest
 import pytest_asyncio
 from conftest import write
@@ -75,14 +74,6 @@ def option(name: str, value: Any, kind: int = 3) -> dict[str, Any]:
 def anthropic():
     with FakeAnthropicAPI() as fake:
         yield fake
-
-
-@pytest_asyncio.fixture
-async def discord_api():
-    previous = discord.http.Route.BASE
-    async with FakeDiscordAPI() as fake:
-        yield fake
-    discord.http.Route.BASE = previous
 
 
 @pytest_asyncio.fixture
