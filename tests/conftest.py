@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Before anything reads settings: no developer .env, no real keys, no external database, an isolated home.
 _HOME = Path(tempfile.mkdtemp(prefix="ragbot-tests-"))
@@ -47,11 +48,9 @@ os.environ["QUERY_ENCODER"] = "numpy"
 for _name in ("SLACK_BOT_TOKEN", "DISCORD_BOT_TOKEN", "DISCORD_TOKEN", "ANTHROPIC_BASE_URL", "FUSION", "EMBEDDING_MODEL"):
     os.environ.pop(_name, None)
 
-import discord
 import psycopg
 import pytest
 import pytest_asyncio
-from fakes.discord_api import FakeDiscordAPI
 from sqlalchemy.engine import make_url
 
 from db.embedded import _pgserver, embedded_database_url, stop_embedded
@@ -61,6 +60,9 @@ from db.settings import DatabaseSettings
 from knowledge.kb import KnowledgeBase
 from knowledge.settings import KnowledgeSettings
 from knowledge.sources.folder import FolderSource
+
+if TYPE_CHECKING:
+    from fakes.discord_api import FakeDiscordAPI
 
 REPO = Path(__file__).resolve().parent.parent
 HANDBOOK = REPO / "examples" / "handbook"
@@ -262,7 +264,11 @@ async def handbook_kb(handbook_url: str) -> AsyncIterator[KnowledgeBase]:
 @pytest_asyncio.fixture
 async def discord_api() -> AsyncIterator[FakeDiscordAPI]:
     """The fake Discord REST API (tests/fakes/discord_api.py), running for one test; discord.py's API base URL, which
-    the bot's `configure_api_url` points at it, is put back afterwards."""
+    the bot's `configure_api_url` points at it, is put back afterwards. discord.py is imported here, not at the top,
+    so that a run of tests that need no Discord does not import it (nor show its audioop deprecation warning)."""
+    import discord
+    from fakes.discord_api import FakeDiscordAPI
+
     previous = discord.http.Route.BASE
     async with FakeDiscordAPI() as fake:
         yield fake
