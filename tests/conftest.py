@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -259,6 +259,24 @@ async def handbook_kb(handbook_url: str) -> AsyncIterator[KnowledgeBase]:
     kb = await KnowledgeBase.open(test_settings(), DatabaseSettings(_env_file=None, database_url=handbook_url))  # type: ignore[call-arg]
     yield kb
     await kb.close()
+
+
+def corpus_opener(kb_factory: Callable[..., Awaitable[KnowledgeBase]], tmp_path: Path,
+                  corpus: dict[str, str]) -> Callable[..., Awaitable[KnowledgeBase]]:
+    """What a test module's `corpus_kb` fixture returns: `await open_kb(**settings_overrides)` opens a fresh
+    knowledge base with `corpus` (relative path -> file content) written under tmp_path/docs and synced as source
+    `handbook` (a test can open a second one, with other settings, over the same files)."""
+
+    async def open_kb(**overrides: object) -> KnowledgeBase:
+        docs = tmp_path / "docs"
+        for relative, content in corpus.items():
+            write(docs, relative, content)
+        kb = await kb_factory(**overrides)
+        report = await kb.sync(FolderSource(docs, "handbook"))
+        assert not report.failed, report.failed
+        return kb
+
+    return open_kb
 
 
 @pytest_asyncio.fixture

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from conftest import write
+from conftest import corpus_opener
 from fakes.discord_gateway import DiscordHarness
 from fakes.slack_api import FakeSlackAPI
 from slack_harness import answer_in, finished, mention, new_ts, running_bot, settle, wait_for
@@ -26,7 +26,6 @@ from bot.chat.state import BotState
 from bot.discord.adapter import RagbotDiscord, configure_api_url
 from bot.server import BotMetrics
 from bot.settings import BotSettings
-from knowledge.sources.folder import FolderSource
 
 ANN = "UANN"
 QUESTION = "How many vacation days do full-time employees get?"
@@ -64,13 +63,7 @@ class CrashesMidAnswer:
 
 @pytest_asyncio.fixture
 async def lease_kb(kb_factory, tmp_path: Path):  # type: ignore[no-untyped-def]
-    docs = tmp_path / "docs"
-    for relative, content in CORPUS.items():
-        write(docs, relative, content)
-    kb = await kb_factory()
-    report = await kb.sync(FolderSource(docs, "handbook"))
-    assert not report.failed, report.failed
-    return kb
+    return await corpus_opener(kb_factory, tmp_path, CORPUS)()
 
 
 @pytest.fixture

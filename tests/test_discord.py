@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from conftest import write
+from conftest import corpus_opener, write
 from fakes.anthropic_api import FakeAnthropicAPI
 from fakes.discord_api import FakeDiscordAPI
 from fakes.discord_gateway import MANAGE_GUILD, MEMBER_PERMISSIONS, DiscordHarness
@@ -34,7 +34,6 @@ from bot.discord.adapter import (
 from bot.server import BotMetrics
 from bot.settings import BotSettings
 from knowledge.answer.answering import Answer, Citation
-from knowledge.sources.folder import FolderSource
 
 GUILD = 700000000000000001
 CHANNEL = 700000000000000010
@@ -79,17 +78,7 @@ def anthropic():
 @pytest_asyncio.fixture
 async def corpus_kb(kb_factory, tmp_path: Path):
     """A fresh knowledge base over CORPUS, answering offline (extractive) unless a test opens its own with Claude."""
-
-    async def open_kb(**overrides: object):
-        docs = tmp_path / "docs"
-        for relative, content in CORPUS.items():
-            write(docs, relative, content)
-        kb = await kb_factory(**overrides)
-        report = await kb.sync(FolderSource(docs, "handbook"))
-        assert not report.failed, report.failed
-        return kb
-
-    return open_kb
+    return corpus_opener(kb_factory, tmp_path, CORPUS)
 
 
 @pytest_asyncio.fixture

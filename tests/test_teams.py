@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from conftest import write
+from conftest import corpus_opener
 from fakes.anthropic_api import FakeAnthropicAPI
 from fakes.teams_connector import FakeTeamsConnector, Member, Message
 from fakes.teams_harness import Bot, ask_in_channel, finished, new_id, reachable_connector, running_teams_bot
@@ -27,7 +27,6 @@ from bot.context import BotContext
 from bot.server import BotMetrics
 from bot.settings import BotSettings
 from bot.teams.adapter import TeamsAdapter
-from knowledge.sources.folder import FolderSource
 
 API_KEY = "sk-ant-test-teams"
 ANN = Member("aad-ann", "Ann Lee", email="ann@example.com")
@@ -58,16 +57,7 @@ def fake() -> Iterator[FakeTeamsConnector]:
 
 @pytest_asyncio.fixture
 async def corpus_kb(kb_factory: Callable[..., Awaitable[Any]], tmp_path: Path) -> Callable[..., Awaitable[Any]]:
-    async def open_kb(**overrides: object) -> Any:
-        docs = tmp_path / "docs"
-        for relative, content in CORPUS.items():
-            write(docs, relative, content)
-        kb = await kb_factory(**overrides)
-        report = await kb.sync(FolderSource(docs, "handbook"))
-        assert not report.failed, report.failed
-        return kb
-
-    return open_kb
+    return corpus_opener(kb_factory, tmp_path, CORPUS)
 
 
 @pytest_asyncio.fixture
