@@ -175,6 +175,7 @@ async def measure_overhead(mentions: int, warmup: int, profile: str | None = Non
                         profiler.enable()
                     question = asked[i % len(asked)]
                     channel, ts = f"CB{i:05d}", new_ts()
+                    slack.add_channel(channel, private=False, members=[ASKER])  # its audience: a public channel
                     kb.retriever._query_vectors.clear()  # a first-time question: embedded, not cached
                     requests_before = len(claude.received_at)
                     handler_before, answers_before = len(handler_started), len(answer_calls)
