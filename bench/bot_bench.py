@@ -1,7 +1,8 @@
-"""The Slack and Teams bots' own cost: event received → LLM request sent, the time to ack, and the RSS of `ragbot run`.
+"""The Slack, Teams and Discord bots' own cost: event in → LLM request sent, the ack, and `ragbot run`'s RSS.
 
-    PYTHONPATH=. .venv/bin/python bench/bot_bench.py                  # 100 mentions + `ragbot run` RSS: ≈ 1 min idle
+    PYTHONPATH=. .venv/bin/python bench/bot_bench.py                  # 100 mentions each + `ragbot run` RSS
     PYTHONPATH=. .venv/bin/python bench/bot_bench.py --mentions 300 --skip-rss
+    PYTHONPATH=. .venv/bin/python bench/bot_bench.py --mentions 20 --teams-mentions 20 --discord-mentions 20 --skip-rss
 
 1. Overhead and ack, in process. The handbook (examples/handbook) is synced into a throwaway database; the real
    bot is built by the composition root `ragbot run` uses (`bot.app.BotApp`: the slack-bolt AsyncApp of
@@ -22,6 +23,8 @@
    The product's query-vector cache is emptied before every mention and every floor search, so each question
    is embedded, as a first-time question is. The fake servers run in threads of this process (as in the tests), so
    the LLM request's arrival is stamped with the same clock.
+1b. Teams (`--teams-mentions`) and 1c. Discord (`--discord-mentions`): the same overhead through each platform's real
+   client library and its fake (see `measure_teams_overhead`, `measure_discord_overhead`).
 2. RSS: the real `ragbot run` (bot/cli/main.py) as a subprocess in HTTP mode, configured only through environment
    variables (SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET, SLACK_API_URL → the fake Slack, ANTHROPIC_API_KEY,
    ANTHROPIC_BASE_URL → the fake Anthropic, DATABASE_URL → the handbook database of step 1, PORT). Once /healthz
@@ -74,6 +77,7 @@ from slack_harness import SECRET, SlackClient, answer_in, mention, new_ts, setti
 TARGETS = {"overhead_p95_ms": 150.0, "ack_p95_ms": 50.0, "rss_mb": 1024.0}
 DATABASE = "ragbot_bench_bot"
 TEAMS_DATABASE = "ragbot_bench_bot_teams"
+DISCORD_DATABASE = "ragbot_bench_bot_discord"
 HANDBOOK = REPO / "examples" / "handbook"
 ASKER = "UBENCH"
 REPLY = "Full-time employees get 15 days of PTO in their first year [1]."
@@ -148,7 +152,10 @@ async def measure_overhead(mentions: int, warmup: int, profile: str | None = Non
 
         kb.answer = timed_answer  # type: ignore[method-assign]
 
-        app = BotApp(settings_for(slack), kb=kb)  # the composition root of `ragbot run`, with this knowledge base
+        # The composition root of `ragbot run`, with this knowledge base; its sweeper off, as in the Teams and Discord
+        # cases: on a loaded machine a first answer that outlives its lease was answered a second time by the sweeper
+        # (two LLM requests for one mention), which is no part of the overhead measured here.
+        app = BotApp(settings_for(slack, answer_sweep_seconds=0), kb=kb)
         await app.start()
         asked = questions()
         principals = ("everyone",)  # a channel without grants: what the bot searches with (bot.chat.access)
@@ -168,6 +175,7 @@ async def measure_overhead(mentions: int, warmup: int, profile: str | None = Non
                         profiler.enable()
                     question = asked[i % len(asked)]
                     channel, ts = f"CB{i:05d}", new_ts()
+                    slack.add_channel(channel, private=False, members=[ASKER])  # its audience: a public channel
                     kb.retriever._query_vectors.clear()  # a first-time question: embedded, not cached
                     requests_before = len(claude.received_at)
                     handler_before, answers_before = len(handler_started), len(answer_calls)
@@ -273,9 +281,8 @@ async def measure_teams_overhead(mentions: int, warmup: int) -> dict[str, Any]:
     proxy as in the tests) and the fake Anthropic server. Each question is a signed channel @mention in a standard
     channel of its own (a new thread). overhead = `TeamsPlatform.handle` entered → the fake Anthropic server has
     read the request; ack = the POST sent → its HTTP 202 read."""
-    import urllib.request
-
-    from fakes.teams_connector import FakeTeamsConnector, Member
+    from fakes.teams_connector import Member
+    from fakes.teams_harness import reachable_connector
 
     from bot.app import BotApp
     from bot.chat.state import BotState
@@ -295,10 +302,7 @@ async def measure_teams_overhead(mentions: int, warmup: int) -> dict[str, Any]:
 
     TeamsPlatform.handle = timed_handle  # type: ignore[method-assign]
     asker = Member("aad-bench", "Bench Mark", email="bench@example.com")
-    with FakeTeamsConnector() as teams, TimedAnthropic() as claude:
-        saved = {name: os.environ.get(name) for name in teams.environ()}
-        os.environ.update(teams.environ())
-        urllib.request.install_opener(urllib.request.build_opener())  # pyjwt's key fetch: through the proxy
+    with reachable_connector() as teams, TimedAnthropic() as claude:  # the SDK's https calls reach the fake
         kb = await open_fresh_kb(TEAMS_DATABASE, anthropic_api_key="sk-ant-bench", anthropic_base_url=claude.url,
                                  anthropic_max_retries=0)
         await kb.sync(await kb.folder_source(HANDBOOK, "handbook"))
@@ -339,18 +343,92 @@ async def measure_teams_overhead(mentions: int, warmup: int) -> dict[str, Any]:
             await app.stop()
             TeamsPlatform.handle = original_handle  # type: ignore[method-assign]
             await kb.close()
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-            urllib.request.install_opener(None)
     stats = {name: summary(values) for name, values in samples.items()}
     return {"mentions": len(samples["overhead"]), "warmup_mentions": warmup,
             "overhead_ms": stats["overhead"], "overhead_p50_ms": stats["overhead"]["p50"],
             "overhead_p95_ms": stats["overhead"]["p95"], "overhead_from_post_ms": stats["overhead_from_post"],
             "ack_ms": stats["ack"], "ack_p50_ms": stats["ack"]["p50"], "ack_p95_ms": stats["ack"]["p95"],
             "overhead_measured_from": "TeamsPlatform.handle entered (before the JWT check) → fake Anthropic server "
+                                      "has read the request"}
+
+
+# --- 1c. the same for Discord ---------------------------------------------------------------------------------
+
+
+async def measure_discord_overhead(mentions: int, warmup: int) -> dict[str, Any]:
+    """Discord's overhead, as for Slack: the real discord.py client (`RagbotDiscord`, as `ragbot run` builds it)
+    against the fake Discord REST API (tests/fakes/discord_api.py) and the fake Anthropic server. A gateway has no
+    HTTP request to time, so each @mention is handed to discord.py's own gateway parser as a MESSAGE_CREATE
+    payload (tests/fakes/discord_gateway.py, as in the tests), in a channel open to @everyone; each is answered in
+    a thread of its own (a new conversation, no history). overhead = the MESSAGE_CREATE handed to discord.py →
+    the fake Anthropic server has read the request (discord.py's dispatch, the exactly-once claim, the thread
+    opened over REST, audience, memory, retrieval, prompt, the SDK's request); `to_handler` = → `on_message`
+    entered; `to_answer_posted` = → the answer's final message in the thread (includes the LLM's reply and the
+    edits; the edit pacing is off, as in the tests, so it does not wait out `DISCORD_EDIT_INTERVAL_SECONDS`)."""
+    import discord
+    from fakes.discord_api import FakeDiscordAPI
+    from fakes.discord_gateway import DiscordHarness
+
+    from bot.discord.adapter import RagbotDiscord, configure_api_url
+    from bot.server import BotMetrics
+    from bot.settings import BotSettings
+
+    guild, channel, asker = 810000000000000001, 820000000000000001, 800000000000000001
+    handler_started: list[float] = []
+    original_on_message = RagbotDiscord.on_message
+
+    async def timed_on_message(self: RagbotDiscord, message: Any) -> None:  # discord.py's dispatch → the bot
+        handler_started.append(timer())
+        await original_on_message(self, message)
+
+    RagbotDiscord.on_message = timed_on_message  # type: ignore[method-assign]
+    previous_base = discord.http.Route.BASE
+    async with FakeDiscordAPI() as fake:
+        with TimedAnthropic() as claude:
+            kb = await open_fresh_kb(DISCORD_DATABASE, anthropic_api_key="sk-ant-bench",
+                                     anthropic_base_url=claude.url, anthropic_max_retries=0)
+            await kb.sync(await kb.folder_source(HANDBOOK, "handbook"))
+            settings = BotSettings(_env_file=None, discord_bot_token=fake.token,  # type: ignore[call-arg]
+                                   discord_api_url=fake.base_url, discord_guild_id=guild,
+                                   discord_edit_interval_seconds=0.0, answer_sweep_seconds=0)
+            configure_api_url(settings.discord_api_url)
+            bot = RagbotDiscord(kb, settings, BotMetrics())
+            asked = questions()
+            samples: dict[str, list[float]] = {"overhead": [], "to_handler": [], "to_answer_posted": []}
+            try:
+                await bot.login(fake.token)  # setup_hook: the commands synced
+                harness = DiscordHarness(bot, fake)
+                harness.guild_create(guild, [channel])
+                for i in range(warmup + mentions):
+                    question = asked[i % len(asked)]
+                    kb.retriever._query_vectors.clear()
+                    requests_before, handler_before = len(claude.received_at), len(handler_started)
+                    sent = timer()
+                    payload = await harness.message(question, mention_bot=True, channel_id=channel,
+                                                    guild_id=guild, author_id=asker)
+                    thread = int(payload["id"])  # the thread started from the question
+                    if not fake.bot_messages(thread):  # harness.message returns once the bot has handled it
+                        raise RuntimeError(f"mention {i} was not answered in its thread")
+                    posted = max(call.at for call in fake.calls if f"/channels/{thread}/messages" in call.path)
+                    if len(claude.received_at) == requests_before or i < warmup:
+                        continue  # abstained before asking Claude, or a warm-up
+                    if question not in claude.requests[requests_before].user_text:
+                        raise RuntimeError("the LLM request does not carry the question that was asked")
+                    llm_at = claude.received_at[requests_before]
+                    samples["overhead"].append((llm_at - sent) * 1000)
+                    samples["to_handler"].append((handler_started[handler_before] - sent) * 1000)
+                    samples["to_answer_posted"].append((posted - sent) * 1000)
+            finally:
+                await bot.close()
+                RagbotDiscord.on_message = original_on_message  # type: ignore[method-assign]
+                discord.http.Route.BASE = previous_base
+                await kb.close()
+    stats = {name: summary(values) for name, values in samples.items()}
+    return {"mentions": len(samples["overhead"]), "warmup_mentions": warmup,
+            "overhead_ms": stats["overhead"], "overhead_p50_ms": stats["overhead"]["p50"],
+            "overhead_p95_ms": stats["overhead"]["p95"], "to_handler_ms": stats["to_handler"],
+            "to_answer_posted_ms": stats["to_answer_posted"],
+            "overhead_measured_from": "MESSAGE_CREATE handed to discord.py's gateway parser → fake Anthropic server "
                                       "has read the request"}
 
 
@@ -534,6 +612,8 @@ async def main() -> None:
                         "into FILE; the figures are then inflated by the profiler and are not written")
     parser.add_argument("--teams-mentions", type=int, default=100,
                         help="timed Teams channel mentions (0: Teams is not measured)")
+    parser.add_argument("--discord-mentions", type=int, default=100,
+                        help="timed Discord channel mentions (0: Discord is not measured)")
     parser.add_argument("--name", default="bot")
     args = parser.parse_args()
     load = os.getloadavg()
@@ -547,6 +627,12 @@ async def main() -> None:
             figures["teams"] = await measure_teams_overhead(args.teams_mentions, args.warmup)
             print(f"   Teams overhead p50 / p95 {figures['teams']['overhead_p50_ms']} / "
                   f"{figures['teams']['overhead_p95_ms']} ms, ack p95 {figures['teams']['ack_p95_ms']} ms")
+        if args.discord_mentions > 0:
+            print(f"1c. Discord overhead: {args.discord_mentions} channel mentions (+{args.warmup} warm-up)")
+            figures["discord"] = await measure_discord_overhead(args.discord_mentions, args.warmup)
+            print(f"   Discord overhead p50 / p95 {figures['discord']['overhead_p50_ms']} / "
+                  f"{figures['discord']['overhead_p95_ms']} ms, event → answer posted p50 "
+                  f"{figures['discord']['to_answer_posted_ms']['p50']} ms")
         if not args.skip_rss:
             print(f"2. RSS of `ragbot run` ({args.rss_mentions} mentions answered first)")
             figures.update(await measure_rss(measured["database_url"], args.rss_mentions))
@@ -556,6 +642,8 @@ async def main() -> None:
         drop_database(DATABASE)
         if args.teams_mentions > 0:
             drop_database(TEAMS_DATABASE)
+        if args.discord_mentions > 0:
+            drop_database(DISCORD_DATABASE)
     finally:
         if not os.environ.get("DATABASE_URL"):  # the throwaway embedded server of this run
             from db.embedded import stop_embedded

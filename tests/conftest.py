@@ -13,9 +13,10 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Before anything reads settings: no developer .env, no real keys, no external database, an isolated home.
 _HOME = Path(tempfile.mkdtemp(prefix="ragbot-tests-"))
@@ -59,6 +60,9 @@ from db.settings import DatabaseSettings
 from knowledge.kb import KnowledgeBase
 from knowledge.settings import KnowledgeSettings
 from knowledge.sources.folder import FolderSource
+
+if TYPE_CHECKING:
+    from fakes.discord_api import FakeDiscordAPI
 
 REPO = Path(__file__).resolve().parent.parent
 HANDBOOK = REPO / "examples" / "handbook"
@@ -255,6 +259,38 @@ async def handbook_kb(handbook_url: str) -> AsyncIterator[KnowledgeBase]:
     kb = await KnowledgeBase.open(test_settings(), DatabaseSettings(_env_file=None, database_url=handbook_url))  # type: ignore[call-arg]
     yield kb
     await kb.close()
+
+
+def corpus_opener(kb_factory: Callable[..., Awaitable[KnowledgeBase]], tmp_path: Path,
+                  corpus: dict[str, str]) -> Callable[..., Awaitable[KnowledgeBase]]:
+    """What a test module's `corpus_kb` fixture returns: `await open_kb(**settings_overrides)` opens a fresh
+    knowledge base with `corpus` (relative path -> file content) written under tmp_path/docs and synced as source
+    `handbook` (a test can open a second one, with other settings, over the same files)."""
+
+    async def open_kb(**overrides: object) -> KnowledgeBase:
+        docs = tmp_path / "docs"
+        for relative, content in corpus.items():
+            write(docs, relative, content)
+        kb = await kb_factory(**overrides)
+        report = await kb.sync(FolderSource(docs, "handbook"))
+        assert not report.failed, report.failed
+        return kb
+
+    return open_kb
+
+
+@pytest_asyncio.fixture
+async def discord_api() -> AsyncIterator[FakeDiscordAPI]:
+    """The fake Discord REST API (tests/fakes/discord_api.py), running for one test; discord.py's API base URL, which
+    the bot's `configure_api_url` points at it, is put back afterwards. discord.py is imported here, not at the top,
+    so that a run of tests that need no Discord does not import it (nor show its audioop deprecation warning)."""
+    import discord
+    from fakes.discord_api import FakeDiscordAPI
+
+    previous = discord.http.Route.BASE
+    async with FakeDiscordAPI() as fake:
+        yield fake
+    discord.http.Route.BASE = previous
 
 
 def write(root: Path, relative: str, content: str | bytes) -> Path:

@@ -15,11 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import discord
 import pytest
 import pytest_asyncio
-from conftest import write
-from fakes.discord_api import FakeDiscordAPI
+from conftest import corpus_opener
 from fakes.discord_gateway import DiscordHarness
 from fakes.slack_api import FakeSlackAPI
 from slack_harness import answer_in, finished, mention, new_ts, running_bot, settle, wait_for
@@ -28,7 +26,6 @@ from bot.chat.state import BotState
 from bot.discord.adapter import RagbotDiscord, configure_api_url
 from bot.server import BotMetrics
 from bot.settings import BotSettings
-from knowledge.sources.folder import FolderSource
 
 ANN = "UANN"
 QUESTION = "How many vacation days do full-time employees get?"
@@ -66,13 +63,7 @@ class CrashesMidAnswer:
 
 @pytest_asyncio.fixture
 async def lease_kb(kb_factory, tmp_path: Path):  # type: ignore[no-untyped-def]
-    docs = tmp_path / "docs"
-    for relative, content in CORPUS.items():
-        write(docs, relative, content)
-    kb = await kb_factory()
-    report = await kb.sync(FolderSource(docs, "handbook"))
-    assert not report.failed, report.failed
-    return kb
+    return await corpus_opener(kb_factory, tmp_path, CORPUS)()
 
 
 @pytest.fixture
@@ -194,14 +185,6 @@ async def test_concurrent_takeovers_of_one_expired_lease_have_one_winner(lease_k
 
 
 # ---- Discord: a message is never redelivered, so the sweeper finishes it -------------------------------------------
-
-
-@pytest_asyncio.fixture
-async def discord_api():  # type: ignore[no-untyped-def]
-    previous = discord.http.Route.BASE
-    async with FakeDiscordAPI() as fake:
-        yield fake
-    discord.http.Route.BASE = previous
 
 
 async def test_the_sweeper_finishes_a_discord_answer_in_the_message_the_dead_process_started(lease_kb, discord_api):

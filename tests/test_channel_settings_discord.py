@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import discord
 import pytest_asyncio
 from conftest import write
 from fakes.discord_api import FakeDiscordAPI
@@ -29,14 +28,6 @@ VACATION = "How many vacation days do full-time employees get?"
 
 def option(name: str, value: Any) -> dict[str, Any]:
     return {"type": 3, "name": name, "value": value}
-
-
-@pytest_asyncio.fixture
-async def discord_api():
-    previous = discord.http.Route.BASE
-    async with FakeDiscordAPI() as fake:
-        yield fake
-    discord.http.Route.BASE = previous
 
 
 @pytest_asyncio.fixture

@@ -14,28 +14,22 @@ Postgres. A new platform joins these tests by adding its side to `SIDES` and `AN
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from importlib.metadata import EntryPoint
 from typing import Any
 
-import discord
 import pytest
-import pytest_asyncio
 import test_answer_lease as lease_tests
 import test_chat_permissions as perms
-from aiohttp import web
 from fakes.discord_api import FakeDiscordAPI, user_payload
 from fakes.discord_gateway import MANAGE_GUILD, MEMBER_PERMISSIONS, message_payload
 from fakes.slack_api import FakeSlackAPI
-from fakes.teams_connector import FakeTeamsConnector
 from fakes.teams_connector import Member as TeamsUser
+from fakes.teams_harness import ask_in_channel, finished, new_id, running_teams_bot
+from fakes.teams_harness import reachable_connector as teams_connector
 from slack_harness import answer_in, mention, running_bot, wait_for
 from slack_harness import finished as finished_slack
-from test_teams import Bot as TeamsBot
-from test_teams import ask_in_channel, finished, new_id
 
 import bot.platforms as registry
 from bot.app import configured_adapters
@@ -44,21 +38,10 @@ from bot.chat.feedback import THANKS
 from bot.chat.state import BotState
 from bot.context import BotContext
 from bot.platforms import PlatformSpec
-from bot.server import BotMetrics
 from bot.settings import BotSettings, known_settings
-from bot.teams.adapter import TeamsAdapter
-from bot.teams.settings import TeamsSettings
 from knowledge import InvalidPrincipal, check_as_principal
 
 QUESTION, SECRET = perms.DOCUMENTS["group"]  # a document only group:docs/finance (∋ fin@example.com) may see
-
-
-@pytest_asyncio.fixture
-async def discord_api():  # type: ignore[no-untyped-def]
-    previous = discord.http.Route.BASE
-    async with FakeDiscordAPI() as fake:
-        yield fake
-    discord.http.Route.BASE = previous
 
 
 async def slack_crash_and_resume(kb: Any, _discord: FakeDiscordAPI) -> str:
@@ -105,41 +88,6 @@ async def discord_crash_and_resume(kb: Any, fake: FakeDiscordAPI) -> str:
     thread = int(sent["id"])  # answered in the thread started from the question
     return "\n".join((m.get("content") or "") + " ".join(e.get("description") or "" for e in m.get("embeds") or [])
                      for m in fake.bot_messages(thread))
-
-
-@contextlib.contextmanager
-def teams_connector() -> Iterator[FakeTeamsConnector]:
-    """The fake Bot Connector, with the SDK's and MSAL's https calls sent to it (as tests/test_teams.py's fixture)."""
-    with FakeTeamsConnector() as connector, pytest.MonkeyPatch.context() as env:
-        for name, value in connector.environ().items():
-            env.setenv(name, value)
-        urllib.request.install_opener(urllib.request.build_opener())  # urllib caches the proxies it read first
-        try:
-            yield connector
-        finally:
-            urllib.request.install_opener(None)
-
-
-@contextlib.asynccontextmanager
-async def running_teams_bot(kb: Any, fake: FakeTeamsConnector, **overrides: object) -> AsyncIterator[TeamsBot]:
-    """A Teams adapter serving /api/messages on a free port (its sweeper off: the test sweeps)."""
-    settings = BotSettings(_env_file=None, **{"answer_sweep_seconds": 0, **overrides})  # type: ignore[arg-type]
-    teams = TeamsSettings(_env_file=None, app_id=fake.app_id,  # type: ignore[call-arg]
-                          app_password=fake.app_password, tenant_id=fake.tenant_id)
-    adapter = TeamsAdapter(BotContext(kb, settings, BotMetrics(), BotState(kb.engine)), teams=teams)
-    app = web.Application()
-    app.add_routes(adapter.routes())
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    await adapter.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield TeamsBot(adapter, f"http://127.0.0.1:{port}/api/messages")
-    finally:
-        await adapter.stop()
-        await runner.cleanup()
 
 
 async def teams_crash_and_resume(kb: Any, _discord: FakeDiscordAPI) -> str:

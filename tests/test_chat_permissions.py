@@ -16,7 +16,6 @@ from typing import Any
 
 import discord
 import pytest
-import pytest_asyncio
 from conftest import write
 from fakes.confluence_api import FakeConfluence
 from fakes.discord_api import FakeDiscordAPI
@@ -319,14 +318,6 @@ def restricted_guild(channels: dict[int, int | None]) -> dict[str, Any]:
             {"id": str(role), "type": 0, "allow": str(VIEW_CHANNEL), "deny": "0"},
         ]
     return payload
-
-
-@pytest_asyncio.fixture
-async def discord_api():
-    previous = discord.http.Route.BASE
-    async with FakeDiscordAPI() as fake:
-        yield fake
-    discord.http.Route.BASE = previous
 
 
 async def start_discord(kb: Any, fake: FakeDiscordAPI, channels: dict[int, int | None],

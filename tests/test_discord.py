@@ -11,10 +11,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import discord
 import pytest
 import pytest_asyncio
-from conftest import write
+from conftest import corpus_opener, write
 from fakes.anthropic_api import FakeAnthropicAPI
 from fakes.discord_api import FakeDiscordAPI
 from fakes.discord_gateway import MANAGE_GUILD, MEMBER_PERMISSIONS, DiscordHarness
@@ -35,7 +34,6 @@ from bot.discord.adapter import (
 from bot.server import BotMetrics
 from bot.settings import BotSettings
 from knowledge.answer.answering import Answer, Citation
-from knowledge.sources.folder import FolderSource
 
 GUILD = 700000000000000001
 CHANNEL = 700000000000000010
@@ -78,27 +76,9 @@ def anthropic():
 
 
 @pytest_asyncio.fixture
-async def discord_api():
-    previous = discord.http.Route.BASE
-    async with FakeDiscordAPI() as fake:
-        yield fake
-    discord.http.Route.BASE = previous
-
-
-@pytest_asyncio.fixture
 async def corpus_kb(kb_factory, tmp_path: Path):
     """A fresh knowledge base over CORPUS, answering offline (extractive) unless a test opens its own with Claude."""
-
-    async def open_kb(**overrides: object):
-        docs = tmp_path / "docs"
-        for relative, content in CORPUS.items():
-            write(docs, relative, content)
-        kb = await kb_factory(**overrides)
-        report = await kb.sync(FolderSource(docs, "handbook"))
-        assert not report.failed, report.failed
-        return kb
-
-    return open_kb
+    return corpus_opener(kb_factory, tmp_path, CORPUS)
 
 
 @pytest_asyncio.fixture

@@ -10,10 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-import discord
 import pytest
-import pytest_asyncio
-from fakes.discord_api import FakeDiscordAPI
 from fakes.slack_api import FakeSlackAPI
 
 from bot.app import BotApp
@@ -75,14 +72,6 @@ async def test_an_unreachable_slack_is_one_line_and_debug_shows_the_traceback(fr
     status, stderr = await ragbot_run({**env, "LOG_LEVEL": "DEBUG"})
     assert status != 0 and "Traceback" in stderr
     assert stderr.strip().splitlines()[-1].startswith("Error: could not reach Slack")
-
-
-@pytest_asyncio.fixture
-async def discord_api():
-    previous = discord.http.Route.BASE
-    async with FakeDiscordAPI() as fake:
-        yield fake
-    discord.http.Route.BASE = previous
 
 
 async def test_a_refused_discord_token_is_one_line_without_an_import_error_at_exit(discord_api, fresh_database):

@@ -7,19 +7,18 @@ bot sent, as Microsoft's Bot Connector reference documents them).
 from __future__ import annotations
 
 import asyncio
-import urllib.request
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
-from aiohttp import web
-from conftest import write
+from conftest import corpus_opener
 from fakes.anthropic_api import FakeAnthropicAPI
 from fakes.teams_connector import FakeTeamsConnector, Member, Message
+from fakes.teams_harness import Bot, ask_in_channel, finished, new_id, reachable_connector, running_teams_bot
 
 from bot.app import configured_adapters
 from bot.chat.guests import OUTSIDER_REPLY
@@ -28,8 +27,6 @@ from bot.context import BotContext
 from bot.server import BotMetrics
 from bot.settings import BotSettings
 from bot.teams.adapter import TeamsAdapter
-from bot.teams.settings import TeamsSettings
-from knowledge.sources.folder import FolderSource
 
 API_KEY = "sk-ant-test-teams"
 ANN = Member("aad-ann", "Ann Lee", email="ann@example.com")
@@ -54,68 +51,24 @@ CORPUS = {
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeTeamsConnector]:
-    with FakeTeamsConnector() as connector, pytest.MonkeyPatch.context() as env:
-        for name, value in connector.environ().items():
-            env.setenv(name, value)
-        # urllib (pyjwt's key fetch) caches one opener with the proxies it read first: build it anew.
-        urllib.request.install_opener(urllib.request.build_opener())
+    with reachable_connector() as connector:
         yield connector
-    urllib.request.install_opener(None)
 
 
 @pytest_asyncio.fixture
 async def corpus_kb(kb_factory: Callable[..., Awaitable[Any]], tmp_path: Path) -> Callable[..., Awaitable[Any]]:
-    async def open_kb(**overrides: object) -> Any:
-        docs = tmp_path / "docs"
-        for relative, content in CORPUS.items():
-            write(docs, relative, content)
-        kb = await kb_factory(**overrides)
-        report = await kb.sync(FolderSource(docs, "handbook"))
-        assert not report.failed, report.failed
-        return kb
-
-    return open_kb
-
-
-@dataclass
-class Bot:
-    adapter: TeamsAdapter
-    url: str
+    return corpus_opener(kb_factory, tmp_path, CORPUS)
 
 
 @pytest_asyncio.fixture
 async def start_bot(fake: FakeTeamsConnector) -> AsyncIterator[Callable[..., Awaitable[Bot]]]:
-    running: list[tuple[TeamsAdapter, web.AppRunner]] = []
+    async with contextlib.AsyncExitStack() as running:
 
-    async def start(kb: Any, **overrides: object) -> Bot:
-        settings = BotSettings(_env_file=None, **{  # type: ignore[call-arg]
-            "admin_user_ids": f"teams:{ADMIN.aad_object_id}", "answer_sweep_seconds": 0, **overrides})
-        teams = TeamsSettings(_env_file=None, app_id=fake.app_id,  # type: ignore[call-arg]
-                              app_password=fake.app_password, tenant_id=fake.tenant_id)
-        adapter = TeamsAdapter(BotContext(kb, settings, BotMetrics(), BotState(kb.engine)), teams=teams)
-        app = web.Application()
-        app.add_routes(adapter.routes())
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        await adapter.start()
-        running.append((adapter, runner))
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        return Bot(adapter, f"http://127.0.0.1:{port}/api/messages")
+        async def start(kb: Any, **overrides: object) -> Bot:
+            return await running.enter_async_context(running_teams_bot(
+                kb, fake, **{"admin_user_ids": f"teams:{ADMIN.aad_object_id}", **overrides}))
 
-    yield start
-    for adapter, runner in reversed(running):
-        await adapter.stop()
-        await runner.cleanup()
-
-
-def new_id(kind: str) -> str:
-    return f"19:{kind}-{uuid.uuid4().hex[:10]}@thread.tacv2"
-
-
-def finished(message: Message) -> bool:
-    return message.from_bot and "Searching the documents" not in message.text
+        yield start
 
 
 def citation_names(activity: dict[str, Any]) -> list[str]:
@@ -132,14 +85,6 @@ def has_feedback_buttons(activity: dict[str, Any]) -> bool:
 
 def is_ai_labelled(activity: dict[str, Any]) -> bool:
     return any("AIGeneratedContent" in (e.get("additionalType") or []) for e in activity.get("entities") or [])
-
-
-async def ask_in_channel(fake: FakeTeamsConnector, bot: Bot, channel: str, user: Member, text: str,
-                         **kwargs: Any) -> dict[str, Any]:
-    activity = fake.channel_message(f"<at>ragbot</at> {text}", channel, user, **kwargs)
-    status, _ = await fake.deliver(bot.url, activity)
-    assert status == 202
-    return activity
 
 
 def personal_messages(fake: FakeTeamsConnector, user: Member) -> list[Message]:

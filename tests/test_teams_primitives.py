@@ -7,14 +7,13 @@ fake's CA trusted, exactly as they would reach Microsoft through a company proxy
 
 from __future__ import annotations
 
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
 import pytest_asyncio
-from aiohttp import web
 from fakes.teams_connector import FakeTeamsConnector, Member
+from fakes.teams_harness import reachable_connector, serving
 from microsoft_agents.hosting.core.app.streaming import Citation
 
 from bot.teams.activities import TeamsConversation, TeamsFeedback, TeamsMembershipChange, TeamsMessage
@@ -58,14 +57,9 @@ class Bot:
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeTeamsConnector]:
-    with FakeTeamsConnector() as connector, pytest.MonkeyPatch.context() as env:
-        for name, value in connector.environ().items():
-            env.setenv(name, value)
-        # urllib (pyjwt's key fetch) caches one opener with the proxies it read first: build it anew.
-        urllib.request.install_opener(urllib.request.build_opener())
+    with reachable_connector() as connector:
         connector.add_conversation(CHANNEL, "channel", members=[ANN], team_id=TEAM, channel_type="standard")
         yield connector
-    urllib.request.install_opener(None)
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -74,16 +68,9 @@ async def bot(fake: FakeTeamsConnector) -> AsyncIterator[Bot]:
     settings = TeamsSettings(app_id=fake.app_id, app_password=fake.app_password, tenant_id=fake.tenant_id)
     platform = TeamsPlatform(settings, on_message=seen.on_message, on_feedback=seen.on_feedback,
                              on_membership=seen.on_membership)
-    app = web.Application()
-    app.add_routes(platform.routes())
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield Bot(platform, f"http://127.0.0.1:{port}/api/messages", seen)
-    await platform.drain()
-    await runner.cleanup()
+    async with serving(platform.routes()) as url:
+        yield Bot(platform, url, seen)
+        await platform.drain()
 
 
 @pytest.fixture
