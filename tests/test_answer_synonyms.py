@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
+from pathlib import Path
 
 from conftest import write
 
+from knowledge import KnowledgeBase
 from knowledge.answer.evidence import Calibration, Evidence, decide
 from knowledge.sources.folder import FolderSource
 
@@ -50,7 +52,8 @@ SYNONYM = "I've caught a nasty cold and can't make it in. What should I do?"
 OFF_TOPIC = "Who won the football World Cup in 1998?"
 
 
-async def test_a_question_in_other_words_is_not_declined_while_an_off_topic_one_is(fresh_kb, tmp_path):
+async def test_a_question_in_other_words_is_not_declined_while_an_off_topic_one_is(
+        fresh_kb: KnowledgeBase, tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     for name, text in DOCS.items():
         write(docs, name, text)
@@ -70,7 +73,7 @@ async def test_a_question_in_other_words_is_not_declined_while_an_off_topic_one_
     assert off.evidence is not None and off.evidence.dense < shipped.dense_floor <= answer.evidence.dense
 
 
-def test_a_decline_needs_both_the_related_model_and_the_dense_floor():
+def test_a_decline_needs_both_the_related_model_and_the_dense_floor() -> None:
     # A hand-made related model that only reads coverage: a synonym has none, an on-topic question a lot.
     hand = Calibration(weights={"coverage": 1.0}, bias=0.0, mean={"coverage": 0.5}, scale={"coverage": 0.25},
                        answer_at=0.9, decline_below=0.1, related_weights={"coverage": 4.0}, related_bias=0.0)
