@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import pickle
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -89,6 +90,17 @@ def group_of(article: str) -> str:
 ALL_GROUPS = [group_of(a) for a in ARTICLES]
 
 
+def code_version() -> str:
+    """The commit the figures were measured on (with "+changes" when the worktree differs from it), for the report."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "knowledge", "scripts",
+                  ":(exclude)knowledge/answer/calibration.json")  # the fit's own output
+    return commit + ("+changes" if changed else "")
+
+
 async def extract(kb: KnowledgeBase, records: list[dict[str, Any]], sources: list[str], path: Path, *,
                   off_topic: bool = False) -> list[dict[str, Any]]:
     """Every question's evidence, asked of the whole corpus, or (`off_topic`) of every article but its own."""
@@ -155,6 +167,7 @@ async def main() -> None:
         model = fit([e for e in fit_set if not e.off_topic], [e for e in fit_set if e.off_topic],
                     fitted_on="SQuAD 2.0 articles " + ", ".join(FIT_ARTICLES))
         report_data: dict[str, object] = {
+            "code": code_version(),
             "data": "SQuAD 2.0 dev (CC BY-SA 4.0), 8 articles as split by CS224n: ../shared/data/squad2-calibration",
             "split": {"fit": list(FIT_ARTICLES), "held_out": list(HELD_OUT_ARTICLES),
                       "how": "articles in alphabetical order, alternately; fixed before fitting"},
@@ -179,6 +192,7 @@ async def main() -> None:
                   file=sys.stderr)
             answers: dict[str, object] = {k: summary[k] for k in ("by_side", "by_category", "quote_length") if k in summary}
             report_data["held_out_answers"] = {
+                "code": report_data["code"],
                 "command": "make calibrate (scripts/calibrate.py): the held-out articles' questions through "
                            "KnowledgeBase.answer, offline, scored as `ragbot eval --answers` scores them",
                 **answers,

@@ -26,7 +26,11 @@ and stored as data in `calibration.json` next to this module, with its report (d
 
 `decide` reads two fitted models, each with its cut point: `decline` when the "related" model's probability (what
 was found is on the question's topic at all; fitted on questions asked of the benchmark with their own article left
-out) is below `decline_below`; else `answer` when the "answerable" model's probability is at or above `answer_at`;
+out) is below `decline_below` AND no retrieved chunk reaches the fitted dense floor (`dense_floor`: the similarity
+below which almost no answerable benchmark question's best chunk falls). The related model reads shared words
+(coverage) as much as similarity, and a question worded differently from its document ("train ticket" for "rail
+fares") shares few; the embedding carries the synonym, so a question whose best chunk is as close as an on-topic
+question's is not declined: decline means "off-topic", and the rest is `uncertain` at worst. Else `answer` when the "answerable" model's probability is at or above `answer_at`;
 else `uncertain` (the closest passages, labelled as such and cited). One rule stands beside the model (issue 39, item 4): a question naming something specific (a capitalised
 name, a year, a number, a code) that the answer's document does not hold is `uncertain` at best, and the reply says
 which part was not found (`Evidence.not_found`).
@@ -98,6 +102,8 @@ class Calibration:
     # rather than about something else (the question's topic is not in the knowledge base). Declines read it.
     related_weights: dict[str, float] = field(default_factory=dict)
     related_bias: float = 0.0
+    # A decline also needs the best chunk's similarity below this floor (None: no floor, as fitted before it existed).
+    dense_floor: float | None = None
 
     def probability(self, evidence: Evidence) -> float:
         """The model's probability that the question is answerable from what was found."""
@@ -122,7 +128,7 @@ class Calibration:
         return {"features": list(self.weights), "weights": self.weights, "bias": self.bias,
                 "related_weights": self.related_weights, "related_bias": self.related_bias, "mean": self.mean,
                 "scale": self.scale, "answer_at": self.answer_at, "decline_below": self.decline_below,
-                "fitted_on": self.fitted_on, "report": self.report}
+                "dense_floor": self.dense_floor, "fitted_on": self.fitted_on, "report": self.report}
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Calibration:
@@ -140,7 +146,8 @@ class Calibration:
                    float(str(data["answer_at"])), float(str(data["decline_below"])), str(data.get("fitted_on", "")),
                    report if isinstance(report, dict) else {},
                    numbers("related_weights") if "related_weights" in data else {},
-                   float(str(data.get("related_bias", 0.0))))
+                   float(str(data.get("related_bias", 0.0))),
+                   None if data.get("dense_floor") is None else float(str(data["dense_floor"])))
 
     @classmethod
     def load(cls, path: Path | None = None) -> Calibration:
@@ -192,8 +199,16 @@ def absent_specific(stats: Sequence[TermStat], passage: int) -> list[str]:
     return [s.lexeme for s in stats if not _holds(s, passage) and rarity(s) >= SPECIFIC_RARITY]
 
 
+def off_topic(evidence: Evidence, calibration: Calibration) -> bool:
+    """Nothing found is on the question's topic: the related model is sure, and no chunk is as close as an
+    on-topic question's best chunk (a synonym shares no word with its document, but its embedding is close)."""
+    if calibration.related_probability(evidence) >= calibration.decline_below:
+        return False
+    return calibration.dense_floor is None or evidence.dense < calibration.dense_floor
+
+
 def decide(evidence: Evidence, calibration: Calibration) -> Outcome:
-    if calibration.related_probability(evidence) < calibration.decline_below:
+    if off_topic(evidence, calibration):
         return "decline"
     if calibration.probability(evidence) >= calibration.answer_at and not evidence.not_found:
         return "answer"

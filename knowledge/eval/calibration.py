@@ -12,7 +12,11 @@ read off the fit articles' own probabilities, by the targets they serve, on ever
 `answer_at` is the lowest probability at which at most `MAX_UNANSWERABLE_ANSWERED` of each fit article's
 unanswerable questions are answered, `decline_below` the highest at which at most `MAX_ANSWERABLE_DECLINED` of each
 one's answerable questions are declined. Between them the reply
-is `uncertain`. The script that runs it all is scripts/calibrate.py (`make calibrate`).
+is `uncertain`. A decline also needs the best chunk's similarity under `dense_floor`, read off the same way (the
+highest similarity under which at most `MAX_ANSWERABLE_DECLINED` of each fit article's answerable questions' best
+chunks fall): the related model leans on shared words, which a question worded differently from its document
+lacks, while the embedding still finds it close (knowledge.answer.evidence.off_topic).
+The script that runs it all is scripts/calibrate.py (`make calibrate`).
 """
 
 from __future__ import annotations
@@ -112,8 +116,10 @@ def fit(examples: Sequence[Example], off_topic: Sequence[Example] = (), *, fitte
     # share more words with its paragraphs than another's), and so will the next knowledge base.
     answer_at = max(_answer_cut(probabilities[(y == 0) & (articles == a)]) for a in sorted(set(articles)))
     decline_below = min(_decline_cut(related[(y == 1) & (articles == a)]) for a in sorted(set(articles)))
+    dense = x[:, FEATURES.index("dense")]
+    dense_floor = min(_decline_cut(dense[(y == 1) & (articles == a)]) for a in sorted(set(articles)))
     return Calibration(model.weights, model.bias, model.mean, model.scale, round(answer_at, 6),
-                       round(decline_below, 6), fitted_on, {}, related_weights, related_bias)
+                       round(decline_below, 6), fitted_on, {}, related_weights, related_bias, round(dense_floor, 6))
 
 
 def _answer_cut(unanswerable: NDArray[np.float64]) -> float:
