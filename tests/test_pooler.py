@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from conftest import HANDBOOK, test_settings
 from fakes.confluence_api import FakeConfluence
@@ -27,6 +28,7 @@ from knowledge.sources.folder import FolderSource
 
 QUESTIONS = ["How many PTO days do I get in my first year?", "How many sick days do we get per year?",
              "Can I carry over unused vacation days?", "Who approves parental leave?"]
+SESSIONS = 800  # each logs a login and a close: well past the 64 KiB a pipe holds
 
 
 @pytest.fixture
@@ -136,3 +138,26 @@ async def test_two_schedulers_behind_one_pooler_never_run_a_source_twice(bouncer
     finally:
         await first.close()
         await second.close()
+
+
+
+async def test_the_pooler_keeps_answering_however_much_it_has_logged(bouncer, fresh_database):
+    """PgBouncer logs every client login and every server connection it replaces (each second here, with
+    server_lifetime=1), also to its stderr. The tests' pooler used to have its stderr piped and never read: once
+    about 64 KiB were written, the pipe was full, pgbouncer blocked in write(2) and every client behind it waited
+    for good (test_answers_and_syncs_work_through_pgbouncer_in_transaction_mode stalled mid-run, more often the
+    slower the machine). Several hundred short sessions log far more than that; every one must still be answered."""
+    name = make_url(fresh_database()).database
+    pooler = bouncer(1, server_lifetime=1)
+    conninfo = make_url(pooler.url_for(name)).set(drivername="postgresql").render_as_string(hide_password=False)
+
+    async def session(n: int) -> int:
+        async with await psycopg.AsyncConnection.connect(conninfo, prepare_threshold=None, autocommit=True) as conn:
+            return int((await (await conn.execute("SELECT %s::int", [n])).fetchone())[0])  # type: ignore[index]
+
+    async def sessions() -> list[int]:
+        return [await session(n) for n in range(SESSIONS)]
+
+    # Generous: the sessions take seconds; a pooler blocked on its log never answers again.
+    assert await asyncio.wait_for(sessions(), timeout=240) == list(range(SESSIONS))
+    assert (pooler.dir / "pgbouncer.log").stat().st_size > 64 * 1024  # it did log past a pipe's buffer
