@@ -20,6 +20,7 @@ from pg_cluster import Bouncer, _system_user, backend_of
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from db.engine import create_engine, read_rows
 from db.settings import DatabaseSettings
 from knowledge import KnowledgeBase, SearchFilters
 from knowledge.errors import SourceBusy
@@ -161,3 +162,33 @@ async def test_the_pooler_keeps_answering_however_much_it_has_logged(bouncer, fr
     # Generous: the sessions take seconds; a pooler blocked on its log never answers again.
     assert await asyncio.wait_for(sessions(), timeout=240) == list(range(SESSIONS))
     assert (pooler.dir / "pgbouncer.log").stat().st_size > 64 * 1024  # it did log past a pipe's buffer
+
+
+async def test_a_read_behind_the_pooler_leaves_nothing_for_it_to_route(bouncer, fresh_database, tmp_path):
+    """A transaction-mode pooler hands the server connection back to its pool at the ReadyForQuery that ends a
+    transaction. A search's read (db.engine.read_rows) must send nothing after that: a message that reached the
+    pooler later went to a server connection of its own, and psycopg's pipeline sent a Flush after every Sync,
+    which Postgres never answers; the server connection then stayed assigned to a client idle in ragbot's pool
+    (test_answers_and_syncs_work_through_pgbouncer_in_transaction_mode stalled, 2 of 8 runs). Read from psycopg's
+    own protocol trace of the connection: the read's last message is one the server answers with ReadyForQuery, and
+that answer (idle) is the last thing on the wire."""
+    name = make_url(fresh_database()).database
+    engine = create_engine(bouncer(1).url_for(name), transaction_pooler=True)
+    trace = tmp_path / "protocol.txt"
+    try:
+        async with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:  # as the searches'
+            driver = (await conn.get_raw_connection()).driver_connection
+            with trace.open("w") as out:
+                driver.pgconn.trace(out.fileno())
+                driver.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+                rows = await read_rows(conn, text("SELECT CAST(:v AS int) AS v"), {"v": 7},
+                                       settings={"hnsw.ef_search": "64"})
+                driver.pgconn.untrace()
+    finally:
+        await engine.dispose()
+    assert [r.v for r in rows] == [7]
+    messages = [line.split("\t") for line in trace.read_text().splitlines()]
+    sent = [m[2] for m in messages if m[0] == "F"]
+    assert sent[-1] in ("Sync", "Query"), sent  # each answered by a ReadyForQuery; a Flush is answered by nothing
+    last = max(i for i, m in enumerate(messages) if m[0] == "F")
+    assert [m[2].strip() + m[3] for m in messages[last + 1:]][-1:] == ["ReadyForQuery I"], messages[last:]
