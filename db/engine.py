@@ -145,13 +145,19 @@ async def _read_rows_pooled(
 ) -> list[Any]:
     """read_rows behind a pooler in transaction mode (DATABASE_POOLER=transaction): each statement may run on
     another server connection, so nothing is left on one. The settings a search needs (the connection defaults of
-    create_engine and `settings`) are set for one transaction (set_config's is_local), in the same round trips as
-    the statement; nothing is prepared (prepare_threshold=None), so generic plans are not used."""
+    create_engine and `settings`) are set for one transaction (set_config's is_local), with the statement; nothing
+    is prepared (prepare_threshold=None), so generic plans are not used.
+
+    Not in pipeline mode: there psycopg follows each Sync with a Flush, also after COMMIT's. PgBouncer (1.18, as
+    Debian ships it) releases the server connection at COMMIT's ReadyForQuery; a Flush that reaches it after that
+    is sent to a server connection as a request of its own, which Postgres never answers (a Flush has nothing to
+    flush), so that server connection stays assigned to a client that is idle in ragbot's pool, until that client
+    disconnects. Each such race lost a server connection; with a pool of two, every client then waited for one until
+    query_wait_timeout (tests/test_pooler.py). Four round trips through a pooler on the same network cost well
+    under a millisecond more than the pipeline's three."""
     wanted = {**SESSION_SETTINGS, **(settings or {})}
     try:
-        # In pipeline mode BEGIN, the settings, the statement and COMMIT travel together: one round trip through
-        # the pooler instead of four.
-        async with driver.pipeline(), driver.transaction(), driver.cursor(row_factory=namedtuple_row) as cursor:
+        async with driver.transaction(), driver.cursor(row_factory=namedtuple_row) as cursor:
             await cursor.execute(
                 "SELECT " + ", ".join(f"set_config(%s, %s, true) AS s{n}" for n in range(len(wanted))),
                 [item for pair in wanted.items() for item in pair],

@@ -190,8 +190,13 @@ class Bouncer:
             "ignore_startup_parameters = extra_float_digits,options\n"
             f"logfile = {self.dir / 'pgbouncer.log'}\n"
         )
-        self.process = subprocess.Popen([binary, str(self.dir / "pgbouncer.ini")], user=user,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its stderr to a file, never to a pipe nobody reads: pgbouncer logs every login and every server connection
+        # it replaces there too, and once a pipe's 64 KiB were full it blocked in write(2) and stopped answering
+        # every client (tests/test_pooler.py::test_the_pooler_keeps_answering_however_much_it_has_logged).
+        self.stderr = self.dir / "stderr.txt"
+        with self.stderr.open("wb") as stderr:
+            self.process = subprocess.Popen([binary, str(self.dir / "pgbouncer.ini")], user=user,
+                                            stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
@@ -199,7 +204,7 @@ class Bouncer:
                     return
             except OSError:
                 if self.process.poll() is not None:
-                    reason = self.process.stderr.read().decode() if self.process.stderr else ""
+                    reason = self.stderr.read_text(errors="replace")
                     raise RuntimeError(f"pgbouncer exited: {reason}") from None
                 time.sleep(0.1)
         raise RuntimeError("pgbouncer did not start listening within 20 s")

@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from conftest import HANDBOOK, test_settings
 from fakes.confluence_api import FakeConfluence
@@ -19,6 +20,7 @@ from pg_cluster import Bouncer, _system_user, backend_of
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from db.engine import create_engine, read_rows
 from db.settings import DatabaseSettings
 from knowledge import KnowledgeBase, SearchFilters
 from knowledge.errors import SourceBusy
@@ -27,6 +29,7 @@ from knowledge.sources.folder import FolderSource
 
 QUESTIONS = ["How many PTO days do I get in my first year?", "How many sick days do we get per year?",
              "Can I carry over unused vacation days?", "Who approves parental leave?"]
+SESSIONS = 800  # each logs a login and a close: well past the 64 KiB a pipe holds
 
 
 @pytest.fixture
@@ -136,3 +139,56 @@ async def test_two_schedulers_behind_one_pooler_never_run_a_source_twice(bouncer
     finally:
         await first.close()
         await second.close()
+
+
+
+async def test_the_pooler_keeps_answering_however_much_it_has_logged(bouncer, fresh_database):
+    """PgBouncer logs every client login and every server connection it replaces (each second here, with
+    server_lifetime=1), also to its stderr. The tests' pooler used to have its stderr piped and never read: once
+    about 64 KiB were written, the pipe was full, pgbouncer blocked in write(2) and every client behind it waited
+    for good (test_answers_and_syncs_work_through_pgbouncer_in_transaction_mode stalled mid-run, more often the
+    slower the machine). Several hundred short sessions log far more than that; every one must still be answered."""
+    name = make_url(fresh_database()).database
+    pooler = bouncer(1, server_lifetime=1)
+    conninfo = make_url(pooler.url_for(name)).set(drivername="postgresql").render_as_string(hide_password=False)
+
+    async def session(n: int) -> int:
+        async with await psycopg.AsyncConnection.connect(conninfo, prepare_threshold=None, autocommit=True) as conn:
+            return int((await (await conn.execute("SELECT %s::int", [n])).fetchone())[0])  # type: ignore[index]
+
+    async def sessions() -> list[int]:
+        return [await session(n) for n in range(SESSIONS)]
+
+    # Generous: the sessions take seconds; a pooler blocked on its log never answers again.
+    assert await asyncio.wait_for(sessions(), timeout=240) == list(range(SESSIONS))
+    assert (pooler.dir / "pgbouncer.log").stat().st_size > 64 * 1024  # it did log past a pipe's buffer
+
+
+async def test_a_read_behind_the_pooler_leaves_nothing_for_it_to_route(bouncer, fresh_database, tmp_path):
+    """A transaction-mode pooler hands the server connection back to its pool at the ReadyForQuery that ends a
+    transaction. A search's read (db.engine.read_rows) must send nothing after that: a message that reached the
+    pooler later went to a server connection of its own, and psycopg's pipeline sent a Flush after every Sync,
+    which Postgres never answers; the server connection then stayed assigned to a client idle in ragbot's pool
+    (test_answers_and_syncs_work_through_pgbouncer_in_transaction_mode stalled, 2 of 8 runs). Read from psycopg's
+    own protocol trace of the connection: the read's last message is one the server answers with ReadyForQuery, and
+that answer (idle) is the last thing on the wire."""
+    name = make_url(fresh_database()).database
+    engine = create_engine(bouncer(1).url_for(name), transaction_pooler=True)
+    trace = tmp_path / "protocol.txt"
+    try:
+        async with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:  # as the searches'
+            driver = (await conn.get_raw_connection()).driver_connection
+            with trace.open("w") as out:
+                driver.pgconn.trace(out.fileno())
+                driver.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+                rows = await read_rows(conn, text("SELECT CAST(:v AS int) AS v"), {"v": 7},
+                                       settings={"hnsw.ef_search": "64"})
+                driver.pgconn.untrace()
+    finally:
+        await engine.dispose()
+    assert [r.v for r in rows] == [7]
+    messages = [line.split("\t") for line in trace.read_text().splitlines()]
+    sent = [m[2] for m in messages if m[0] == "F"]
+    assert sent[-1] in ("Sync", "Query"), sent  # each answered by a ReadyForQuery; a Flush is answered by nothing
+    last = max(i for i, m in enumerate(messages) if m[0] == "F")
+    assert [m[2].strip() + m[3] for m in messages[last + 1:]][-1:] == ["ReadyForQuery I"], messages[last:]

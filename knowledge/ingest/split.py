@@ -2,8 +2,15 @@
 
 Why: a first sync is the long one (a whole corpus to parse and embed), and one source is one worker's job, so a
 single big source kept every other worker idle. Now a source whose connector can list units (`parts()` and
-`part(unit)`: a folder's top-level folders, plus its top-level files as one unit) has its first sync cut into
-parts, each leased on its own (db.leases, `sync_part:SOURCE:PART`, renewed while it runs):
+`part(unit)`) has its first sync cut into parts, each leased on its own (db.leases, `sync_part:SOURCE:PART`,
+renewed while it runs). The units by connector:
+
+- a folder: its top-level folders, plus its top-level files as one unit (knowledge.sources.folder);
+- Confluence: its spaces (knowledge.sources.confluence); a source of one space is one unit;
+- Google Drive: each root's (shared drive's or configured folder's) top-level folders, plus each root's own files
+  as one unit (knowledge.sources.gdrive), listed with files.list as the walk lists them.
+
+How the parts are shared:
 
 - The worker that takes the source's lease coordinates: it records the plan (table `sync_parts`), syncs parts
   itself, then waits until every part is done (taking over any part whose worker died, once its lease expired),
@@ -14,7 +21,10 @@ parts, each leased on its own (db.leases, `sync_part:SOURCE:PART`, renewed while
   half-finished index. `publish` unmasks the whole source in one transaction, so a search sees it whole or not at
   all. A coordinator that dies leaves the plan; the next run of the source (any worker) coordinates it on.
 - Only the first sync is split (the source never finished one and holds no documents): later syncs are
-  incremental and stay one unit. A part never prunes: its listing covers a slice of the source.
+  incremental and stay one unit. A part never prunes: its listing covers a slice of the source. A part sets no
+  checkpoint either (its listing is not the source's), so the sync after a split one lists the source whole once
+  (Confluence, Drive: every item listed again and compared by version, so nothing unchanged is parsed or embedded
+  again; a source never pruned is pruned then too) and stores the checkpoint that later syncs go on from.
 
 SYNC_SPLIT_FIRST (a setting, off by default: on one host the parts only share its cores) turns it on. A worker's scheduled job brings it here; the scheduler also
 looks for split syncs with free parts on each refresh (knowledge.ingest.schedule), so idle workers join at once.
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -48,10 +59,11 @@ POLL_SECONDS = 0.5
 
 
 class SplittableSource(Source, Protocol):
-    """A source whose connector enumerates units: `parts()` lists them (external-id prefixes), `part(unit)` is a
-    source limited to one, with the same external ids."""
+    """A source whose connector enumerates units: `parts()` lists them (names stored in the plan: a folder's are
+    external-id prefixes, Confluence's space keys, Drive's "ROOT/FOLDER" ids; a coroutine when listing them takes
+    requests), `part(unit)` is a source limited to one, with the same external ids."""
 
-    def parts(self) -> list[str]: ...
+    def parts(self) -> list[str] | Awaitable[list[str]]: ...
 
     def part(self, unit: str) -> Source: ...
 
@@ -65,7 +77,15 @@ async def units_of(source: Source) -> list[str] | None:
     parts = getattr(source, "parts", None)
     if parts is None or getattr(source, "part", None) is None:
         return None
-    units: list[str] = await asyncio.to_thread(parts)
+    try:
+        if inspect.iscoroutinefunction(parts):  # listed over HTTP (Drive's top-level folders)
+            units: list[str] = await parts()
+        else:  # listed from disk or the configuration
+            units = await asyncio.to_thread(parts)
+    except Exception as exc:  # noqa: BLE001 - the unsplit sync meets the same error and records it, with its fix
+        logger.warning("could not list the parts of %s (%s); its first sync runs as one unit",
+                       source.spec.name, type(exc).__name__)
+        return None
     return units if len(units) >= 2 else None
 
 

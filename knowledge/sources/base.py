@@ -44,8 +44,9 @@ Optional extras the indexer honours when a source has them: `warnings: list[str]
 in the run), `unlisted_prefixes: list[str]` (parts of the inventory that could not be listed: nothing under them
 is deleted; "" means none of it), and `vanished(external_ids) -> list[str]` (for a partial listing: which stored
 documents outside `listing_prefix` are definitely gone). A source whose first sync can be split across workers
-(knowledge.ingest.split) also has `parts() -> list[str]` (its units as external-id prefixes: a folder's top-level
-folders) and `part(unit) -> Source` (the source limited to one unit, with the same external ids).
+(knowledge.ingest.split) also has `parts() -> list[str]` (its units: a folder's top-level folders as external-id
+prefixes, Confluence's spaces, Drive's top-level folders; may be a coroutine) and `part(unit) -> Source` (the
+source limited to one unit, with the same external ids).
 
 Errors while reading one item: raise `knowledge.errors.ItemUnavailable` (gone mid-sync, too large, forbidden) or
 `OSError` from `read`; the item is recorded as failed with the reason, its previous version stays indexed (with

@@ -38,7 +38,7 @@ import os
 import random
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import PurePosixPath
 from typing import Any, Literal
@@ -489,6 +489,19 @@ class ConfluenceSource:
                     f"source {self.spec.name!r}: space {key!r} was not found at {self.config.url} or this account "
                     "cannot see it; check the source's spaces (each a space KEY, not its name) and the account's permissions"
                 ) from None
+
+    # -- parts: a first sync split across workers (knowledge.ingest.split) --
+
+    def parts(self) -> list[str]:
+        """The units a first sync can be split into: the source's spaces (each already listed on its own, from its
+        own checkpoint). One space is one unit."""
+        return list(self.config.spaces)
+
+    def part(self, unit: str) -> ConfluenceSource:
+        """The source limited to one space: the same content ids and access (the space's permissions apply)."""
+        if unit not in self.config.spaces:
+            raise FileNotFoundError(f"space {unit!r} is no longer part of source {self.spec.name!r}")
+        return ConfluenceSource(self.spec.name, replace(self.config, spaces=(unit,)), retry=self.retry)
 
     # -- changes --
 

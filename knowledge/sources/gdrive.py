@@ -477,18 +477,49 @@ class DriveScope:
             raise DriveSourceError("a Google Drive source needs at least one folder or shared drive")
         return found
 
-    async def scan(self) -> ScanResult:
-        """List the whole scope. The changes token is taken first, so nothing changed meanwhile is missed."""
+    async def scan(self, unit: str | None = None) -> ScanResult:
+        """List the whole scope, or with `unit` one unit of a split first sync (`units`): a root's top-level folder
+        ("ROOT/FOLDER") or the files directly in a root ("ROOT/"). The changes token is taken first, so nothing
+        changed meanwhile is missed (not for a unit: a part's listing sets no checkpoint, knowledge.ingest.split)."""
         roots = await self.roots()
         state = ScopeState()
-        for log in sorted({drive_id or "" for _f, _n, drive_id in roots}):  # before the walk: nothing is missed
-            state.tokens[log] = await self.client.start_page_token(log or None)
+        if unit is None:
+            for log in sorted({drive_id or "" for _f, _n, drive_id in roots}):  # before the walk: nothing is missed
+                state.tokens[log] = await self.client.start_page_token(log or None)
         entries: dict[str, DriveEntry] = {}
         skipped: list[tuple[str, str]] = []
         for folder_id, name, drive_id in roots:
             state.folders[folder_id] = [None, name, drive_id]
-        await self._walk([r[0] for r in roots], state, entries, skipped)
+        if unit is None:
+            await self._walk([r[0] for r in roots], state, entries, skipped)
+        else:
+            await self._walk_unit(unit, state, entries, skipped)
         return ScanResult(list(entries.values()), set(), state, skipped)
+
+    async def units(self) -> list[str]:
+        """The units a first sync can be split into: for each root (a shared drive or a configured folder), each of
+        its top-level folders ("ROOT/FOLDER") and, as one more unit, the files and shortcuts directly in it
+        ("ROOT/"). Together they cover what `scan` lists; a folder reached from two units is listed by both."""
+        units: list[str] = []
+        for folder_id, _name, drive_id in await self.roots():
+            units.append(f"{folder_id}/")
+            units += [f"{folder_id}/{child['id']}" for child in await self.client.list_children(folder_id, drive_id)
+                      if child.get("mimeType") == FOLDER and not child.get("trashed")]
+        return units
+
+    async def _walk_unit(self, unit: str, state: ScopeState, entries: dict[str, DriveEntry],
+                         skipped: list[tuple[str, str]]) -> None:
+        """`scan` of one unit: the root's children that belong to it placed as the whole walk places them (same
+        breadcrumbs), then the folders below walked. A unit whose root or folder is gone lists nothing."""
+        root_id, _, folder = unit.partition("/")
+        if root_id not in state.folders:
+            return
+        below: list[str] = []
+        for child in await self.client.list_children(root_id, state.folders[root_id][2]):
+            if (child.get("mimeType") == FOLDER) != bool(folder) or (folder and child["id"] != folder):
+                continue  # another unit's (a top-level folder is a unit of its own)
+            below += await self._place(child, root_id, state, entries, skipped)
+        await self._walk(below, state, entries, skipped)
 
     async def _walk(self, start: list[str], state: ScopeState, entries: dict[str, DriveEntry],
                     skipped: list[tuple[str, str]]) -> None:
@@ -756,8 +787,9 @@ class GoogleDriveSource:
     prune_on_every_sync = False
 
     def __init__(self, name: str, config: GoogleDriveConfig, settings: GoogleDriveSettings | None = None,
-                 credentials: Any = "load") -> None:
+                 credentials: Any = "load", unit: str | None = None) -> None:
         self.name = name
+        self.unit = unit  # one unit of a split first sync (`part`), else None: the whole scope
         self.config = config
         self.settings = settings or GoogleDriveSettings()
         # The location stays the same when folders are added or removed (`source add` again updates the config).
@@ -810,7 +842,7 @@ class GoogleDriveSource:
                                self.name, http_reason(error))
         # First sync, `--full`, an edited list of folders, or a token Drive forgot: list the whole scope. The ids
         # the previous state had and this listing lacks are deleted (without a previous state, pruning does it).
-        result = await self._guard(scope.scan())
+        result = await self._guard(scope.scan(self.unit))
         self._last_scan = result
         gone = sorted(set(previous.files) - {e.id for e in result.entries}) if previous is not None else []
         total = len(result.entries)
@@ -832,6 +864,17 @@ class GoogleDriveSource:
             items = await self._items(result.entries) + _problem_items(result.skipped)
             yield ChangeBatch(items=items, deleted=sorted(result.deleted), checkpoint=result.state.to_json())
 
+    # --- parts: a first sync split across workers (knowledge.ingest.split) -------------------------------------
+
+    async def parts(self) -> list[str]:
+        """The units a first sync can be split into (`DriveScope.units`: each root's top-level folders, and each
+        root's loose files): listed with files.list, as the walk lists them."""
+        return await self._guard(DriveScope(self.client, self.config).units())
+
+    def part(self, unit: str) -> GoogleDriveSource:
+        """The source limited to one unit of `parts()`: the same file ids, breadcrumbs and access."""
+        return GoogleDriveSource(self.name, self.config, self.settings, self._credentials, unit=unit)
+
     def _roots_changed(self, state: ScopeState) -> bool:
         """The scope's roots changed, or the state lacks the token of a change log they need (a checkpoint from
         before per-drive change logs held only the user's): list the scope again."""
@@ -842,7 +885,7 @@ class GoogleDriveSource:
         """Every file in scope (a walk of folders, no content, no permission calls)."""
         result, self._last_scan = self._last_scan, None
         if result is None:  # the sync just listed the scope (first or full sync): no need to walk it twice
-            result = await self._guard(DriveScope(self.client, self.config).scan())
+            result = await self._guard(DriveScope(self.client, self.config).scan(self.unit))
         return [ItemRef(entry.id) for entry in result.entries]
 
     async def aclose(self) -> None:
