@@ -57,6 +57,10 @@ class CachedModel:
         self._embedder = embedder
         self._folder = folder
         self._prefix = f"{embedder.name}\0{embedder.path}\0{_weights_fingerprint(embedder.path)}\0"
+        # What loading the real model resolves on the Embedder (its device: torch's import) is resolved now, so that
+        # the Embedder looks the same whether a cache miss loads the weights later or never: tests check that
+        # nothing is left to load once `model` was asked for (tests/test_bot_core.py).
+        _ = embedder.device
         self.misses = 0
 
     @cached_property
