@@ -1,9 +1,10 @@
 """Test fixtures: one embedded Postgres for the whole run, a fresh database per test that needs one.
 
 Every test runs against real PostgreSQL 18 + pgvector and the real embedding model. A migrated template database
-is built once; `fresh_kb` clones it (CREATE DATABASE ... TEMPLATE, a fraction of a second) so tests never see
-each other's documents or BM25 statistics. The handbook is ingested once into its own database and shared by the
-tests that only read it.
+is built once for the whole run (shared by the pytest-xdist workers); `fresh_kb` clones it (CREATE DATABASE ...
+TEMPLATE, a fraction of a second) so tests never see each other's documents or BM25 statistics. The handbook is
+ingested once for the run into a database each worker clones, and that clone is shared by the worker's tests that
+only read it. Sentence-transformers' vectors are cached on disk across tests and runs (tests/embedding_cache.py).
 """
 
 from __future__ import annotations
