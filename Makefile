@@ -50,11 +50,16 @@ run: setup-run
 
 # Tests run in TEST_WORKERS processes (pytest-xdist) sharing one embedded Postgres (a database per worker) and a
 # file stays in one process (--dist loadfile), so module fixtures are built once. Three workers on two cores: the
-# tests mostly wait (servers, subprocesses, leases): tests/test_answer_lease.py used 40% of a core near idle.
-# Measured (issue 41 item 10) in CPU seconds, user + sys, what a loaded machine pays (`/usr/bin/time -v .venv/bin/python
-# -m pytest -q tests/test_x.py`; wall clock follows the machine's load): tests/test_answer_lease.py 40.2 -> 24.5 s
-# (101 s wall near idle before); a test's sync of a two-file corpus 3.5 -> 0.5 s wall at load 10 (tests/conftest.py's
-# test-only settings). Before: `make test` 12 min 01 s wall, 2 workers, --dist loadfile, idle 2 cores.
+# tests mostly wait (servers, subprocesses, leases). The migrated template and the ingested handbook are built once
+# per run and cloned by every worker; sentence-transformers' vectors are cached on disk across tests and runs
+# (~/.cache/ragbot-tests/embeddings; docs/development.md). Measured (issue 41 item 10), CPU seconds user + sys of
+# `/usr/bin/time -v nice -n 10 .venv/bin/python -m pytest -n 3 --dist loadfile -q -p no:cacheprovider -p
+# tests.cpu_report` (2 cores, 2026-11-28; wall clock follows the machine's load, CPU is what a loaded machine pays):
+#   before: 784 s (13.1 CPU-min) + 170 s in Postgres, 33 min 36 s wall at load 11-14 (other suites running);
+#   after, cold embedding cache: 601 s (10.0 CPU-min) + 200 s in Postgres, 11 min 03 s wall at load 2-7.
+# A warm cache saves most of the rest of the model time: tests/test_first_run.py took 109 s in the suite before, 80 s
+# after (cold); alone with a warm cache, the server's start and the handbook's build included, 35 s. Per file:
+# `-p tests.cpu_report` prints CPU and wall seconds per test file.
 TEST_WORKERS ?= 3
 
 test: setup-test test-tools
@@ -63,8 +68,8 @@ test: setup-test test-tools
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The quick tier for development: the flow and unit tests, no servers or subprocesses (tests marked `slow` are left
-# out; see docs/development.md). One process: 185 tests, 46 s CPU (`/usr/bin/time`, 2026-11-28, with load average 24
-# on 2 cores it took 11 min wall).
+# out; see docs/development.md). One process: 195 tests, 33 s CPU, 2 min 08 s wall (`/usr/bin/time`, 2026-11-28,
+# load 6-7 on 2 cores, the full suite running beside it).
 test-fast: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 

@@ -1,9 +1,10 @@
 """Test fixtures: one embedded Postgres for the whole run, a fresh database per test that needs one.
 
 Every test runs against real PostgreSQL 18 + pgvector and the real embedding model. A migrated template database
-is built once; `fresh_kb` clones it (CREATE DATABASE ... TEMPLATE, a fraction of a second) so tests never see
-each other's documents or BM25 statistics. The handbook is ingested once into its own database and shared by the
-tests that only read it.
+is built once for the whole run (shared by the pytest-xdist workers); `fresh_kb` clones it (CREATE DATABASE ...
+TEMPLATE, a fraction of a second) so tests never see each other's documents or BM25 statistics. The handbook is
+ingested once for the run into a database each worker clones, and that clone is shared by the worker's tests that
+only read it. Sentence-transformers' vectors are cached on disk across tests and runs (tests/embedding_cache.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ for _name in ("SLACK_BOT_TOKEN", "DISCORD_BOT_TOKEN", "DISCORD_TOKEN", "ANTHROPI
 import psycopg
 import pytest
 import pytest_asyncio
+from embedding_cache import install as install_embedding_cache
 from sqlalchemy.engine import make_url
 
 from db.embedded import _pgserver, embedded_database_url, stop_embedded
@@ -64,9 +66,13 @@ from knowledge.sources.folder import FolderSource
 if TYPE_CHECKING:
     from fakes.discord_api import FakeDiscordAPI
 
+# Texts the suite embedded before (this run or an earlier one) cost no model time: tests/embedding_cache.py.
+EMBEDDING_CACHE = install_embedding_cache()
+
 REPO = Path(__file__).resolve().parent.parent
 HANDBOOK = REPO / "examples" / "handbook"
-TEMPLATE_DB = "ragbot_template"
+TEMPLATE_DB = "ragbot_template"  # shared by the workers (build_shared_database)
+HANDBOOK_TEMPLATE_DB = "ragbot_handbook"  # the handbook, ingested once for the run; each worker clones it
 
 
 def scoped(name: str) -> str:
@@ -193,13 +199,52 @@ def server_url() -> str:
     shutil.rmtree(_HOME, ignore_errors=True)
 
 
-@pytest_asyncio.fixture(scope="session")
-async def template_db(server_url: str) -> str:
-    url = create_database(server_url, TEMPLATE_DB)
+@contextmanager
+def _build_lock(name: str) -> Iterator[None]:
+    """Held while one worker builds a database every worker clones (the others wait, then find it built)."""
+    _SERVER_HOME.mkdir(parents=True, exist_ok=True)
+    with open(_SERVER_HOME / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _database_exists(server_url: str, name: str) -> bool:
+    with _admin(server_url) as conn:
+        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is not None
+
+
+async def build_shared_database(server_url: str, name: str, build: Callable[[str], Awaitable[None]],
+                                template: str | None = None) -> str:
+    """A database built once for the whole run and cloned by every worker (CREATE DATABASE ... TEMPLATE `name`):
+    the first worker to ask builds it under a lock, under a temporary name renamed when done (a worker that died
+    half-way leaves no half-built database behind the final name). `build` gets its URL and must close every
+    connection it opened: Postgres refuses to clone a database someone is connected to. Returns the name."""
+    with _build_lock(name):
+        if not _database_exists(server_url, name):
+            building = f"{name}_building"
+            with _admin(server_url) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{building}" WITH (FORCE)')
+                conn.execute(f'CREATE DATABASE "{building}"' + (f' TEMPLATE "{template}"' if template else ""))
+            await build(database_url_for(server_url, building))
+            with _admin(server_url) as conn:
+                conn.execute(f'ALTER DATABASE "{building}" RENAME TO "{name}"')
+    return name
+
+
+async def _migrate(url: str) -> None:
     engine = create_engine(url)
     await upgrade_to_head(engine)
     await engine.dispose()
-    return scoped(TEMPLATE_DB)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def template_db(server_url: str) -> str:
+    """The migrated template every fresh database clones; one for the run, shared by the workers (migrating took
+    each worker a few CPU seconds)."""
+    return await build_shared_database(server_url, TEMPLATE_DB, _migrate)
 
 
 @pytest.fixture
@@ -243,15 +288,23 @@ async def fresh_kb(fresh_database: Callable[[], str]) -> AsyncIterator[Knowledge
     await kb.close()
 
 
+async def _ingest_handbook(url: str) -> None:
+    kb = await KnowledgeBase.open(test_settings(), DatabaseSettings(_env_file=None, database_url=url))  # type: ignore[call-arg]
+    try:
+        report = await kb.sync(FolderSource(HANDBOOK, "handbook"))
+        assert not report.failed, report.failed
+    finally:
+        await kb.close()
+
+
 @pytest_asyncio.fixture(scope="session")
 async def handbook_url(server_url: str, template_db: str) -> str:
-    """A database holding the example handbook, ingested once as source `handbook`."""
-    url = create_database(server_url, "handbook", template_db)
-    kb = await KnowledgeBase.open(test_settings(), DatabaseSettings(_env_file=None, database_url=url))  # type: ignore[call-arg]
-    report = await kb.sync(FolderSource(HANDBOOK, "handbook"))
-    assert not report.failed, report.failed
-    await kb.close()
-    return url
+    """A database of this worker's own holding the example handbook, ingested as source `handbook`. The ingest is
+    done once for the run (HANDBOOK_TEMPLATE_DB, by the first worker that needs it) and cloned per worker: each
+    worker's own ingest cost it the embedding model's load and the handbook's embeddings (tens of CPU seconds on
+    2 cores), and a clone gives the same rows."""
+    await build_shared_database(server_url, HANDBOOK_TEMPLATE_DB, _ingest_handbook, template=template_db)
+    return create_database(server_url, "handbook", HANDBOOK_TEMPLATE_DB)
 
 
 @pytest_asyncio.fixture(scope="session")

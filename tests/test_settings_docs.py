@@ -38,6 +38,7 @@ NOT_SETTINGS = {
     "PYTEST_XDIST_TESTRUNUID": "pytest-xdist's variable (docs/development.md: the shared test server)",
     "SLOW_MODULES": "a constant of tests/conftest.py (docs/development.md)",
     "TEST_SERVER_SETTINGS": "a constant of tests/conftest.py (docs/development.md)",
+    "RAGBOT_TEST_EMBEDDING_CACHE": "the test suite's embedding cache folder, or off (tests/embedding_cache.py)",
     "RAGBOT_SCALE_SMOKE": "opts into the podman smoke test of compose.scale.yaml (docs/operations.md)",
     "CONTAINERS_CONF": "podman's own configuration file variable, set by that smoke test (docs/operations.md)",
     "THREAD_PAGE_SIZE": "a constant of bot/slack (docs/connectors.md)",
