@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 from conftest import corpus_opener
 from fakes.anthropic_api import FakeAnthropicAPI
+from fakes.graph_api import FakeGraph
 from fakes.teams_connector import FakeTeamsConnector, Member, Message
 from fakes.teams_harness import Bot, ask_in_channel, finished, new_id, reachable_connector, running_teams_bot
 
@@ -286,6 +287,73 @@ async def test_kb_status_answers_an_admin_and_refuses_anyone_else(fake: FakeTeam
     status = await ask_personally(fake, bot, ADMIN, "kb status")
     assert "4 documents" in status.text or "documents" in status.text
     assert "needs an admin" not in status.text
+
+
+# ---- team owners are admins in their team (Microsoft Graph) -----------------------------------------------------
+
+OWNER = Member("aad-owner", "Owen Er", email="owen@example.com")
+
+
+@pytest.fixture
+def graph(fake: FakeTeamsConnector) -> Iterator[FakeGraph]:
+    """Microsoft Graph and the app's token endpoint (tests/fakes/graph_api.py), for the connector's app and tenant."""
+    with FakeGraph(fake.app_id, fake.app_password, fake.tenant_id) as server:
+        yield server
+
+
+def team_channel(fake: FakeTeamsConnector, graph: FakeGraph, *members: Member, consented: bool = True,
+                 owners: tuple[Member, ...] = (OWNER,)) -> tuple[str, str]:
+    """A standard channel of a team whose owners Graph lists (after its members: found on a later page)."""
+    channel, group_id = new_id("team-general"), str(uuid.uuid4())
+    fake.add_conversation(channel, "channel", members=[*members, *owners], team_id=new_id("team"),
+                          channel_type="standard", aad_group_id=group_id)
+    team = graph.add_team(group_id, members=list(members), consented=consented)
+    team.members += [(owner, ["owner"]) for owner in owners]  # the owners on the last page: nextLink is followed
+    return channel, group_id
+
+
+async def command_in_channel(fake: FakeTeamsConnector, bot: Bot, channel: str, user: Member, text: str) -> Message:
+    """`user` @mentions the bot with a kb command in a channel: the reply only they see (a targeted message)."""
+    before = len(fake.bot_messages(channel))
+    await ask_in_channel(fake, bot, channel, user, text)
+    [reply] = await fake.wait_for(timeout=60, condition=lambda: fake.bot_messages(channel)[before:])
+    assert reply.seen_by(user.id)
+    return reply
+
+
+async def test_a_team_owner_is_an_admin_in_the_teams_channels_and_a_plain_member_is_not(
+        fake: FakeTeamsConnector, graph: FakeGraph, corpus_kb: Any, start_bot: Any) -> None:
+    channel, group_id = team_channel(fake, graph, ANN, CFO, GUEST)
+    bot = await start_bot(await corpus_kb(), graph=graph)
+    ran = await command_in_channel(fake, bot, channel, OWNER, "kb status")
+    assert "needs an admin" not in ran.text and "documents" in ran.text
+    refused = await command_in_channel(fake, bot, channel, ANN, "kb status")
+    assert "needs an admin" in refused.text
+    # Graph was asked for the team by its group id (channelData.team.aadGroupId), with an app-only Graph token,
+    # all pages once: the owner set is cached for the second command.
+    assert graph.member_calls(group_id) == 2  # 4 members, 2 a page: the owner on the second
+    assert [r["scope"] for r in graph.token_requests] == ["https://graph.microsoft.com/.default"]
+    # A 1:1 chat has no team: the same owner is not an admin there (ADMIN_USER_IDS only), and Graph is not asked.
+    alone = await ask_personally(fake, bot, OWNER, "kb status")
+    assert "needs an admin" in alone.text
+    assert graph.member_calls(group_id) == 2
+
+
+async def test_without_the_graph_consent_nobody_is_a_team_owner_and_admin_user_ids_still_work(
+        fake: FakeTeamsConnector, graph: FakeGraph, corpus_kb: Any, start_bot: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    channel, group_id = team_channel(fake, graph, ANN, ADMIN, consented=False)
+    bot = await start_bot(await corpus_kb(), graph=graph)
+    with caplog.at_level("WARNING", logger="bot.teams.owners"):
+        refused = await command_in_channel(fake, bot, channel, OWNER, "kb status")
+        assert "needs an admin" in refused.text  # fail closed: Graph answered 403
+        listed = await command_in_channel(fake, bot, channel, ADMIN, "kb status")
+        assert "needs an admin" not in listed.text and "documents" in listed.text
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1  # one line, naming the fix; the refusal is remembered, not asked again
+    assert "TeamMember.Read.Group" in warnings[0] and "reinstall" in warnings[0] and group_id in warnings[0]
+    assert fake.app_password not in warnings[0]
+    assert graph.member_calls(group_id) == 1
 
 
 # ---- crash resume -----------------------------------------------------------------------------------------------

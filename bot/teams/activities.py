@@ -64,6 +64,8 @@ class TeamsConversation:
     service_url: str
     team_id: str | None = None
     channel_type: str | None = None  # a channel's membership type when Teams says: "standard", "private", "shared"
+    # The team's Microsoft 365 group id (channelData.team.aadGroupId): Microsoft Graph's team id (bot.teams.owners).
+    team_group_id: str | None = None
 
     @property
     def base_id(self) -> str:
@@ -167,6 +169,7 @@ def _conversation(data: dict[str, Any]) -> TeamsConversation | None:
         id=str(conversation_id), type=kind, tenant_id=tenant, service_url=str(data["serviceUrl"]),
         team_id=(channel_data.get("team") or {}).get("id"),
         channel_type=str(channel_type).lower() if channel_type else None,
+        team_group_id=(channel_data.get("team") or {}).get("aadGroupId"),
     )
 
 

@@ -41,6 +41,7 @@ from bot.chat.readers import AnswerTarget, AudienceRule, PersonInfo, Readers
 from bot.chat.render import AnswerView, answer_view
 from bot.teams.activities import ConversationType, TeamsConversation, TeamsFeedback, TeamsMembershipChange, TeamsMessage
 from bot.teams.messages import AnswerMessages
+from bot.teams.owners import TeamOwners
 from bot.teams.platform import ReplyTarget, TeamsMember, TeamsPlatform, TeamsStream, message_activity
 from bot.teams.render import PLACEHOLDER, STATUS_SEARCHING, answer_content, safe_text, share_card
 from bot.teams.settings import TeamsSettings
@@ -80,13 +81,15 @@ class Where:
     user_aad: str | None  # the asker's Entra object id: their identity and roster key
     thread_root: str | None
     private: bool = False  # answered with a targeted message to the asker alone, from the asker's access
+    team_group_id: str | None = None  # a team channel's Microsoft 365 group id (Graph's team id: its owners)
 
     @classmethod
     def of(cls, message: TeamsMessage) -> Where:
         c = message.conversation
         return cls(c.service_url, message.reply_conversation_id, c.type, c.tenant_id,
                    message.thread_root or message.activity_id, c.base_id, c.channel_type, c.team_id,
-                   message.user.id, message.user.aad_object_id, message.thread_root)
+                   message.user.id, message.user.aad_object_id, message.thread_root,
+                   team_group_id=c.team_group_id if c.type == "channel" else None)
 
     @property
     def target(self) -> ReplyTarget:
@@ -96,7 +99,7 @@ class Where:
     @property
     def conversation(self) -> TeamsConversation:
         return TeamsConversation(self.conversation_id, self.conversation_type, self.tenant_id, self.service_url,
-                                 self.team_id, self.channel_type)
+                                 self.team_id, self.channel_type, self.team_group_id)
 
     @property
     def personal(self) -> bool:
@@ -144,6 +147,11 @@ class TeamsAdapter:
         self.platform = TeamsPlatform(self.teams, on_message=self.on_message, on_feedback=self.on_feedback,
                                       on_membership=self.on_membership)
         self.messages = AnswerMessages(context.state.engine)
+        app_id, app_password = self.teams.require()
+        # Team owners are kb admins in their team's channels (Microsoft Graph, cached USER_CACHE_SECONDS).
+        self.owners = TeamOwners(app_id=app_id, app_password=app_password, default_tenant=self.teams.tenant_id,
+                                 graph_base_url=self.teams.graph_base_url, login_base_url=self.teams.login_base_url,
+                                 ttl_seconds=self.settings.user_cache_seconds)
         # Roster entries by (conversation, identity), for USER_CACHE_SECONDS.
         self._members: BoundedCache[tuple[str, str], tuple[TeamsMember | None]] = BoundedCache(
             CACHE_ENTRIES, self.settings.user_cache_seconds)
@@ -353,11 +361,26 @@ class TeamsAdapter:
             await self.flow.kb_reply(lambda text: self._tell(where, text),
                                      self.flow.failure("claim", exc, where=where.conversation_key))
             return
-        # Admins: ADMIN_USER_IDS (teams:<aadObjectId>); team owners would need Microsoft Graph (the roster does not say).
+        # Admins: ADMIN_USER_IDS (teams:<aadObjectId>), and in a team's channel the team's owners (Microsoft Graph).
         who = CommandUser(where.user_aad or where.user_id, channel_key=None if where.personal else where.channel_key,
+                          person=await self._commander(where),
                           workspace=f"teams:{where.tenant_id or '-'}:", resolve_person=self.resolve_person,
                           reads_channel=lambda key: self._reads_channel(key, where.identity))
         await self.flow.kb_command(text, who, lambda reply: self._tell(where, reply))
+
+    async def _commander(self, where: Where) -> PersonInfo:
+        """What the roster says of a command's caller (`person`), with `admin` set when they own the team whose
+        channel they typed in. A personal or group chat has no team: ADMIN_USER_IDS alone makes admins there. The
+        core counts `admin` only for a member of the home organisation (`trusted_admin`): a guest owner is not one."""
+        try:
+            person = await self.person(where.identity)
+        except Exception:
+            logger.warning("Teams: could not look %s up for a kb command", where.identity, exc_info=True)
+            person = PersonInfo()
+        if where.conversation_type != "channel" or not where.team_group_id or not where.user_aad:
+            return person
+        owner = await self.owners.is_owner(where.team_group_id, where.user_aad, where.tenant_id)
+        return replace(person, admin=owner)
 
     async def _tell(self, where: Where, text: str) -> None:
         """A reply only the asker sees (a command's, a refused Share)."""

@@ -3,9 +3,10 @@
 The Teams platform owns its settings class (registered in `bot.teams.PLATFORM`, bot/platforms.py): `ragbot run`
 starts Teams when TEAMS_APP_ID and TEAMS_APP_PASSWORD are set.
 
-No test hook is needed here: the SDK reaches Microsoft's sign-in hosts through the standard HTTPS_PROXY and trusts
+The SDK needs no test hook: it reaches Microsoft's sign-in hosts through the standard HTTPS_PROXY and trusts
 the CA named by SSL_CERT_FILE / REQUESTS_CA_BUNDLE, which is how the tests point it at their fake (and how a
-company proxy would be configured).
+company proxy would be configured). Our own Microsoft Graph calls (team owners) take their hosts from
+TEAMS_GRAPH_BASE_URL and TEAMS_LOGIN_BASE_URL.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ class TeamsSettings(BaseSettings):
     members_page_size: int = Field(default=100, ge=50, le=500)
     # Stream answers into personal (1:1) chats as they are written; Teams streams nowhere else.
     stream_personal: bool = True
+    # Where team owners are read (bot.teams.owners: a team owner is a kb admin in the team's channels): Microsoft
+    # Graph, and the Microsoft identity platform that issues the app's Graph token. Change them only for a national
+    # cloud (e.g. https://graph.microsoft.us, https://login.microsoftonline.us) or a test's fake.
+    graph_base_url: str = "https://graph.microsoft.com"
+    login_base_url: str = "https://login.microsoftonline.com"
 
     @property
     def configured(self) -> bool:

@@ -141,6 +141,7 @@ class Conversation:
     team_id: str | None = None
     channel_type: str | None = None  # a channel's membership: "standard" | "private" | "shared"
     streams_stopped: bool = False
+    aad_group_id: str | None = None  # the team's Microsoft 365 group id (channelData.team.aadGroupId)
 
 
 @dataclass
@@ -262,9 +263,10 @@ class FakeTeamsConnector:
                 "SSL_CERT_FILE": str(self.ca_file), "REQUESTS_CA_BUNDLE": str(self.ca_file)}
 
     def add_conversation(self, conversation_id: str, type_: str, *, members: list[Member] | None = None,
-                         team_id: str | None = None, channel_type: str | None = None) -> Conversation:
+                         team_id: str | None = None, channel_type: str | None = None,
+                         aad_group_id: str | None = None) -> Conversation:
         conversation = Conversation(conversation_id, type_, self.tenant_id, list(members or []), team_id,
-                                    channel_type)
+                                    channel_type, aad_group_id=aad_group_id)
         self.conversations[conversation_id] = conversation
         return conversation
 
@@ -319,7 +321,10 @@ class FakeTeamsConnector:
             account["isGroup"] = True
         channel_data: dict[str, Any] = {"tenant": {"id": conversation.tenant_id}}
         if conversation.type == "channel":
-            channel_data["team"] = {"id": conversation.team_id or conversation.id, "name": "Team"}
+            # TeamInfo (Bot Framework schema; "Conversation events in your Teams bot" shows it): id, name and
+            # aadGroupId, the team's Microsoft 365 group id (Microsoft Graph's team id).
+            channel_data["team"] = {"id": conversation.team_id or conversation.id, "name": "Team",
+                                    **({"aadGroupId": conversation.aad_group_id} if conversation.aad_group_id else {})}
             channel_data["channel"] = {"id": conversation.id, "name": "General",
                                        **({"type": conversation.channel_type} if conversation.channel_type else {})}
             channel_data["teamsTeamId"] = conversation.team_id or conversation.id

@@ -29,6 +29,7 @@ from bot.server import BotMetrics
 from bot.settings import BotSettings
 from bot.teams.adapter import TeamsAdapter
 from bot.teams.settings import TeamsSettings
+from fakes.graph_api import FakeGraph
 from fakes.teams_connector import FakeTeamsConnector, Member, Message
 
 
@@ -71,11 +72,14 @@ class Bot:
 
 
 @contextlib.asynccontextmanager
-async def running_teams_bot(kb: Any, fake: FakeTeamsConnector, **overrides: object) -> AsyncIterator[Bot]:
-    """A Teams adapter serving /api/messages on a free port (its sweeper off unless overridden: the test sweeps)."""
+async def running_teams_bot(kb: Any, fake: FakeTeamsConnector, *, graph: FakeGraph | None = None,
+                            **overrides: object) -> AsyncIterator[Bot]:
+    """A Teams adapter serving /api/messages on a free port (its sweeper off unless overridden: the test sweeps);
+    with `graph`, its Microsoft Graph and sign-in base URLs point at that fake (team owners)."""
     settings = BotSettings(_env_file=None, **{"answer_sweep_seconds": 0, **overrides})  # type: ignore[arg-type]
+    hosts = {"graph_base_url": graph.url, "login_base_url": graph.url} if graph is not None else {}
     teams = TeamsSettings(_env_file=None, app_id=fake.app_id,  # type: ignore[call-arg]
-                          app_password=fake.app_password, tenant_id=fake.tenant_id)
+                          app_password=fake.app_password, tenant_id=fake.tenant_id, **hosts)
     adapter = TeamsAdapter(BotContext(kb, settings, BotMetrics(), BotState(kb.engine)), teams=teams)
     async with serving(adapter.routes()) as url:
         await adapter.start()

@@ -1,0 +1,203 @@
+"""A fake Microsoft Graph "List members of team" and the Microsoft identity platform's token endpoint that issues
+its app-only tokens, on one plain-HTTP server on 127.0.0.1 (the bot's TEAMS_GRAPH_BASE_URL and
+TEAMS_LOGIN_BASE_URL both point at `url`), served from a thread with its own event loop.
+
+Built from Microsoft's references only:
+
+- "Microsoft identity platform and the OAuth 2.0 client credentials flow" (learn.microsoft.com/entra/
+  identity-platform/v2-oauth2-client-creds-grant-flow), "Get a token": `POST /{tenant}/oauth2/v2.0/token`, a form
+  with client_id, scope (`<resource>/.default`), client_secret and grant_type=client_credentials; the answer
+  `{token_type: "Bearer", expires_in, access_token}`; errors `{error, error_description}` (400 invalid_request /
+  invalid_scope / unsupported_grant_type, 401 invalid_client).
+- "List members of team" (learn.microsoft.com/graph/api/team-list-members): `GET /v1.0/teams/{team-id}/members`
+  with `Authorization: Bearer`; the only query parameters it supports are `$filter`, `$select` and `$top` (default
+  page 100, at most 999), and a next page is `@odata.nextLink`, an opaque URL the client calls as it is. A
+  member is an aadUserConversationMember ("aadUserConversationMember resource type": id, roles, displayName,
+  visibleHistoryStartDateTime, userId, email, tenantId); an owner has `roles: ["owner"]`, a member `[]`, a guest
+  `["guest"]`. The permission is TeamMember.Read.Group (resource-specific consent, per team): a team whose
+  consent was not given (`add_team(..., consented=False)`) answers 403, a team id that is not a team 404, in
+  Graph's error shape `{"error": {"code", "message"}}` ("Microsoft Graph error responses and resource types").
+
+This fake does not implement `$filter` and `$select` (the bot does not send them): they are answered 400 so that a
+change that starts sending them fails here rather than passing untested; any other parameter is 400 too, as Graph
+answers an unknown OData option. Pages hold `page_size` members (default 2, below `$top`: the server may always
+send fewer), so paging is always exercised.
+
+    with FakeGraph(app_id, app_password, tenant_id) as graph:
+        graph.add_team(group_id, owners=[OWNER], members=[ANN, ADMIN])
+        ... TeamsSettings(graph_base_url=graph.url, login_base_url=graph.url) ...
+        graph.requests       # (method, path, query) of every call
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlencode
+
+from aiohttp import web
+
+GRAPH_SCOPE = "https://graph.microsoft.com/.default"
+MAX_TOP = 999
+
+
+class Person(Protocol):
+    aad_object_id: str
+    name: str
+    email: str | None
+
+
+@dataclass
+class Team:
+    group_id: str
+    tenant_id: str
+    members: list[tuple[Person, list[str]]] = field(default_factory=list)  # (person, roles)
+    consented: bool = True
+
+
+class FakeGraph:
+    def __init__(self, app_id: str, app_password: str, tenant_id: str, *, page_size: int = 2) -> None:
+        self.app_id = app_id
+        self.app_password = app_password
+        self.tenant_id = tenant_id
+        self.page_size = page_size
+        self.teams: dict[str, Team] = {}
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.token_requests: list[dict[str, str]] = []  # the forms, client_secret left out
+        self._tokens: dict[str, str] = {}  # access token -> tenant it was issued for
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def add_team(self, group_id: str, *, owners: list[Any] = (), members: list[Any] = (),  # type: ignore[assignment]
+                 guests: list[Any] = (), consented: bool = True) -> Team:  # type: ignore[assignment]
+        """A team: its owners, members and guests, in that order (so owners come first, and with `page_size` 2 a
+        later member is on a later page: put the person a test looks for last to make it follow nextLink)."""
+        team = Team(group_id, self.tenant_id, [(p, ["owner"]) for p in owners] + [(p, []) for p in members]
+                    + [(p, ["guest"]) for p in guests], consented)
+        self.teams[group_id] = team
+        return team
+
+    def member_calls(self, group_id: str) -> int:
+        return sum(1 for _, path, _ in self.requests if path == f"/v1.0/teams/{group_id}/members")
+
+    # ---- the identity platform -----------------------------------------------------------------------------------
+
+    async def _token(self, request: web.Request) -> web.Response:
+        tenant = request.match_info["tenant"]
+        form = dict(parse_qsl((await request.read()).decode()))
+        self.token_requests.append({k: v for k, v in form.items() if k != "client_secret"})
+        self.requests.append((request.method, request.path, {}))
+        if form.get("grant_type") != "client_credentials":
+            return _oauth_error(400, "unsupported_grant_type", "AADSTS70003: The grant type is not supported.")
+        if tenant != self.tenant_id:
+            return _oauth_error(400, "invalid_request", "AADSTS90002: Tenant not found.")
+        if form.get("client_id") != self.app_id or form.get("client_secret") != self.app_password:
+            return _oauth_error(401, "invalid_client", "AADSTS7000215: Invalid client secret provided.")
+        if form.get("scope") != GRAPH_SCOPE:  # client credentials take one `<resource>/.default` scope
+            return _oauth_error(400, "invalid_scope", "AADSTS1002012: The provided value for scope is not valid.")
+        token = secrets.token_urlsafe(24)
+        self._tokens[token] = tenant
+        return web.json_response({"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599,
+                                  "access_token": token})
+
+    # ---- Microsoft Graph -----------------------------------------------------------------------------------------
+
+    async def _members(self, request: web.Request) -> web.Response:
+        query = dict(request.query)
+        self.requests.append((request.method, request.path, query))
+        header = request.headers.get("Authorization", "")
+        tenant = self._tokens.get(header[7:]) if header.startswith("Bearer ") else None
+        if tenant is None:
+            return _graph_error(401, "InvalidAuthenticationToken", "Access token is empty or invalid.")
+        # $skiptoken is this fake's own, inside the nextLink it hands out (opaque to the client).
+        unknown = set(query) - {"$top", "$skiptoken"}
+        if unknown:
+            return _graph_error(400, "BadRequest", f"Query option(s) {sorted(unknown)} not supported by this fake")
+        try:
+            top = int(query.get("$top", "100"))
+            start = int(query.get("$skiptoken", "0"))
+        except ValueError:
+            return _graph_error(400, "BadRequest", "Invalid $top or $skiptoken")
+        if not 1 <= top <= MAX_TOP:
+            return _graph_error(400, "BadRequest", f"$top must be between 1 and {MAX_TOP}")
+        team = self.teams.get(request.match_info["team"])
+        if team is None or team.tenant_id != tenant:
+            return _graph_error(404, "NotFound", "No team found with Group Id " + request.match_info["team"])
+        if not team.consented:
+            return _graph_error(403, "Forbidden", "Missing role permissions on the request. API requires one of "
+                                "'TeamMember.Read.Group, TeamMember.Read.All, TeamMember.ReadWrite.All'. Roles on "
+                                "the request ''. Resource specific consent grants on the request ''.")
+        size = min(top, self.page_size)
+        window = team.members[start:start + size]
+        body: dict[str, Any] = {
+            "@odata.context": f"https://graph.microsoft.com/v1.0/$metadata#teams('{team.group_id}')/members",
+            "value": [self._member(team, person, roles) for person, roles in window],
+        }
+        if start + size < len(team.members):
+            body["@odata.nextLink"] = (f"{self.url}{request.path}?"
+                                       + urlencode({"$top": str(top), "$skiptoken": str(start + size)}))
+        return web.json_response(body)
+
+    @staticmethod
+    def _member(team: Team, person: Person, roles: list[str]) -> dict[str, Any]:
+        return {"@odata.type": "#microsoft.graph.aadUserConversationMember",
+                "id": f"MCMjMSMj{team.group_id}##{person.aad_object_id}", "roles": list(roles),
+                "displayName": person.name, "visibleHistoryStartDateTime": "0001-01-01T00:00:00Z",
+                "userId": person.aad_object_id, "email": person.email, "tenantId": team.tenant_id}
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------------
+
+    def start(self) -> FakeGraph:
+        started = threading.Event()
+
+        async def serve() -> None:
+            app = web.Application()
+            app.add_routes([web.post("/{tenant}/oauth2/v2.0/token", self._token),
+                            web.get("/v1.0/teams/{team}/members", self._members)])
+            self._runner = web.AppRunner(app, access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(serve())
+            started.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        if not started.wait(20):
+            raise RuntimeError("the fake Graph did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def __enter__(self) -> FakeGraph:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _oauth_error(status: int, error: str, description: str) -> web.Response:
+    return web.json_response({"error": error, "error_description": description}, status=status)
+
+
+def _graph_error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
