@@ -64,7 +64,8 @@ class TeamOwners:
         self._clock = clock
         self._owners: BoundedCache[tuple[str, str], frozenset[str]] = BoundedCache(max_teams, ttl_seconds)
         self._tokens: dict[str, tuple[str, float]] = {}  # tenant -> (access token, expires at)
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # One Graph read at a time (kb commands are rare): two commands at once in a team read its owners once.
+        self._reading = asyncio.Lock()
 
     async def is_owner(self, team_group_id: str, user_object_id: str, tenant_id: str | None) -> bool:
         """Is this Entra user an owner of this team? False when Graph refuses or fails (logged, not raised)."""
@@ -82,7 +83,7 @@ class TeamOwners:
         cached = self._owners.get(key)
         if cached is not None:
             return cached
-        async with self._locks.setdefault(key, asyncio.Lock()):
+        async with self._reading:
             cached = self._owners.get(key)
             if cached is not None:
                 return cached
