@@ -319,8 +319,9 @@ async def discord_kb_status(kb: Any, fake: FakeDiscordAPI) -> tuple[str, str, st
 
 
 async def teams_kb_status(kb: Any, _discord: FakeDiscordAPI) -> tuple[str, str, str]:
-    """Teams has no admin flag the Bot Connector tells (team owners need Microsoft Graph): the member and the
-    listed admin; the middle case is a member of a group chat asking there (a targeted reply)."""
+    """A group chat has no team, so no owner (team owners are admins in their team's channels, found through
+    Microsoft Graph: tests/test_teams.py): the member and the listed admin; the middle case is a member of the
+    group chat asking there (a targeted reply)."""
     out = TeamsUser("aad-out", "Out Sider", email="out@example.com")
     fin = TeamsUser("aad-fin", "Fin Ance", email="fin@example.com")
     with teams_connector() as fake:
