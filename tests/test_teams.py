@@ -356,6 +356,16 @@ async def test_without_the_graph_consent_nobody_is_a_team_owner_and_admin_user_i
     assert graph.member_calls(group_id) == 1
 
 
+async def test_a_guest_who_owns_the_team_is_not_an_admin(
+        fake: FakeTeamsConnector, graph: FakeGraph, corpus_kb: Any, start_bot: Any) -> None:
+    """An owner from outside the organisation (userRole "guest") runs no admin command: Graph's owner role counts
+    only for a member of the installing tenant, as a platform's admin flag does."""
+    channel, group_id = team_channel(fake, graph, ANN, owners=(GUEST,))
+    bot = await start_bot(await corpus_kb(), graph=graph)
+    refused = await command_in_channel(fake, bot, channel, GUEST, "kb status")
+    assert "documents" not in refused.text and "admin" in refused.text
+
+
 # ---- crash resume -----------------------------------------------------------------------------------------------
 
 
