@@ -48,9 +48,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from fakes.server import HTTPServerThread
 
 FOLDER = "application/vnd.google-apps.folder"
 DOC = "application/vnd.google-apps.document"
@@ -159,7 +161,7 @@ class DriveError(Exception):
                                       else "usageLimits", "reason": self.reason, "message": self.message}]}}
 
 
-class FakeDrive:
+class FakeDrive(HTTPServerThread):
     """The fake's state and its HTTP server. Edits are thread-safe against requests in flight."""
 
     def __init__(self, require_auth: bool = False) -> None:
@@ -186,27 +188,15 @@ class FakeDrive:
         self._ids = itertools.count(1)
         self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
         self._lock = threading.RLock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
-    def __enter__(self) -> FakeDrive:
-        handler = type("Handler", (_Handler,), {"drive": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.shutdown()
-        self._server.server_close()
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        return type("Handler", (_Handler,), {"drive": self})
 
     @property
     def base_url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self.url
 
     @property
     def endpoint(self) -> str:

@@ -31,14 +31,14 @@ send fewer), so paging is always exercised.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode
 
 from aiohttp import web
+
+from fakes.server import AiohttpServer
 
 GRAPH_SCOPE = "https://graph.microsoft.com/.default"
 MAX_TOP = 999
@@ -58,8 +58,9 @@ class Team:
     consented: bool = True
 
 
-class FakeGraph:
+class FakeGraph(AiohttpServer):
     def __init__(self, app_id: str, app_password: str, tenant_id: str, *, page_size: int = 2) -> None:
+        super().__init__()
         self.app_id = app_id
         self.app_password = app_password
         self.tenant_id = tenant_id
@@ -68,14 +69,6 @@ class FakeGraph:
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.token_requests: list[dict[str, str]] = []  # the forms, client_secret left out
         self._tokens: dict[str, str] = {}  # access token -> tenant it was issued for
-        self._loop = asyncio.new_event_loop()
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def add_team(self, group_id: str, *, owners: list[Any] = (), members: list[Any] = (),  # type: ignore[assignment]
                  guests: list[Any] = (), consented: bool = True) -> Team:  # type: ignore[assignment]
@@ -156,43 +149,11 @@ class FakeGraph:
 
     # ---- lifecycle -------------------------------------------------------------------------------------------------
 
-    def start(self) -> FakeGraph:
-        started = threading.Event()
-
-        async def serve() -> None:
-            app = web.Application()
-            app.add_routes([web.post("/{tenant}/oauth2/v2.0/token", self._token),
-                            web.get("/v1.0/teams/{team}/members", self._members)])
-            self._runner = web.AppRunner(app, access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(serve())
-            started.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        if not started.wait(20):
-            raise RuntimeError("the fake Graph did not start")
-        return self
-
-    def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> FakeGraph:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    async def _start_servers(self) -> None:
+        app = web.Application()
+        app.add_routes([web.post("/{tenant}/oauth2/v2.0/token", self._token),
+                        web.get("/v1.0/teams/{team}/members", self._members)])
+        self.port = await self.serve(app)
 
 
 def _oauth_error(status: int, error: str, description: str) -> web.Response:

@@ -39,7 +39,6 @@ import itertools
 import json
 import secrets
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -55,6 +54,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
+
+from fakes.server import AiohttpServer
 
 BOTFRAMEWORK_HOST = "login.botframework.com"
 IDENTITY_HOST = "login.microsoftonline.com"
@@ -213,9 +214,10 @@ def _key_material() -> _Keys:
         tls_cert=_certificate(BOTFRAMEWORK_HOST, tls_key, ca_key, ca_cert.subject, ca=False, hosts=TUNNELLED_HOSTS))
 
 
-class FakeTeamsConnector:
+class FakeTeamsConnector(AiohttpServer):
     def __init__(self, *, app_id: str | None = None, app_password: str | None = None,
                  tenant_id: str | None = None) -> None:
+        super().__init__()
         self.app_id = app_id or str(uuid.uuid4())
         self.app_password = app_password or secrets.token_urlsafe(24)
         self.tenant_id = tenant_id or str(uuid.uuid4())
@@ -239,18 +241,15 @@ class FakeTeamsConnector:
         self.token_requests: list[dict[str, str]] = []
         self._streams: dict[str, dict[str, Any]] = {}  # stream id -> {"conversation", "sequence", "ended"}
         self._ids = itertools.count(1)
-        self._loop = asyncio.new_event_loop()
-        self._thread: threading.Thread | None = None
-        self._runners: list[web.AppRunner] = []
         self._proxy: asyncio.AbstractServer | None = None
         self._tunnels: set[asyncio.StreamWriter] = set()
-        self.port = self.tls_port = self.proxy_port = 0
+        self.tls_port = self.proxy_port = 0
 
     # ---- test-facing helpers ---------------------------------------------------------------------------------------
 
     @property
     def service_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
+        return f"{self.url}/"
 
     @property
     def proxy_url(self) -> str:
@@ -448,26 +447,6 @@ class FakeTeamsConnector:
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
 
-    def start(self) -> FakeTeamsConnector:
-        started = threading.Event()
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            try:
-                self._loop.run_until_complete(self._start_servers())
-            except BaseException as exc:  # surfaced in the test's thread below
-                errors.append(exc)
-            started.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        started.wait(20)
-        if errors:
-            raise errors[0]
-        return self
-
     async def _start_servers(self) -> None:
         import ssl
 
@@ -480,7 +459,7 @@ class FakeTeamsConnector:
             web.get("/v3/conversations/{conversation}/members/{member}", self._member),
             web.get("/v3/conversations/{conversation}/members", self._members),
         ])
-        self.port = await self._serve(connector)
+        self.port = await self.serve(connector)
         identity = web.Application()
         identity.add_routes([web.route("*", "/{path:.*}", self._identity)])
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -488,38 +467,16 @@ class FakeTeamsConnector:
         cert_file.write_bytes(self._tls_cert.public_bytes(serialization.Encoding.PEM))
         key_file.write_bytes(_pem(self._tls_key))
         context.load_cert_chain(cert_file, key_file)
-        self.tls_port = await self._serve(identity, ssl_context=context)
+        self.tls_port = await self.serve(identity, ssl_context=context)
         self._proxy = await asyncio.start_server(self._tunnel, "127.0.0.1", 0)
         self.proxy_port = self._proxy.sockets[0].getsockname()[1]
 
-    async def _serve(self, app: web.Application, ssl_context: Any = None) -> int:
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
-        await site.start()
-        self._runners.append(runner)
-        return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-
-    def stop(self) -> None:
-        async def shutdown() -> None:
-            if self._proxy is not None:
-                self._proxy.close()
-            for writer in list(self._tunnels):  # open keep-alive tunnels end with the fake
-                writer.close()
-            await asyncio.sleep(0.05)
-            for runner in self._runners:
-                await runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> FakeTeamsConnector:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    async def _close(self) -> None:
+        if self._proxy is not None:
+            self._proxy.close()
+        for writer in list(self._tunnels):  # open keep-alive tunnels end with the fake
+            writer.close()
+        await asyncio.sleep(0.05)
 
     # ---- the CONNECT proxy (RFC 9110 §9.3.6) --------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from bot.settings import BotSettings
 from bot.teams.adapter import TeamsAdapter
 from bot.teams.settings import TeamsSettings
 from fakes.graph_api import FakeGraph
+from fakes.server import serve_app
 from fakes.teams_connector import FakeTeamsConnector, Member, Message
 
 
@@ -54,11 +55,7 @@ async def serving(routes: Iterable[AbstractRouteDef]) -> AsyncIterator[str]:
     endpoint a bot registration names)."""
     app = web.Application()
     app.add_routes(routes)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_app(app)
     try:
         yield f"http://127.0.0.1:{port}/api/messages"
     finally:
