@@ -72,9 +72,10 @@ class Bot:
 async def running_teams_bot(kb: Any, fake: FakeTeamsConnector, *, graph: FakeGraph | None = None,
                             **overrides: object) -> AsyncIterator[Bot]:
     """A Teams adapter serving /api/messages on a free port (its sweeper off unless overridden: the test sweeps);
-    with `graph`, its Microsoft Graph and sign-in base URLs point at that fake (team owners)."""
+    with `graph`, its Microsoft Graph base URL points at that fake (team owners; the Graph token comes from the
+    connector's identity platform, as the bot's own does)."""
     settings = BotSettings(_env_file=None, **{"answer_sweep_seconds": 0, **overrides})  # type: ignore[arg-type]
-    hosts = {"graph_base_url": graph.url, "login_base_url": graph.url} if graph is not None else {}
+    hosts = {"graph_base_url": graph.url} if graph is not None else {}
     teams = TeamsSettings(_env_file=None, app_id=fake.app_id,  # type: ignore[call-arg]
                           app_password=fake.app_password, tenant_id=fake.tenant_id, **hosts)
     adapter = TeamsAdapter(BotContext(kb, settings, BotMetrics(), BotState(kb.engine)), teams=teams)
