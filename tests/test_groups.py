@@ -107,11 +107,7 @@ async def test_confluence_group_pages_reach_members_and_only_members(fresh_kb, m
 @pytest.fixture
 def drive(monkeypatch, private_key_pem):  # noqa: F811
     with FakeDrive(require_auth=True) as fake:
-        monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_JSON", json.dumps({
-            "type": "service_account", "project_id": "ragbot-test", "private_key_id": "key1",
-            "private_key": private_key_pem, "client_email": "ragbot@ragbot-test.iam.gserviceaccount.com",
-            "client_id": "1234", "token_uri": fake.token_uri,
-        }))
+        monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_JSON", fake.service_account_json(private_key_pem))
         monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
         monkeypatch.setenv("GDRIVE_API_ENDPOINT", fake.endpoint)
         monkeypatch.setenv("GDRIVE_BACKOFF_SECONDS", "0.01")

@@ -207,6 +207,15 @@ class FakeDrive(HTTPServerThread):
     def token_uri(self) -> str:
         return self.base_url + "/token"
 
+    def service_account_json(self, private_key_pem: str) -> str:
+        """GOOGLE_SERVICE_ACCOUNT_JSON for a service account whose key is `private_key_pem` and whose token endpoint
+        (`token_uri`) is this fake's: google-auth signs its JWT grant with the key and trades it here."""
+        return json.dumps({
+            "type": "service_account", "project_id": "ragbot-test", "private_key_id": "key1",
+            "private_key": private_key_pem, "client_email": "ragbot@ragbot-test.iam.gserviceaccount.com",
+            "client_id": "1234", "token_uri": self.token_uri,
+        })
+
     # -- building the drive -----------------------------------------------------------------------------------
     def _new_id(self, prefix: str) -> str:
         return f"{prefix}{next(self._ids):04d}"
