@@ -28,6 +28,7 @@ from bot.context import BotContext
 from bot.server import BotMetrics
 from bot.settings import BotSettings
 from bot.teams.adapter import TeamsAdapter
+from bot.teams.owners import TeamOwners
 
 API_KEY = "sk-ant-test-teams"
 ANN = Member("aad-ann", "Ann Lee", email="ann@example.com")
@@ -365,6 +366,27 @@ async def test_a_guest_who_owns_the_team_is_not_an_admin(
     bot = await start_bot(await corpus_kb(), graph=graph)
     refused = await command_in_channel(fake, bot, channel, GUEST, "kb status")
     assert "documents" not in refused.text and "admin" in refused.text
+
+
+async def test_a_refused_graph_sign_in_makes_nobody_an_owner_and_never_logs_the_secret(
+        fake: FakeTeamsConnector, graph: FakeGraph, caplog: pytest.LogCaptureFixture) -> None:
+    """The Graph token comes from the SDK's token provider (MSAL, through the identity platform the bot signs in
+    to): when the identity platform refuses the app's secret, the team's owner is not an admin (fail closed), Graph
+    is not asked, and one warning names the refusal without the secret, in our log or the SDK's."""
+    wrong = "not-the-app-secret-" + uuid.uuid4().hex
+    owners = TeamOwners(app_id=fake.app_id, app_password=wrong, default_tenant=fake.tenant_id,
+                        graph_base_url=graph.url, login_base_url="https://login.microsoftonline.com", ttl_seconds=60)
+    group_id = str(uuid.uuid4())
+    graph.add_team(group_id, owners=[OWNER])
+    with caplog.at_level("WARNING"):
+        assert not await owners.is_owner(group_id, OWNER.aad_object_id, fake.tenant_id)
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "bot.teams.owners"]
+    # (Real Entra's refusal reads invalid_client; after it MSAL looks up the host's aliases at an instance-discovery
+    # endpoint Microsoft's references do not document, which this fake therefore answers 404.)
+    assert "token request failed" in warning and group_id in warning
+    assert all(wrong not in r.getMessage() for r in caplog.records)
+    assert graph.member_calls(group_id) == 0
+    assert fake.token_requests[-1]["scope"] == "https://graph.microsoft.com/.default"
 
 
 # ---- crash resume -----------------------------------------------------------------------------------------------

@@ -130,7 +130,9 @@ class TeamOwners:
         """An app-only Graph token for `tenant`, from the SDK's token provider for that tenant (MSAL reuses a token
         until shortly before it expires). MSAL blocks (it reads the tenant's OpenID configuration when its client is
         made, then posts to the token endpoint), so it runs in a worker thread with its own loop, bounded by
-        `timeout`: a slow sign-in host never stalls the bot's loop."""
+        `timeout`: a slow sign-in host never stalls the bot's loop. What fails is raised as GraphError, whatever
+        raised it: MsalAuth's ValueError carries the endpoint's refusal (never the secret), and after a refusal MSAL
+        may raise its own MsalServiceError from a follow-up call (its instance-discovery lookup of host aliases)."""
         auth = self._auth.get(tenant)
         if auth is None:
             auth = MsalAuth(AgentAuthConfiguration(auth_type=AuthTypes.client_secret, client_id=self.app_id,
@@ -145,7 +147,7 @@ class TeamOwners:
             return await asyncio.wait_for(asyncio.to_thread(fetch), self.timeout)
         except TimeoutError as exc:
             raise GraphError(0, f"no token from {self.login} within {self.timeout:g} s") from exc
-        except (ValueError, OSError) as exc:  # MSAL's refusal (the endpoint's error, no secret); requests' OSErrors
+        except Exception as exc:  # noqa: BLE001 - any failure of the SDK, MSAL or requests: fail closed (no secret)
             raise GraphError(0, f"token request failed: {_first_line(exc)}") from exc
 
 
