@@ -102,19 +102,15 @@ def test_database_urls_are_redacted_even_when_the_password_is_not_url_encoded():
 async def test_upgrading_an_indexed_database_rebuilds_its_vector_index_in_half_precision(fresh_database):
     """Migration 0007: a database indexed before it (full-precision HNSW) gets the halfvec index that searches now
     order by, and loses the old one; the chunks and their full-precision vectors are untouched."""
-    from alembic import command
-    from db.migrate import alembic_config, upgrade_to_head
+    from migrating import migrate_to
+
+    from db.migrate import upgrade_to_head
 
     url = fresh_database()
     engine = create_engine(url)
     try:
-        def downgrade_to_0006(sync_connection) -> None:  # type: ignore[no-untyped-def]
-            config = alembic_config()
-            config.attributes["connection"] = sync_connection
-            command.downgrade(config, "0006")
-
         async with engine.begin() as conn:
-            await conn.run_sync(downgrade_to_0006)
+            await migrate_to(conn, "0006")
             await conn.execute(text("INSERT INTO kb_meta VALUES ('embedding_dimension', '3')"))
             await conn.execute(text("INSERT INTO sources (name, kind) VALUES ('s', 'folder')"))
             await conn.execute(text(

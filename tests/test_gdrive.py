@@ -41,11 +41,7 @@ def drive(monkeypatch, private_key_pem):
     """A fake Drive that insists on a bearer token, a service-account key whose token endpoint is the fake's, and
     the Drive settings pointing at the fake (backoff shortened so storms pass quickly)."""
     with FakeDrive(require_auth=True) as fake:
-        monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_JSON", json.dumps({
-            "type": "service_account", "project_id": "ragbot-test", "private_key_id": "key1",
-            "private_key": private_key_pem, "client_email": "ragbot@ragbot-test.iam.gserviceaccount.com",
-            "client_id": "1234", "token_uri": fake.token_uri,
-        }))
+        monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_JSON", fake.service_account_json(private_key_pem))
         monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
         for name, value in dict(API_ENDPOINT=fake.endpoint, BACKOFF_SECONDS="0.01", MAX_BACKOFF_SECONDS="0.05",
                                 EVERYONE_DOMAINS="northwind.example", MAX_FILE_MB="25", MAX_RETRIES="6").items():

@@ -107,11 +107,7 @@ async def test_confluence_group_pages_reach_members_and_only_members(fresh_kb, m
 @pytest.fixture
 def drive(monkeypatch, private_key_pem):  # noqa: F811
     with FakeDrive(require_auth=True) as fake:
-        monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_JSON", json.dumps({
-            "type": "service_account", "project_id": "ragbot-test", "private_key_id": "key1",
-            "private_key": private_key_pem, "client_email": "ragbot@ragbot-test.iam.gserviceaccount.com",
-            "client_id": "1234", "token_uri": fake.token_uri,
-        }))
+        monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_JSON", fake.service_account_json(private_key_pem))
         monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
         monkeypatch.setenv("GDRIVE_API_ENDPOINT", fake.endpoint)
         monkeypatch.setenv("GDRIVE_BACKOFF_SECONDS", "0.01")
@@ -452,10 +448,10 @@ async def test_an_index_from_before_scoped_groups_migrates_without_a_resync(kb_f
     """Migration 0014: an index whose documents, chunks and directories carry unscoped groups (as before issue 38)
     is rewritten in place to exactly what a sync now writes, so no re-sync is needed and the cross-source grant is
     gone at once; admin mappings to an unscoped group keep granting what they granted."""
+    from migrating import migrate_to
     from sqlalchemy import text as sql
 
-    from alembic import command
-    from db.migrate import alembic_config, upgrade_to_head
+    from db.migrate import upgrade_to_head
 
     async def acl() -> dict[str, object]:
         async with kb.engine.connect() as conn:
@@ -483,13 +479,8 @@ async def test_an_index_from_before_scoped_groups_migrates_without_a_resync(kb_f
     state = BotState(kb.engine)
     await state.map_identity("slack:UM", "group:drive/eng@acme.example", "admin")
 
-    def downgrade(sync_connection) -> None:  # type: ignore[no-untyped-def]
-        config = alembic_config()
-        config.attributes["connection"] = sync_connection
-        command.downgrade(config, "0013_lease")
-
     async with kb.engine.begin() as conn:
-        await conn.run_sync(downgrade)
+        await migrate_to(conn, "0013_lease")
     before = await acl()  # the index as the code before issue 38 wrote it
     flat = repr(before)
     assert "group:eng@acme.example" in flat and "group:drive/" not in flat and "group:wiki/" not in flat

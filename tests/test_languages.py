@@ -67,20 +67,16 @@ async def test_a_mixed_english_and_chinese_corpus_keeps_one_bm25_model(fresh_kb,
 async def test_migration_0018_reindexes_chinese_chunks_indexed_before_it(kb_factory, fresh_database):
     """A Chinese document indexed the old way (downgrade: one lexeme per sentence) is found by BM25 after the
     upgrade, and the statistics still match the chunks."""
-    from alembic import command
-    from db.migrate import alembic_config, upgrade_to_head
+    from migrating import migrate_to
+
+    from db.migrate import upgrade_to_head
 
     url = fresh_database()
     kb = await kb_factory(url)
     await kb.sync(FolderSource(LANTING / "zh", "lanting"))
 
-    def downgrade_to_0017(sync_connection) -> None:  # type: ignore[no-untyped-def]
-        config = alembic_config()
-        config.attributes["connection"] = sync_connection
-        command.downgrade(config, "0017_leases")
-
     async with kb.engine.begin() as conn:
-        await conn.run_sync(downgrade_to_0017)
+        await migrate_to(conn, "0017_leases")
     question = "每周值班补贴多少钱？"
     before = await kb.search(question, SearchFilters(), k=3, mode="lexical")
     assert not before.hits or before.hits[0].external_id != "oncall.md"

@@ -127,8 +127,9 @@ def test_memory_beats_no_memory_on_the_handbook_conversations(on_handbook):  # n
     assert memory["mrr@10"] > baseline["mrr@10"]
 
 
-def test_eval_corpus_indexes_its_own_source_and_uses_history(fresh_database, monkeypatch, tmp_path):
-    monkeypatch.setenv("DATABASE_URL", fresh_database())
+def write_pests_eval(tmp_path: Path, **question: object) -> tuple[Path, Path]:
+    """A four-document garden corpus and one follow-up ("What pests eat them?" after a question about tomatoes)
+    whose answer only the history can find, as `eval --corpus` files; `question` adds fields to the question."""
     corpus = tmp_path / "corpus.jsonl"
     documents = [
         {"_id": "d-tomato", "title": "Tomatoes", "text": "Tomatoes need watering every morning and full sun."},
@@ -142,8 +143,14 @@ def test_eval_corpus_indexes_its_own_source_and_uses_history(fresh_database, mon
     questions.write_text(json.dumps({
         "history": [{"role": "user", "text": "How often should I water my tomatoes?"},
                     {"role": "assistant", "text": "Every morning."}],
-        "question": "What pests eat them?", "relevant": ["d-tomato-pests"],
+        "question": "What pests eat them?", "relevant": ["d-tomato-pests"], **question,
     }) + "\n")
+    return corpus, questions
+
+
+def test_eval_corpus_indexes_its_own_source_and_uses_history(fresh_database, monkeypatch, tmp_path):
+    monkeypatch.setenv("DATABASE_URL", fresh_database())
+    corpus, questions = write_pests_eval(tmp_path)
 
     memory = ok_json("eval", str(questions), "--corpus", str(corpus), "--mode", "lexical")["lexical"]
     baseline = ok_json("eval", str(questions), "--corpus", str(corpus), "--mode", "lexical", "--no-memory")["lexical"]

@@ -137,23 +137,10 @@ async def test_no_standalone_question_is_rewritten_with_an_unrelated_earlier_tur
 
 def test_one_eval_run_compares_memory_with_the_naive_baselines(fresh_database, monkeypatch, tmp_path):
     from test_cli import ok_json
+    from test_memory import write_pests_eval
 
     monkeypatch.setenv("DATABASE_URL", fresh_database())
-    corpus = tmp_path / "corpus.jsonl"
-    documents = [
-        {"_id": "d-tomato", "title": "Tomatoes", "text": "Tomatoes need watering every morning and full sun."},
-        {"_id": "d-basil", "title": "Basil", "text": "Basil likes warm soil and should be pinched weekly."},
-        {"_id": "d-tomato-pests", "title": "Tomato pests", "text": "Hornworms eat tomato leaves; pick them off."},
-        {"_id": "d-rose-pests", "title": "Rose pests",
-         "text": "Aphids and other pests eat rose buds; pests thrive in spring, so check for pests weekly."},
-    ]
-    corpus.write_text("".join(json.dumps(d) + "\n" for d in documents))
-    questions = tmp_path / "questions.jsonl"
-    questions.write_text(json.dumps({
-        "history": [{"role": "user", "text": "How often should I water my tomatoes?"},
-                    {"role": "assistant", "text": "Every morning."}],
-        "question": "What pests eat them?", "relevant": ["d-tomato-pests"], "facts": ["Hornworms"],
-    }) + "\n")
+    corpus, questions = write_pests_eval(tmp_path, facts=["Hornworms"])
     table = ok_json("eval", str(questions), "--corpus", str(corpus), "--compare-memory")
     assert set(table) == {"memory", "last", "last-two"}
     assert table["memory"]["ndcg@10"] == 1.0 and table["memory"]["fact_recall"] == 1.0

@@ -135,23 +135,16 @@ async def test_folder_sources_from_before_the_upgrade_keep_working(server_url, t
     import uuid
 
     from conftest import create_database, drop_database
+    from migrating import migrate_to
 
-    from alembic import command
     from db.engine import create_engine
-    from db.migrate import alembic_config
 
     name = f"old_{uuid.uuid4().hex[:8]}"
     url = create_database(server_url, name)
     try:
         engine = create_engine(url)
-
-        def to_0001(sync_connection) -> None:  # type: ignore[no-untyped-def]
-            config = alembic_config()
-            config.attributes["connection"] = sync_connection
-            command.upgrade(config, "0001")
-
         async with engine.begin() as conn:
-            await conn.run_sync(to_0001)
+            await migrate_to(conn, "0001", down=False)
             await conn.execute(text("INSERT INTO sources (name, kind, location) VALUES ('docs', 'folder', :p)"),
                                {"p": str(docs.resolve())})
         await engine.dispose()

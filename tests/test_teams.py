@@ -28,6 +28,7 @@ from bot.context import BotContext
 from bot.server import BotMetrics
 from bot.settings import BotSettings
 from bot.teams.adapter import TeamsAdapter
+from bot.teams.owners import TeamOwners
 
 API_KEY = "sk-ant-test-teams"
 ANN = Member("aad-ann", "Ann Lee", email="ann@example.com")
@@ -296,8 +297,9 @@ OWNER = Member("aad-owner", "Owen Er", email="owen@example.com")
 
 @pytest.fixture
 def graph(fake: FakeTeamsConnector) -> Iterator[FakeGraph]:
-    """Microsoft Graph and the app's token endpoint (tests/fakes/graph_api.py), for the connector's app and tenant."""
-    with FakeGraph(fake.app_id, fake.app_password, fake.tenant_id) as server:
+    """Microsoft Graph (tests/fakes/graph_api.py) in the connector's tenant, taking the Graph tokens the connector's
+    identity platform issues."""
+    with FakeGraph(fake.tenant_id, fake.graph_tokens) as server:
         yield server
 
 
@@ -324,15 +326,17 @@ async def command_in_channel(fake: FakeTeamsConnector, bot: Bot, channel: str, u
 async def test_a_team_owner_is_an_admin_in_the_teams_channels_and_a_plain_member_is_not(
         fake: FakeTeamsConnector, graph: FakeGraph, corpus_kb: Any, start_bot: Any) -> None:
     channel, group_id = team_channel(fake, graph, ANN, CFO, GUEST)
+    earlier = len(fake.token_requests)  # the connector's identity platform serves the whole module
     bot = await start_bot(await corpus_kb(), graph=graph)
     ran = await command_in_channel(fake, bot, channel, OWNER, "kb status")
     assert "needs an admin" not in ran.text and "documents" in ran.text
     refused = await command_in_channel(fake, bot, channel, ANN, "kb status")
     assert "needs an admin" in refused.text
-    # Graph was asked for the team by its group id (channelData.team.aadGroupId), with an app-only Graph token,
-    # all pages once: the owner set is cached for the second command.
+    # Graph was asked for the team by its group id (channelData.team.aadGroupId), with an app-only Graph token from
+    # the identity platform (one: MSAL keeps it), all pages once: the owner set is cached for the second command.
     assert graph.member_calls(group_id) == 2  # 4 members, 2 a page: the owner on the second
-    assert [r["scope"] for r in graph.token_requests] == ["https://graph.microsoft.com/.default"]
+    assert [r["scope"] for r in fake.token_requests[earlier:] if "graph" in r["scope"]] == [
+        "https://graph.microsoft.com/.default"]
     # A 1:1 chat has no team: the same owner is not an admin there (ADMIN_USER_IDS only), and Graph is not asked.
     alone = await ask_personally(fake, bot, OWNER, "kb status")
     assert "needs an admin" in alone.text
@@ -364,6 +368,27 @@ async def test_a_guest_who_owns_the_team_is_not_an_admin(
     bot = await start_bot(await corpus_kb(), graph=graph)
     refused = await command_in_channel(fake, bot, channel, GUEST, "kb status")
     assert "documents" not in refused.text and "admin" in refused.text
+
+
+async def test_a_refused_graph_sign_in_makes_nobody_an_owner_and_never_logs_the_secret(
+        fake: FakeTeamsConnector, graph: FakeGraph, caplog: pytest.LogCaptureFixture) -> None:
+    """The Graph token comes from the SDK's token provider (MSAL, through the identity platform the bot signs in
+    to): when the identity platform refuses the app's secret, the team's owner is not an admin (fail closed), Graph
+    is not asked, and one warning names the refusal without the secret, in our log or the SDK's."""
+    wrong = "not-the-app-secret-" + uuid.uuid4().hex
+    owners = TeamOwners(app_id=fake.app_id, app_password=wrong, default_tenant=fake.tenant_id,
+                        graph_base_url=graph.url, login_base_url="https://login.microsoftonline.com", ttl_seconds=60)
+    group_id = str(uuid.uuid4())
+    graph.add_team(group_id, owners=[OWNER])
+    with caplog.at_level("WARNING"):
+        assert not await owners.is_owner(group_id, OWNER.aad_object_id, fake.tenant_id)
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "bot.teams.owners"]
+    # (Real Entra's refusal reads invalid_client; after it MSAL looks up the host's aliases at an instance-discovery
+    # endpoint Microsoft's references do not document, which this fake therefore answers 404.)
+    assert "token request failed" in warning and group_id in warning
+    assert all(wrong not in r.getMessage() for r in caplog.records)
+    assert graph.member_calls(group_id) == 0
+    assert fake.token_requests[-1]["scope"] == "https://graph.microsoft.com/.default"
 
 
 # ---- crash resume -----------------------------------------------------------------------------------------------

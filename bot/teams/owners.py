@@ -8,9 +8,13 @@ The Bot Connector's roster does not say who owns a team; Microsoft Graph does:
   `from.aadObjectId`). The team id is the team's Microsoft 365 group id: the activity's `channelData.team.aadGroupId`
   (`channelData.team.id` is the 19:… thread id, which Graph does not take).
 - The app reads it with an app-only token: "Microsoft identity platform and the OAuth 2.0 client credentials flow"
-  (learn.microsoft.com/entra/identity-platform/v2-oauth2-client-creds-grant-flow): `POST
-  {login}/{tenant}/oauth2/v2.0/token` with client_id, client_secret, scope `https://graph.microsoft.com/.default`
-  and grant_type client_credentials, for the tenant the team is in.
+  (learn.microsoft.com/entra/identity-platform/v2-oauth2-client-creds-grant-flow), scope
+  `https://graph.microsoft.com/.default`, for the tenant the team is in. The Agents SDK's token provider fetches it
+  (`MsalAuth.get_access_token`, the one that signs the bot in to the Bot Connector: MSAL finds the token endpoint in
+  the tenant's OpenID configuration at `{login}/{tenant}`, caches the token and renews it before it expires). MSAL
+  accepts only an https authority on a host it knows (or an instance-discovery round trip to
+  login.microsoftonline.com), so a test reaches its fake identity platform as the SDK's own sign-in does: through
+  HTTPS_PROXY with the fake's CA trusted (tests/fakes/teams_connector.py), not through TEAMS_LOGIN_BASE_URL.
 - Permission: the resource-specific consent (RSC) application permission `TeamMember.Read.Group`, declared in
   teams-manifest/manifest.json and granted per team when the app is installed there ("Resource-specific consent",
   learn.microsoft.com/microsoftteams/platform/graph-api/rsc/resource-specific-consent). Without it Graph answers
@@ -23,19 +27,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 
 import httpx
+from microsoft_agents.authentication.msal import MsalAuth
+from microsoft_agents.hosting.core import AgentAuthConfiguration
+from microsoft_agents.hosting.core.authorization import AuthTypes
 
 from bot.chat.cache import BoundedCache
 
 logger = logging.getLogger(__name__)
 
-GRAPH_SCOPE = "https://graph.microsoft.com/.default"
+GRAPH_RESOURCE = "https://graph.microsoft.com"
+GRAPH_SCOPE = f"{GRAPH_RESOURCE}/.default"
 PAGE_SIZE = 999  # "List members of team": the largest page `$top` may ask for
 MAX_PAGES = 100  # a team holds at most 25,000 members: 26 pages of 999; more means a loop
-TOKEN_MARGIN_SECONDS = 300  # a token is renewed this long before it expires
 FIX = ("grant the app's TeamMember.Read.Group consent: reinstall the Teams app in that team (its manifest asks "
        "for it; see docs/teams.md)")
 
@@ -53,17 +58,15 @@ class TeamOwners:
     tell (fail closed), with one warning per team and cache period naming the fix."""
 
     def __init__(self, *, app_id: str, app_password: str, default_tenant: str | None, graph_base_url: str,
-                 login_base_url: str, ttl_seconds: float, max_teams: int = 1_000, timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 login_base_url: str, ttl_seconds: float, max_teams: int = 1_000, timeout: float = 10.0) -> None:
         self.app_id = app_id
         self._password = app_password
         self.default_tenant = default_tenant
         self.graph = graph_base_url.rstrip("/")
         self.login = login_base_url.rstrip("/")
         self.timeout = timeout
-        self._clock = clock
         self._owners: BoundedCache[tuple[str, str], frozenset[str]] = BoundedCache(max_teams, ttl_seconds)
-        self._tokens: dict[str, tuple[str, float]] = {}  # tenant -> (access token, expires at)
+        self._auth: BoundedCache[str, MsalAuth] = BoundedCache(max_teams)  # tenant -> its token provider
         # One Graph read at a time (kb commands are rare): two commands at once in a team read its owners once.
         self._reading = asyncio.Lock()
 
@@ -124,28 +127,32 @@ class TeamOwners:
         raise GraphError(0, f"more than {MAX_PAGES} pages of members")
 
     async def _token(self, tenant: str) -> str:
-        """An app-only Graph token for `tenant` (client credentials), reused until shortly before it expires."""
-        held = self._tokens.get(tenant)
-        if held is not None and held[1] > self._clock():
-            return held[0]
-        form = {"client_id": self.app_id, "client_secret": self._password, "scope": GRAPH_SCOPE,
-                "grant_type": "client_credentials"}
+        """An app-only Graph token for `tenant`, from the SDK's token provider for that tenant (MSAL reuses a token
+        until shortly before it expires). MSAL blocks (it reads the tenant's OpenID configuration when its client is
+        made, then posts to the token endpoint), so it runs in a worker thread with its own loop, bounded by
+        `timeout`: a slow sign-in host never stalls the bot's loop. What fails is raised as GraphError, whatever
+        raised it: MsalAuth's ValueError carries the endpoint's refusal (never the secret), and after a refusal MSAL
+        may raise its own MsalServiceError from a follow-up call (its instance-discovery lookup of host aliases)."""
+        auth = self._auth.get(tenant)
+        if auth is None:
+            auth = MsalAuth(AgentAuthConfiguration(auth_type=AuthTypes.client_secret, client_id=self.app_id,
+                                                   client_secret=self._password, tenant_id=tenant,
+                                                   authority=f"{self.login}/{tenant}"))
+            self._auth.put(tenant, auth)
+
+        def fetch() -> str:
+            return asyncio.run(auth.get_access_token(GRAPH_RESOURCE, [GRAPH_SCOPE]))
+
         try:
-            async with httpx.AsyncClient(timeout=self.timeout) as client:
-                response = await client.post(f"{self.login}/{tenant}/oauth2/v2.0/token", data=form)
-        except httpx.HTTPError as exc:
-            raise GraphError(0, f"token request failed: {type(exc).__name__}") from exc
-        if response.status_code != 200:
-            try:
-                error = response.json().get("error") or "error"
-            except ValueError:
-                error = "error"
-            raise GraphError(response.status_code, f"token request refused: {error}")  # never the secret
-        body = response.json()
-        token = str(body["access_token"])
-        lifetime = float(body.get("expires_in") or 0)
-        self._tokens[tenant] = (token, self._clock() + max(lifetime - TOKEN_MARGIN_SECONDS, 0))
-        return token
+            return await asyncio.wait_for(asyncio.to_thread(fetch), self.timeout)
+        except TimeoutError as exc:
+            raise GraphError(0, f"no token from {self.login} within {self.timeout:g} s") from exc
+        except Exception as exc:  # noqa: BLE001 - any failure of the SDK, MSAL or requests: fail closed (no secret)
+            raise GraphError(0, f"token request failed: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
 
 
 def _graph_error(response: httpx.Response) -> str:

@@ -5,8 +5,8 @@ starts Teams when TEAMS_APP_ID and TEAMS_APP_PASSWORD are set.
 
 The SDK needs no test hook: it reaches Microsoft's sign-in hosts through the standard HTTPS_PROXY and trusts
 the CA named by SSL_CERT_FILE / REQUESTS_CA_BUNDLE, which is how the tests point it at their fake (and how a
-company proxy would be configured). Our own Microsoft Graph calls (team owners) take their hosts from
-TEAMS_GRAPH_BASE_URL and TEAMS_LOGIN_BASE_URL.
+company proxy would be configured). Our own Microsoft Graph calls (team owners) go to TEAMS_GRAPH_BASE_URL, with a
+token the SDK fetches from TEAMS_LOGIN_BASE_URL (an https host MSAL knows: the tests reach theirs by the proxy too).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ class TeamsSettings(BaseSettings):
     # Stream answers into personal (1:1) chats as they are written; Teams streams nowhere else.
     stream_personal: bool = True
     # Where team owners are read (bot.teams.owners: a team owner is a kb admin in the team's channels): Microsoft
-    # Graph, and the Microsoft identity platform that issues the app's Graph token. Change them only for a national
-    # cloud (e.g. https://graph.microsoft.us, https://login.microsoftonline.us) or a test's fake.
+    # Graph, and the Microsoft identity platform that issues the app's Graph token (through the SDK's MSAL). Change
+    # them only for a national cloud (e.g. https://graph.microsoft.us, https://login.microsoftonline.us); tests
+    # point graph_base_url at their fake.
     graph_base_url: str = "https://graph.microsoft.com"
     login_base_url: str = "https://login.microsoftonline.com"
 

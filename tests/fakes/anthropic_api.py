@@ -23,8 +23,10 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from fakes.server import HTTPServerThread
 
 # Tiny waits so the SDK retries at once. (The SDK ignores `retry-after: 0` and backs off ~0.5 s instead.)
 RETRY_NOW = {"retry-after-ms": "1", "retry-after": "0"}
@@ -72,8 +74,9 @@ def error_body(error_type: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type, "message": message}}
 
 
-class FakeAnthropicAPI:
+class FakeAnthropicAPI(HTTPServerThread):
     def __init__(self, default_text: str = "Default fake answer [1].") -> None:
+        super().__init__()
         self.requests: list[RecordedRequest] = []
         self._queue: deque[ScriptedResponse] = deque()
         self._lock = threading.Lock()
@@ -82,14 +85,9 @@ class FakeAnthropicAPI:
         self.default: Callable[[RecordedRequest], str] = lambda request: default_text
         # Requests matching this predicate get an error instead (after the scripted queue is empty).
         self._failing: tuple[Callable[[RecordedRequest], bool], ScriptedResponse] | None = None
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
 
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        return _handler_for(self)
 
     # Scripting: each call queues the response to the next unanswered request.
 
@@ -251,23 +249,6 @@ class FakeAnthropicAPI:
             return ScriptedResponse(200, _SSE(self.stream_events(request, deltas, scripted.body.get("error"))),
                                     scripted.headers)
         return ScriptedResponse(200, self.message(request, "".join(deltas)), scripted.headers)
-
-    def start(self) -> FakeAnthropicAPI:
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeAnthropicAPI:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 @dataclass(frozen=True)

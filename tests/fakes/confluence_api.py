@@ -37,9 +37,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
+
+from fakes.server import HTTPServerThread
 
 
 @dataclass
@@ -75,7 +77,9 @@ class User:
     email: str | None
 
 
-class FakeConfluence:
+class FakeConfluence(HTTPServerThread):
+    daemon_threads = False  # stop() waits for the requests still being answered (a held search is let go first)
+
     def __init__(self, edition: str = "cloud", email: str = "bot@acme.example", token: str = "good-token",
                  page_size: int = 3) -> None:
         self.edition = edition
@@ -100,20 +104,14 @@ class FakeConfluence:
         self._ids = itertools.count(1001)
         self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__()
 
     # -- lifecycle --
 
-    def __enter__(self) -> FakeConfluence:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         if self.hold is not None:
             self.hold.set()
-        self._server.shutdown()
-        self._server.server_close()
+        super().stop()
 
     @property
     def context(self) -> str:
@@ -121,7 +119,7 @@ class FakeConfluence:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}{self.context}"
+        return f"{self.url}{self.context}"
 
     # -- content --
 

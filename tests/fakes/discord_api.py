@@ -31,6 +31,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from fakes.server import serve_app
+
 BOT_USER_ID = 900000000000000001
 APPLICATION_ID = 900000000000000002
 BOT_USERNAME = "ragbot"
@@ -166,11 +168,7 @@ class FakeDiscordAPI:
         app = web.Application()
         app.router.add_get("/gateway", self._gateway)
         app.router.add_route("*", self.api_prefix + "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self._port = await serve_app(app)  # on the test's own loop
         return self
 
     async def stop(self) -> None:

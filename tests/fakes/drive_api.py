@@ -48,9 +48,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from fakes.server import HTTPServerThread
 
 FOLDER = "application/vnd.google-apps.folder"
 DOC = "application/vnd.google-apps.document"
@@ -159,7 +161,7 @@ class DriveError(Exception):
                                       else "usageLimits", "reason": self.reason, "message": self.message}]}}
 
 
-class FakeDrive:
+class FakeDrive(HTTPServerThread):
     """The fake's state and its HTTP server. Edits are thread-safe against requests in flight."""
 
     def __init__(self, require_auth: bool = False) -> None:
@@ -186,27 +188,15 @@ class FakeDrive:
         self._ids = itertools.count(1)
         self._clock = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
         self._lock = threading.RLock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
-    def __enter__(self) -> FakeDrive:
-        handler = type("Handler", (_Handler,), {"drive": self})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.shutdown()
-        self._server.server_close()
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        return type("Handler", (_Handler,), {"drive": self})
 
     @property
     def base_url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self.url
 
     @property
     def endpoint(self) -> str:
@@ -216,6 +206,15 @@ class FakeDrive:
     @property
     def token_uri(self) -> str:
         return self.base_url + "/token"
+
+    def service_account_json(self, private_key_pem: str) -> str:
+        """GOOGLE_SERVICE_ACCOUNT_JSON for a service account whose key is `private_key_pem` and whose token endpoint
+        (`token_uri`) is this fake's: google-auth signs its JWT grant with the key and trades it here."""
+        return json.dumps({
+            "type": "service_account", "project_id": "ragbot-test", "private_key_id": "key1",
+            "private_key": private_key_pem, "client_email": "ragbot@ragbot-test.iam.gserviceaccount.com",
+            "client_id": "1234", "token_uri": self.token_uri,
+        })
 
     # -- building the drive -----------------------------------------------------------------------------------
     def _new_id(self, prefix: str) -> str:

@@ -1,46 +1,45 @@
-"""A fake Microsoft Graph "List members of team" and the Microsoft identity platform's token endpoint that issues
-its app-only tokens, on one plain-HTTP server on 127.0.0.1 (the bot's TEAMS_GRAPH_BASE_URL and
-TEAMS_LOGIN_BASE_URL both point at `url`), served from a thread with its own event loop.
+"""A fake Microsoft Graph "List members of team", on a plain-HTTP server on 127.0.0.1 (the bot's
+TEAMS_GRAPH_BASE_URL points at `url`), served from a thread with its own event loop (tests/fakes/server.py).
+
+Its app-only tokens come from the Microsoft identity platform, which the fake Bot Connector serves
+(tests/fakes/teams_connector.py: the SDK's MSAL reaches it through HTTPS_PROXY, for the bot's own token as for this
+one): a token is valid here if that identity platform issued it for scope `https://graph.microsoft.com/.default`
+(`tokens`: access token -> the tenant it was issued for), as Graph accepts only a token whose audience is Graph.
 
 Built from Microsoft's references only:
 
-- "Microsoft identity platform and the OAuth 2.0 client credentials flow" (learn.microsoft.com/entra/
-  identity-platform/v2-oauth2-client-creds-grant-flow), "Get a token": `POST /{tenant}/oauth2/v2.0/token`, a form
-  with client_id, scope (`<resource>/.default`), client_secret and grant_type=client_credentials; the answer
-  `{token_type: "Bearer", expires_in, access_token}`; errors `{error, error_description}` (400 invalid_request /
-  invalid_scope / unsupported_grant_type, 401 invalid_client).
 - "List members of team" (learn.microsoft.com/graph/api/team-list-members): `GET /v1.0/teams/{team-id}/members`
   with `Authorization: Bearer`; the only query parameters it supports are `$filter`, `$select` and `$top` (default
   page 100, at most 999), and a next page is `@odata.nextLink`, an opaque URL the client calls as it is. A
   member is an aadUserConversationMember ("aadUserConversationMember resource type": id, roles, displayName,
   visibleHistoryStartDateTime, userId, email, tenantId); an owner has `roles: ["owner"]`, a member `[]`, a guest
   `["guest"]`. The permission is TeamMember.Read.Group (resource-specific consent, per team): a team whose
-  consent was not given (`add_team(..., consented=False)`) answers 403, a team id that is not a team 404, in
-  Graph's error shape `{"error": {"code", "message"}}` ("Microsoft Graph error responses and resource types").
+  consent was not given (`add_team(..., consented=False)`) answers 403, a team id that is not a team 404, a
+  missing or foreign token 401, in Graph's error shape `{"error": {"code", "message"}}` ("Microsoft Graph error
+  responses and resource types").
 
 This fake does not implement `$filter` and `$select` (the bot does not send them): they are answered 400 so that a
 change that starts sending them fails here rather than passing untested; any other parameter is 400 too, as Graph
 answers an unknown OData option. Pages hold `page_size` members (default 2, below `$top`: the server may always
 send fewer), so paging is always exercised.
 
-    with FakeGraph(app_id, app_password, tenant_id) as graph:
+    with FakeGraph(connector.tenant_id, connector.graph_tokens) as graph:
         graph.add_team(group_id, owners=[OWNER], members=[ANN, ADMIN])
-        ... TeamsSettings(graph_base_url=graph.url, login_base_url=graph.url) ...
+        ... TeamsSettings(graph_base_url=graph.url) ...
         graph.requests       # (method, path, query) of every call
 """
 
 from __future__ import annotations
 
-import asyncio
-import secrets
-import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import urlencode
 
 from aiohttp import web
 
-GRAPH_SCOPE = "https://graph.microsoft.com/.default"
+from fakes.server import AiohttpServer
+
 MAX_TOP = 999
 
 
@@ -58,24 +57,14 @@ class Team:
     consented: bool = True
 
 
-class FakeGraph:
-    def __init__(self, app_id: str, app_password: str, tenant_id: str, *, page_size: int = 2) -> None:
-        self.app_id = app_id
-        self.app_password = app_password
+class FakeGraph(AiohttpServer):
+    def __init__(self, tenant_id: str, tokens: Mapping[str, str], *, page_size: int = 2) -> None:
+        super().__init__()
         self.tenant_id = tenant_id
+        self.tokens = tokens  # the identity platform's Graph tokens, read live: access token -> tenant
         self.page_size = page_size
         self.teams: dict[str, Team] = {}
         self.requests: list[tuple[str, str, dict[str, str]]] = []
-        self.token_requests: list[dict[str, str]] = []  # the forms, client_secret left out
-        self._tokens: dict[str, str] = {}  # access token -> tenant it was issued for
-        self._loop = asyncio.new_event_loop()
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def add_team(self, group_id: str, *, owners: list[Any] = (), members: list[Any] = (),  # type: ignore[assignment]
                  guests: list[Any] = (), consented: bool = True) -> Team:  # type: ignore[assignment]
@@ -89,33 +78,13 @@ class FakeGraph:
     def member_calls(self, group_id: str) -> int:
         return sum(1 for _, path, _ in self.requests if path == f"/v1.0/teams/{group_id}/members")
 
-    # ---- the identity platform -----------------------------------------------------------------------------------
-
-    async def _token(self, request: web.Request) -> web.Response:
-        tenant = request.match_info["tenant"]
-        form = dict(parse_qsl((await request.read()).decode()))
-        self.token_requests.append({k: v for k, v in form.items() if k != "client_secret"})
-        self.requests.append((request.method, request.path, {}))
-        if form.get("grant_type") != "client_credentials":
-            return _oauth_error(400, "unsupported_grant_type", "AADSTS70003: The grant type is not supported.")
-        if tenant != self.tenant_id:
-            return _oauth_error(400, "invalid_request", "AADSTS90002: Tenant not found.")
-        if form.get("client_id") != self.app_id or form.get("client_secret") != self.app_password:
-            return _oauth_error(401, "invalid_client", "AADSTS7000215: Invalid client secret provided.")
-        if form.get("scope") != GRAPH_SCOPE:  # client credentials take one `<resource>/.default` scope
-            return _oauth_error(400, "invalid_scope", "AADSTS1002012: The provided value for scope is not valid.")
-        token = secrets.token_urlsafe(24)
-        self._tokens[token] = tenant
-        return web.json_response({"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599,
-                                  "access_token": token})
-
     # ---- Microsoft Graph -----------------------------------------------------------------------------------------
 
     async def _members(self, request: web.Request) -> web.Response:
         query = dict(request.query)
         self.requests.append((request.method, request.path, query))
         header = request.headers.get("Authorization", "")
-        tenant = self._tokens.get(header[7:]) if header.startswith("Bearer ") else None
+        tenant = self.tokens.get(header[7:]) if header.startswith("Bearer ") else None
         if tenant is None:
             return _graph_error(401, "InvalidAuthenticationToken", "Access token is empty or invalid.")
         # $skiptoken is this fake's own, inside the nextLink it hands out (opaque to the client).
@@ -156,47 +125,10 @@ class FakeGraph:
 
     # ---- lifecycle -------------------------------------------------------------------------------------------------
 
-    def start(self) -> FakeGraph:
-        started = threading.Event()
-
-        async def serve() -> None:
-            app = web.Application()
-            app.add_routes([web.post("/{tenant}/oauth2/v2.0/token", self._token),
-                            web.get("/v1.0/teams/{team}/members", self._members)])
-            self._runner = web.AppRunner(app, access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(serve())
-            started.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        if not started.wait(20):
-            raise RuntimeError("the fake Graph did not start")
-        return self
-
-    def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> FakeGraph:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _oauth_error(status: int, error: str, description: str) -> web.Response:
-    return web.json_response({"error": error, "error_description": description}, status=status)
+    async def _start_servers(self) -> None:
+        app = web.Application()
+        app.add_routes([web.get("/v1.0/teams/{team}/members", self._members)])
+        self.port = await self.serve(app)
 
 
 def _graph_error(status: int, code: str, message: str) -> web.Response:

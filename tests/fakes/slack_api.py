@@ -37,6 +37,8 @@ from urllib.parse import parse_qsl
 
 from aiohttp import WSMsgType, web
 
+from fakes.server import AiohttpServer
+
 BOT_USER_ID = "UBOT"
 BOT_ID = "BBOT"
 TEAM_ID = "T1"
@@ -103,8 +105,9 @@ def _parse_json_field(value: Any) -> Any:
     return value
 
 
-class FakeSlackAPI:
+class FakeSlackAPI(AiohttpServer):
     def __init__(self) -> None:
+        super().__init__()
         self.calls: list[Call] = []
         self.users: dict[str, dict[str, Any]] = {}
         self.enterprise_id: str | None = None  # an Enterprise Grid install: auth.test names the organisation
@@ -115,11 +118,7 @@ class FakeSlackAPI:
         self._refusals: dict[str, list[str]] = defaultdict(list)
         self._ts = itertools.count(1)
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
         self._sockets: list[web.WebSocketResponse] = []
-        self.port = 0
         self.connections_opened = 0
         self.page_size = 1000  # the most items any paged method returns in one page
         self.members: dict[str, list[str]] = {}  # channel -> member user ids (conversations.members)
@@ -192,11 +191,11 @@ class FakeSlackAPI:
 
     @property
     def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/api/"
+        return f"{self.url}/api/"
 
     @property
     def response_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/respond/{next(self._ts)}"
+        return f"{self.url}/respond/{next(self._ts)}"
 
     def calls_to(self, method: str) -> list[Call]:
         with self._lock:
@@ -217,21 +216,7 @@ class FakeSlackAPI:
     def _next_ts(self) -> str:
         return f"{int(time.time())}.{next(self._ts):06d}"
 
-    def start(self) -> FakeSlackAPI:
-        started = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(self._start_server())
-            started.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        started.wait(10)
-        return self
-
-    async def _start_server(self) -> None:
+    async def _start_servers(self) -> None:
         app = web.Application()
         app.add_routes([
             web.post("/api/{method}", self._api),
@@ -239,29 +224,11 @@ class FakeSlackAPI:
             web.get("/socket", self._socket),
             web.post("/respond/{id}", self._respond),
         ])
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = await self.serve(app)
 
-    def stop(self) -> None:
-        async def shutdown() -> None:
-            for ws in list(self._sockets):
-                await ws.close()
-            if self._runner is not None:
-                await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> FakeSlackAPI:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    async def _close(self) -> None:
+        for ws in list(self._sockets):
+            await ws.close()
 
     # Socket Mode.
 
@@ -275,7 +242,7 @@ class FakeSlackAPI:
                 await asyncio.sleep(0.02)
             await self._sockets[-1].send_str(json.dumps(envelope))
 
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(push(), self._loop))
+        await asyncio.wrap_future(self.run_in_loop(push()))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(a.get("envelope_id") == envelope_id for a in self.socket_acks):

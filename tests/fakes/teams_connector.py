@@ -9,7 +9,9 @@ while a test's loop awaits), built from Microsoft's documented shapes only:
 - **the Bot Framework OpenID metadata and signing keys** (`https://login.botframework.com/v1/.well-known/...`):
   the fake signs each activity it delivers with its own RSA key, served there as a JWKS.
 - **the Microsoft identity platform** (`https://login.microsoftonline.com/<tenant>/...`): the tenant's OpenID
-  configuration MSAL reads, and the OAuth 2.0 client-credentials token endpoint that issues the bot's tokens.
+  configuration MSAL reads, and the OAuth 2.0 client-credentials token endpoint that issues the bot's tokens (for
+  the Bot Connector, and for Microsoft Graph: `graph_tokens`, which the fake Graph of tests/fakes/graph_api.py
+  accepts).
 
 The SDK fetches signing keys from a hard-coded `https://login.botframework.com` URL (pyjwt's PyJWKClient, urllib)
 and MSAL accepts only https authorities (requests), so those two hosts cannot be given as base URLs: the fake
@@ -39,7 +41,6 @@ import itertools
 import json
 import secrets
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -51,16 +52,20 @@ from urllib.parse import parse_qsl
 import aiohttp
 import jwt
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
+
+from fakes.server import AiohttpServer
 
 BOTFRAMEWORK_HOST = "login.botframework.com"
 IDENTITY_HOST = "login.microsoftonline.com"
 TUNNELLED_HOSTS = (BOTFRAMEWORK_HOST, IDENTITY_HOST)
 BOTFRAMEWORK_ISSUER = "https://api.botframework.com"
 BOT_SCOPE = "https://api.botframework.com/.default"
+GRAPH_SCOPE = "https://graph.microsoft.com/.default"  # the app's Microsoft Graph token (tests/fakes/graph_api.py)
 # "Get Teams-specific context for your bot" (Fetch the roster): pages hold 50 to 500 members.
 MIN_PAGE, MAX_PAGE = 50, 500
 INFORMATIVE_LIMIT = 1000  # "Stream bot messages": an informative update holds at most 1,000 characters
@@ -213,9 +218,10 @@ def _key_material() -> _Keys:
         tls_cert=_certificate(BOTFRAMEWORK_HOST, tls_key, ca_key, ca_cert.subject, ca=False, hosts=TUNNELLED_HOSTS))
 
 
-class FakeTeamsConnector:
+class FakeTeamsConnector(AiohttpServer):
     def __init__(self, *, app_id: str | None = None, app_password: str | None = None,
                  tenant_id: str | None = None) -> None:
+        super().__init__()
         self.app_id = app_id or str(uuid.uuid4())
         self.app_password = app_password or secrets.token_urlsafe(24)
         self.tenant_id = tenant_id or str(uuid.uuid4())
@@ -235,22 +241,20 @@ class FakeTeamsConnector:
         self.identity_requests: list[tuple[str, str, str]] = []  # (method, host, path) over the tunnel
         self.connector_requests: list[tuple[str, str, dict[str, str]]] = []  # (method, path, query)
         self.refused_hosts: list[str] = []
-        self.issued_tokens: set[str] = set()
+        self.issued_tokens: set[str] = set()  # Bot Connector tokens (scope BOT_SCOPE)
+        self.graph_tokens: dict[str, str] = {}  # Microsoft Graph tokens (scope GRAPH_SCOPE) -> tenant issued for
         self.token_requests: list[dict[str, str]] = []
         self._streams: dict[str, dict[str, Any]] = {}  # stream id -> {"conversation", "sequence", "ended"}
         self._ids = itertools.count(1)
-        self._loop = asyncio.new_event_loop()
-        self._thread: threading.Thread | None = None
-        self._runners: list[web.AppRunner] = []
         self._proxy: asyncio.AbstractServer | None = None
         self._tunnels: set[asyncio.StreamWriter] = set()
-        self.port = self.tls_port = self.proxy_port = 0
+        self.tls_port = self.proxy_port = 0
 
     # ---- test-facing helpers ---------------------------------------------------------------------------------------
 
     @property
     def service_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
+        return f"{self.url}/"
 
     @property
     def proxy_url(self) -> str:
@@ -448,30 +452,10 @@ class FakeTeamsConnector:
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
 
-    def start(self) -> FakeTeamsConnector:
-        started = threading.Event()
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            try:
-                self._loop.run_until_complete(self._start_servers())
-            except BaseException as exc:  # surfaced in the test's thread below
-                errors.append(exc)
-            started.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        started.wait(20)
-        if errors:
-            raise errors[0]
-        return self
-
     async def _start_servers(self) -> None:
         import ssl
 
-        connector = web.Application()
+        connector = web.Application(middlewares=[self._bot_token_required])
         connector.add_routes([
             web.post("/v3/conversations/{conversation}/activities", self._send_to_conversation),
             web.post("/v3/conversations/{conversation}/activities/{activity}", self._reply_to_activity),
@@ -480,7 +464,7 @@ class FakeTeamsConnector:
             web.get("/v3/conversations/{conversation}/members/{member}", self._member),
             web.get("/v3/conversations/{conversation}/members", self._members),
         ])
-        self.port = await self._serve(connector)
+        self.port = await self.serve(connector)
         identity = web.Application()
         identity.add_routes([web.route("*", "/{path:.*}", self._identity)])
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -488,38 +472,16 @@ class FakeTeamsConnector:
         cert_file.write_bytes(self._tls_cert.public_bytes(serialization.Encoding.PEM))
         key_file.write_bytes(_pem(self._tls_key))
         context.load_cert_chain(cert_file, key_file)
-        self.tls_port = await self._serve(identity, ssl_context=context)
+        self.tls_port = await self.serve(identity, ssl_context=context)
         self._proxy = await asyncio.start_server(self._tunnel, "127.0.0.1", 0)
         self.proxy_port = self._proxy.sockets[0].getsockname()[1]
 
-    async def _serve(self, app: web.Application, ssl_context: Any = None) -> int:
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
-        await site.start()
-        self._runners.append(runner)
-        return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-
-    def stop(self) -> None:
-        async def shutdown() -> None:
-            if self._proxy is not None:
-                self._proxy.close()
-            for writer in list(self._tunnels):  # open keep-alive tunnels end with the fake
-                writer.close()
-            await asyncio.sleep(0.05)
-            for runner in self._runners:
-                await runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> FakeTeamsConnector:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    async def _close(self) -> None:
+        if self._proxy is not None:
+            self._proxy.close()
+        for writer in list(self._tunnels):  # open keep-alive tunnels end with the fake
+            writer.close()
+        await asyncio.sleep(0.05)
 
     # ---- the CONNECT proxy (RFC 9110 §9.3.6) --------------------------------------------------------------------
 
@@ -606,7 +568,8 @@ class FakeTeamsConnector:
             if request.method == "GET" and parts[1:] == ["discovery", "v2.0", "keys"]:
                 return web.json_response(self._entra_jwks())
             # "Microsoft identity platform and the OAuth 2.0 client credentials flow": the bot's token (the Bot
-            # Connector authentication page asks for scope https://api.botframework.com/.default).
+            # Connector authentication page asks for scope https://api.botframework.com/.default), or the app's
+            # Microsoft Graph token (scope https://graph.microsoft.com/.default: one resource's `.default` a request).
             if request.method == "POST" and parts[1:] == ["oauth2", "v2.0", "token"]:
                 return self._token_endpoint(tenant, dict(parse_qsl((await request.read()).decode())))
         return web.json_response({"error": "not_found"}, status=404)
@@ -622,19 +585,30 @@ class FakeTeamsConnector:
             return web.json_response({"error": "invalid_client",
                                       "error_description": "AADSTS7000215: Invalid client secret provided."},
                                      status=401)
-        if BOT_SCOPE not in form.get("scope", "").split():
+        scopes = form.get("scope", "").split()
+        if (BOT_SCOPE in scopes) == (GRAPH_SCOPE in scopes):  # exactly one of the two resources
             return web.json_response({"error": "invalid_scope"}, status=400)
         token = secrets.token_urlsafe(32)
-        self.issued_tokens.add(token)
+        if BOT_SCOPE in scopes:
+            self.issued_tokens.add(token)
+        else:
+            self.graph_tokens[token] = tenant
         return web.json_response({"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599,
                                   "access_token": token})
 
     # ---- the Bot Connector REST API ----------------------------------------------------------------------------
 
-    def _authorized(self, request: web.Request) -> bool:
+    @web.middleware
+    async def _bot_token_required(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every Bot Connector call is recorded, and needs a bot token this fake issued (else 401); an unknown route
+        is 404 whatever the token."""
+        if request.match_info.http_exception is not None:
+            return await handler(request)
         header = request.headers.get("Authorization", "")
         self.connector_requests.append((request.method, request.path, dict(request.query)))
-        return header.startswith("Bearer ") and header[7:] in self.issued_tokens
+        if not (header.startswith("Bearer ") and header[7:] in self.issued_tokens):
+            return self._error(401, "Unauthorized", "Authorization has been denied for this request.")
+        return await handler(request)
 
     @staticmethod
     def _error(status: int, code: str, message: str) -> web.Response:
@@ -645,6 +619,15 @@ class FakeTeamsConnector:
         named = request.match_info["conversation"]
         base = _base(named)
         return self.conversations.get(base), named, _thread_root(named)
+
+    def _known_conversation(self, request: web.Request) -> tuple[Conversation, str, str | None]:
+        """The conversation the path names, or (raised, so aiohttp answers it) 404 ConversationNotFound."""
+        conversation, named, root = self._conversation(request)
+        if conversation is None:
+            raise web.HTTPNotFound(text=json.dumps({"error": {"code": "ConversationNotFound",
+                                                              "message": "Conversation not found."}}),
+                                   content_type="application/json")
+        return conversation, named, root
 
     async def _send_to_conversation(self, request: web.Request) -> web.Response:
         # "Bot Connector API reference": Send to Conversation, POST /v3/conversations/{conversationId}/activities.
@@ -657,11 +640,7 @@ class FakeTeamsConnector:
         return await self._post_activity(request, request.match_info["activity"])
 
     async def _post_activity(self, request: web.Request, reply_to: str | None) -> web.Response:
-        if not self._authorized(request):
-            return self._error(401, "Unauthorized", "Authorization has been denied for this request.")
-        conversation, named, root = self._conversation(request)
-        if conversation is None:
-            return self._error(404, "ConversationNotFound", "Conversation not found.")
+        conversation, named, root = self._known_conversation(request)
         activity = await request.json()
         kind = activity.get("type")
         if kind not in ("message", "typing"):
@@ -738,8 +717,6 @@ class FakeTeamsConnector:
     async def _update_activity(self, request: web.Request) -> web.Response:
         # "Bot Connector API reference": Update Activity, PUT /v3/conversations/{conversationId}/activities/
         # {activityId} ("Update and delete messages sent from your bot": only the bot's own messages).
-        if not self._authorized(request):
-            return self._error(401, "Unauthorized", "Authorization has been denied for this request.")
         conversation, named, _ = self._conversation(request)
         activity_id = request.match_info["activity"]
         target = next((m for m in self.messages if m.id == activity_id and m.from_bot and conversation is not None
@@ -759,11 +736,7 @@ class FakeTeamsConnector:
         # "Get Teams-specific context for your bot" (Fetch the roster) and the Bot Connector API reference's Get
         # Conversation Paged Members: GET /v3/conversations/{conversationId}/pagedmembers?pageSize=&
         # continuationToken= -> {"continuationToken", "members": [TeamsChannelAccount]}; 50 to 500 per page.
-        if not self._authorized(request):
-            return self._error(401, "Unauthorized", "Authorization has been denied for this request.")
-        conversation, _, _ = self._conversation(request)
-        if conversation is None:
-            return self._error(404, "ConversationNotFound", "Conversation not found.")
+        conversation, _, _ = self._known_conversation(request)
         try:
             size = int(request.query.get("pageSize") or MIN_PAGE)
             start = int(request.query.get("continuationToken") or 0)
@@ -778,21 +751,13 @@ class FakeTeamsConnector:
 
     async def _members(self, request: web.Request) -> web.Response:
         # "Bot Connector API reference": Get Conversation Members (all at once; Teams recommends the paged form).
-        if not self._authorized(request):
-            return self._error(401, "Unauthorized", "Authorization has been denied for this request.")
-        conversation, _, _ = self._conversation(request)
-        if conversation is None:
-            return self._error(404, "ConversationNotFound", "Conversation not found.")
+        conversation, _, _ = self._known_conversation(request)
         return web.json_response([m.to_api() for m in conversation.members])
 
     async def _member(self, request: web.Request) -> web.Response:
         # "Get Teams-specific context for your bot" (Get single member details): GET /v3/conversations/
         # {conversationId}/members/{userId}, the user id being the 29: id or the Microsoft Entra object id.
-        if not self._authorized(request):
-            return self._error(401, "Unauthorized", "Authorization has been denied for this request.")
-        conversation, _, _ = self._conversation(request)
-        if conversation is None:
-            return self._error(404, "ConversationNotFound", "Conversation not found.")
+        conversation, _, _ = self._known_conversation(request)
         wanted = request.match_info["member"]
         for member in conversation.members:
             if wanted in (member.id, member.aad_object_id):

@@ -30,6 +30,7 @@ from bot.settings import BotSettings
 from bot.teams.adapter import TeamsAdapter
 from bot.teams.settings import TeamsSettings
 from fakes.graph_api import FakeGraph
+from fakes.server import serve_app
 from fakes.teams_connector import FakeTeamsConnector, Member, Message
 
 
@@ -54,11 +55,7 @@ async def serving(routes: Iterable[AbstractRouteDef]) -> AsyncIterator[str]:
     endpoint a bot registration names)."""
     app = web.Application()
     app.add_routes(routes)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await serve_app(app)
     try:
         yield f"http://127.0.0.1:{port}/api/messages"
     finally:
@@ -75,9 +72,10 @@ class Bot:
 async def running_teams_bot(kb: Any, fake: FakeTeamsConnector, *, graph: FakeGraph | None = None,
                             **overrides: object) -> AsyncIterator[Bot]:
     """A Teams adapter serving /api/messages on a free port (its sweeper off unless overridden: the test sweeps);
-    with `graph`, its Microsoft Graph and sign-in base URLs point at that fake (team owners)."""
+    with `graph`, its Microsoft Graph base URL points at that fake (team owners; the Graph token comes from the
+    connector's identity platform, as the bot's own does)."""
     settings = BotSettings(_env_file=None, **{"answer_sweep_seconds": 0, **overrides})  # type: ignore[arg-type]
-    hosts = {"graph_base_url": graph.url, "login_base_url": graph.url} if graph is not None else {}
+    hosts = {"graph_base_url": graph.url} if graph is not None else {}
     teams = TeamsSettings(_env_file=None, app_id=fake.app_id,  # type: ignore[call-arg]
                           app_password=fake.app_password, tenant_id=fake.tenant_id, **hosts)
     adapter = TeamsAdapter(BotContext(kb, settings, BotMetrics(), BotState(kb.engine)), teams=teams)
