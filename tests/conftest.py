@@ -108,6 +108,10 @@ def drop_database(server_url: str, name: str) -> None:
 # with their parent) are tested where that is the point, with parse_workers given (tests/test_resource_limits.py);
 # `ragbot` subprocesses keep the default.
 TEST_PARSE_WORKERS = 0
+# The same for `ragbot` commands run in the tests' own process (CliRunner(env=IN_PROCESS_CLI_ENV)): each command
+# reads its settings from the environment, so without this every in-process `ragbot ingest` or `sync` started its
+# own parsing workers (tests/test_cli.py: 44 CPU seconds, 28 with it). `ragbot` subprocesses keep the default.
+IN_PROCESS_CLI_ENV = {"PARSE_WORKERS": str(TEST_PARSE_WORKERS)}
 
 
 def test_settings(**overrides: object) -> KnowledgeSettings:
