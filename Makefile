@@ -62,6 +62,14 @@ run: setup-run
 # `-p tests.cpu_report` prints CPU and wall seconds per test file.
 # Whole `make test` at c4958a0-d32b7c8 (687 tests): idle, cold cache, 8 min 26 s wall (9 min 21 s user + 1 min 5 s sys);
 # warm cache with a busy loop holding one of the two cores, 10 min 1 s wall (pytest 9 min 55 s).
+# Again on 2026-11-28 (`/usr/bin/time -v` over ruff, mypy and `pytest -q -n 3 --dist loadfile -p tests.cpu_report`;
+# warm caches; a busy loop holding one core; other engineers' work also running, so wall follows their load):
+#   136a5d4: 12 min 26 s wall at load 2.2-6.7; 561 s user+sys + 216 s in Postgres; 688 passed, 1 skipped.
+#   9ddb07a: 20 min 15 s wall at load 4.1-9.6 (the run got 46 % of a core); 562 s + 198 s in Postgres; 689 passed.
+#   The files it changed fell by 55 CPU-s (test_startup_errors.py 43 -> 12: a `ragbot run` that cannot start no longer
+#   loads the model; test_cli.py 49 -> 40: in-process commands parse in a thread), while torch-heavy files it did not
+#   change rose by as much at the higher load (their thread pools spin). Since then, one torch/BLAS thread per test
+#   process (tests/conftest.py): test_retrieval.py + test_insights_clustering.py at load 5, 62 -> 20 CPU-s.
 TEST_WORKERS ?= 3
 
 test: setup-test test-tools

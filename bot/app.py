@@ -83,31 +83,37 @@ class BotApp:
             self.kb = await KnowledgeBase.open(self.knowledge_settings, self.database_settings)
             self._owns_kb = True
         kb = self.kb
-        # Load the embedding model now: the first question should not wait for it, and /healthz reports it.
-        await asyncio.to_thread(lambda: kb.embedder.model)
-        if self.kb.query_encoder_missing():
-            # torch is loaded now: build the fast question encoder's file in the background (questions use the
-            # NumPy encoder until it is ready).
-            logger.info("Building the ONNX question encoder in the background (once; a few seconds)")
-            self._encoder_build = asyncio.create_task(self.kb.prepare_query_encoder())
-        # Questions are embedded by the encoder `Embedder.embed` picks for one text (ONNX Runtime, or NumPy until its
-        # file is built), which loads on first use: warm it too, or the first question pays for it (measured by
-        # bench/bot_bench.py: 0.44 s of a first mention's 0.78 s).
-        await asyncio.to_thread(self.kb.embedder.embed, ["warm up"])
-        context = BotContext(self.kb, self.settings, self.metrics, BotState(self.kb.engine))
+        context = BotContext(kb, self.settings, self.metrics, BotState(kb.engine))
         if self.adapters is None:
             self.adapters = configured_adapters(context)
         routes = [route for adapter in self.adapters for route in adapter.routes()]
         if self.settings.admin_token is not None and self.settings.admin_token.get_secret_value():
-            routes += admin_routes(self.kb, context.state, self.settings.admin_token.get_secret_value())
-        self._runner, self.port = await start_web_server(
-            build_web_app(self.kb, self.metrics, routes), self.settings.host, self.settings.port
-        )
+            routes += admin_routes(kb, context.state, self.settings.admin_token.get_secret_value())
+        self._runner, self.port = await start_web_server(build_web_app(kb, self.metrics, routes), self.settings.host,
+                                                         self.settings.port)
         logger.info("HTTP server on port %s: /healthz, /metrics%s", self.port,
                     "".join(f", {r.path}" for r in routes if hasattr(r, "path")))
-        for part in [*self.adapters, *self.services]:
-            await part.start()
-            self._started.append(part)
+        # The platforms connect before the model loads: a taken PORT, a refused token, an unreachable platform or a
+        # missing scope is one line within a second or two, without first paying for torch and the weights (about
+        # 10 CPU seconds on a small machine, all wasted when the start fails). A question that arrives meanwhile is
+        # answered (questions are embedded by the light encoder); /healthz says "not loaded" until the model is.
+        for adapter in self.adapters:
+            await adapter.start()
+            self._started.append(adapter)
+        # Load the embedding model now: the first question should not wait for it, and /healthz reports it.
+        await asyncio.to_thread(lambda: kb.embedder.model)
+        if kb.query_encoder_missing():
+            # torch is loaded now: build the fast question encoder's file in the background (questions use the
+            # NumPy encoder until it is ready).
+            logger.info("Building the ONNX question encoder in the background (once; a few seconds)")
+            self._encoder_build = asyncio.create_task(kb.prepare_query_encoder())
+        # Questions are embedded by the encoder `Embedder.embed` picks for one text (ONNX Runtime, or NumPy until its
+        # file is built), which loads on first use: warm it too, or the first question pays for it (measured by
+        # bench/bot_bench.py: 0.44 s of a first mention's 0.78 s).
+        await asyncio.to_thread(kb.embedder.embed, ["warm up"])
+        for service in self.services:  # the scheduler's syncs need the model: they start once it is loaded
+            await service.start()
+            self._started.append(service)
 
     def opened_kb(self) -> KnowledgeBase:
         """The knowledge base, for the services: they start after `start` has opened it."""

@@ -42,6 +42,12 @@ os.environ["DATABASE_URL"] = ""
 os.environ["ANTHROPIC_API_KEY"] = ""
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["ORT_DISABLE_TELEMETRY"] = "1"  # ONNX Runtime sends usage reports unless told not to (tests import it)
+# One thread each for torch and NumPy's BLAS in the test processes and their children (set before either is imported):
+# the suite's parallelism is its workers, three on two cores, and a thread pool per worker on a loaded machine spins
+# waiting for its threads. tests/test_retrieval.py + test_insights_clustering.py at load 5: 62 CPU-s with the
+# default pools, 20 with one thread (`-p tests.cpu_report`, docs/development.md). Set any of them to override.
+for _name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
 # Questions are embedded by the NumPy encoder, whose vectors equal sentence-transformers' (the answer floors were
 # measured with them), so no test depends on whether an earlier one built an ONNX file; the ONNX encoders (the
 # default, fp32, gives the same vectors) are tested, and built once, in tests/test_query_encoder.py.
@@ -108,6 +114,10 @@ def drop_database(server_url: str, name: str) -> None:
 # with their parent) are tested where that is the point, with parse_workers given (tests/test_resource_limits.py);
 # `ragbot` subprocesses keep the default.
 TEST_PARSE_WORKERS = 0
+# The same for `ragbot` commands run in the tests' own process (CliRunner(env=IN_PROCESS_CLI_ENV)): each command
+# reads its settings from the environment, so without this every in-process `ragbot ingest` or `sync` started its
+# own parsing workers (tests/test_cli.py: 44 CPU seconds, 28 with it). `ragbot` subprocesses keep the default.
+IN_PROCESS_CLI_ENV = {"PARSE_WORKERS": str(TEST_PARSE_WORKERS)}
 
 
 def test_settings(**overrides: object) -> KnowledgeSettings:

@@ -10,6 +10,7 @@ says little; CPU seconds are what the suite costs (docs/development.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-_RESULTS = Path(os.environ.get("CPU_REPORT_DIR", tempfile.gettempdir())) / "ragbot-cpu-report"
+_RESULTS_ROOT = Path(os.environ.get("CPU_REPORT_DIR", tempfile.gettempdir())) / "ragbot-cpu-report"
 _per_file: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])  # type: ignore[arg-type]
 
 
@@ -39,6 +40,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     entry[0] += _cpu() - cpu
     entry[1] += time.monotonic() - wall
     entry[2] += 1
+
+
+def _results(config: pytest.Config) -> Path:
+    """This run's own folder (named after xdist's run id, which the workers share): two runs at once, by two people
+    on one machine, never mix or delete each other's figures."""
+    run = getattr(config, "workerinput", {}).get("testrunuid") or config.option.testrunuid
+    return _RESULTS_ROOT / str(run)[:16]
 
 
 class _Sampler:
@@ -76,31 +84,34 @@ _sampler: _Sampler | None = None
 def pytest_configure(config: pytest.Config) -> None:
     global _sampler
     if not hasattr(config, "workerinput"):
-        _RESULTS.mkdir(parents=True, exist_ok=True)
-        for old in _RESULTS.glob("*.json"):
-            old.unlink()
         # the shared server's folder is named after xdist's run id (tests/conftest.py): fix it to find the server
         if getattr(config.option, "testrunuid", None) is None:
             config.option.testrunuid = uuid.uuid4().hex
+        _results(config).mkdir(parents=True, exist_ok=True)
         _sampler = _Sampler(f"ragbot-tests-server-{config.option.testrunuid[:16]}".encode())
         _sampler.thread.start()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
-    _RESULTS.mkdir(parents=True, exist_ok=True)
-    (_RESULTS / f"{worker}.json").write_text(json.dumps(dict(_per_file)))
+    results = _results(session.config)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{worker}.json").write_text(json.dumps(dict(_per_file)))
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         return
     merged: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])  # type: ignore[arg-type]
-    for path in _RESULTS.glob("*.json"):
+    results = _results(config)
+    for path in results.glob("*.json"):
         for name, (cpu, wall, n) in json.loads(path.read_text()).items():
             merged[name][0] += cpu
             merged[name][1] += wall
             merged[name][2] += n
+        path.unlink()
+    with contextlib.suppress(OSError):
+        results.rmdir()
     write = terminalreporter.write_line
     write("CPU per file (user+sys s, this process and its waited children) / wall s / tests:")
     for name, (cpu, wall, n) in sorted(merged.items(), key=lambda kv: -kv[1][0]):

@@ -1,8 +1,8 @@
 """The `ragbot` command line, as a user (and the tools that parse its --json output) sees it.
 
-Most tests run the Typer app in-process with CliRunner so the embedding model loads once; one test runs the
-installed console script to prove the entry point works. Each command reads DATABASE_URL when it runs, so a
-test points the CLI at its database with monkeypatch.
+Most tests run the Typer app in-process with CliRunner so the embedding model loads once (and documents parse in
+a thread: conftest.IN_PROCESS_CLI_ENV); one test runs the installed console script to prove the entry point works.
+Each command reads DATABASE_URL when it runs, so a test points the CLI at its database with monkeypatch.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import write
+from conftest import IN_PROCESS_CLI_ENV, write
 from typer.testing import CliRunner
 
 from bot.cli import app
@@ -26,7 +26,7 @@ SEARCH_DOCUMENT_KEYS = {"id", "external_id", "title", "url", "path", "source"}
 SEARCH_CHUNK_KEYS = {"id", "text", "heading"}
 CITATION_KEYS = {"n", "title", "url", "path", "external_id", "heading", "quotes"}
 
-runner = CliRunner()
+runner = CliRunner(env=IN_PROCESS_CLI_ENV)  # commands parse in a thread, as the tests' own KBs do
 
 
 def cli(*args: str, input: str | None = None):  # type: ignore[no-untyped-def]

@@ -29,8 +29,14 @@ def test_ragbot_run_with_its_port_in_use_prints_one_line_naming_port(fresh_datab
     assert f"port {port}" in errors[0] and "already in use" in errors[0] and "PORT" in errors[0]
 
 
+# A sync in a process of its own, as the tests' own syncs run (tests/conftest.py): documents parse in a thread and the
+# model's vectors come from the tests' embedding cache (tests/embedding_cache.py), so the child pays neither parsing
+# workers nor torch (on the CPU, EMBEDDING_DEVICE=cpu: no torch import to look for a GPU) once the cache is warm.
 CHILD = r"""
 import asyncio, sys, time
+sys.path.insert(0, "tests")
+from embedding_cache import install
+install()
 from db.settings import DatabaseSettings
 from knowledge.kb import KnowledgeBase
 from knowledge.settings import KnowledgeSettings
@@ -42,7 +48,7 @@ def read(n):
     return f"# Room {n}\n\nMeeting room {n} seats {n + 4} people.".encode()
 
 async def main():
-    kb = await KnowledgeBase.open(KnowledgeSettings(_env_file=None), DatabaseSettings(_env_file=None,
+    kb = await KnowledgeBase.open(KnowledgeSettings(_env_file=None, parse_workers=0, embedding_device="cpu"), DatabaseSettings(_env_file=None,
                                   database_url=sys.argv[1]))
     items = [SourceItem(external_id=f"room{n}.md", filename=f"room{n}.md", read=lambda n=n: read(n))
              for n in range(40)]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import HANDBOOK, REPO, write
+from conftest import HANDBOOK, IN_PROCESS_CLI_ENV, REPO, write
 from fakes.anthropic_api import FakeAnthropicAPI
 from typer.testing import CliRunner
 
@@ -30,7 +30,7 @@ from knowledge.answer.generators.passages import breadcrumb, units_of
 from knowledge.embedding.encoder import get_embedder
 from knowledge.eval.evaluation import evaluate_answers, load_jsonl_questions
 
-runner = CliRunner()
+runner = CliRunner(env=IN_PROCESS_CLI_ENV)  # commands parse in a thread, as the tests' own KBs do
 QUESTIONS = load_jsonl_questions(HANDBOOK / "eval.jsonl")
 
 
@@ -142,30 +142,35 @@ def test_eval_answers_prints_the_answer_metrics(on_handbook: str, tmp_path: Path
 
 # --- an instant CLI ---------------------------------------------------------------------------------------------
 
-def _modules_after(args: list[str], database_url: str) -> dict[str, bool]:
-    """Run a command in a fresh interpreter and report which heavy modules it imported."""
+HEAVY_MODULES = ("torch", "sentence_transformers", "transformers", "knowledge.embedding.numpy_encoder", "alembic")
+
+
+def _modules_after(commands: list[list[str]], database_url: str) -> list[dict[str, bool]]:
+    """Run commands one after another in one fresh interpreter and report, after each, which heavy modules had been
+    imported so far (one interpreter for all: a module is never unloaded, so a command that imported one shows it
+    from then on, and the first report showing it names the command)."""
     code = (
         "import sys, json\n"
         "from bot.cli import app\n"
-        "try:\n"
-        f"    app({args!r}, standalone_mode=False)\n"
-        "finally:\n"
-        "    print('MODULES=' + json.dumps({m: m in sys.modules for m in "
-        "('torch', 'sentence_transformers', 'transformers', 'knowledge.embedding.numpy_encoder', 'alembic')}))\n"
+        f"for args in {commands!r}:\n"
+        "    app(args, standalone_mode=False)\n"
+        f"    print('MODULES=' + json.dumps({{m: m in sys.modules for m in {HEAVY_MODULES!r}}}), flush=True)\n"
     )
     env = {**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.split("MODULES=")[-1])
+    reports = [json.loads(line.removeprefix("MODULES=")) for line in done.stdout.splitlines() if line.startswith("MODULES=")]
+    assert len(reports) == len(commands), done.stdout
+    return reports
 
 
 def test_status_help_and_lexical_search_load_no_model_and_search_never_imports_torch(handbook_url: str) -> None:
-    for args in (["status"], ["source", "list"], ["db", "--help"], ["search", "carry over", "--mode", "lexical"]):
-        loaded = _modules_after(args, handbook_url)
+    light = [["status"], ["source", "list"], ["db", "--help"], ["search", "carry over", "--mode", "lexical"]]
+    *reports, hybrid = _modules_after([*light, ["search", "How often are laptops refreshed?"]], handbook_url)
+    for args, loaded in zip(light, reports, strict=True):
         assert not loaded["torch"] and not loaded["sentence_transformers"] and not loaded["transformers"], (args, loaded)
         assert not loaded["knowledge.embedding.numpy_encoder"], (args, loaded)  # no model of any kind
         assert not loaded["alembic"], (args, loaded)  # the schema is current: Alembic is not even imported
-    hybrid = _modules_after(["search", "How often are laptops refreshed?"], handbook_url)
     assert not hybrid["torch"] and hybrid["knowledge.embedding.numpy_encoder"], hybrid
 
 
@@ -225,6 +230,14 @@ def test_piped_output_keeps_every_title_on_one_line(on_handbook: str) -> None:
 
 # --- a chat that behaves ----------------------------------------------------------------------------------------
 
+def _as_a_foreground_job() -> None:
+    """In the child, before `ragbot chat` starts: Ctrl-C's SIGINT handled by default, as a shell sets it for the
+    command a person runs at the keyboard. A process started in the background by a shell without job control (a
+    script's `pytest ... &`) ignores SIGINT, its children inherit that, and Python leaves an ignored SIGINT ignored:
+    the chat would never see the Ctrl-C these tests send (both failed so, stuck on "Searching…" and at the prompt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Terminal:
     """`ragbot chat` on a real pseudo-terminal, as a person at a keyboard drives it."""
 
@@ -233,7 +246,7 @@ class Terminal:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "bot.cli", "chat"], stdin=slave, stdout=slave, stderr=slave, cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "120", "TERM": "xterm", **env},
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_as_a_foreground_job,
         )
         os.close(slave)
         self.output = ""

@@ -100,3 +100,23 @@ async def test_a_missing_scope_names_the_scope_and_the_token(slack: FakeSlackAPI
                              slack_api_url=slack.api_url, port=0, host="127.0.0.1"), kb=kb)
     with pytest.raises(StartupError, match=r"SLACK_APP_TOKEN lacks the scope .*reinstall the app"):
         await app.serve_forever()
+
+
+async def test_a_refused_token_is_reported_before_the_embedding_model_loads(slack: FakeSlackAPI, kb_factory) -> None:
+    # auth.test answers invalid_auth for a token it does not know (https://api.slack.com/methods/auth.test, Errors).
+    # The platforms are checked first: a start that fails never pays for torch and the weights (seconds of CPU).
+    from knowledge.embedding.encoder import Embedder
+    from knowledge.kb import KnowledgeBase
+
+    slack.refuse("auth.test", "invalid_auth")
+    opened = await kb_factory()
+    unloaded = Embedder(opened.embedder.name)  # not the process-wide one, which other tests may have loaded
+    kb = KnowledgeBase(opened.engine, opened.settings, unloaded, opened.url)
+    app = BotApp(BotSettings(_env_file=None, slack_bot_token="xoxb-fake", slack_signing_secret="x",  # type: ignore[call-arg]
+                             slack_api_url=slack.api_url, port=0, host="127.0.0.1"), kb=kb)
+    try:
+        with pytest.raises(StartupError, match=r"Slack refused SLACK_BOT_TOKEN \(invalid_auth\)"):
+            await app.serve_forever()
+        assert "model" not in vars(unloaded), "the model was loaded for a start that could not succeed"
+    finally:
+        await kb.search_engine.dispose()  # its own pool; the engine is the fixture's
