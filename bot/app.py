@@ -94,7 +94,8 @@ class BotApp:
         # file is built), which loads on first use: warm it too, or the first question pays for it (measured by
         # bench/bot_bench.py: 0.44 s of a first mention's 0.78 s).
         await asyncio.to_thread(self.kb.embedder.embed, ["warm up"])
-        context = BotContext(self.kb, self.settings, self.metrics, BotState(self.kb.engine))
+        await self.kb.prepare_language_check()  # jieba's dictionary: else the first question waits seconds for it
+        context = BotContext(self.kb, self.settings, self.metrics, BotState.answering(self.kb))
         if self.adapters is None:
             self.adapters = configured_adapters(context)
         routes = [route for adapter in self.adapters for route in adapter.routes()]

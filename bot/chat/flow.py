@@ -160,7 +160,7 @@ class ChatFlow:
                  rule: AudienceRule | None = None, listed_admin: Callable[[str, str], bool] | None = None) -> None:
         self.kb = kb
         self.rule = rule  # who reads an answer (bot.chat.readers): `ask` and `resume` need it
-        self.state = state if state is not None else BotState(kb.engine)  # the bot tables (bot.chat.state)
+        self.state = state if state is not None else BotState.answering(kb)  # the bot tables (bot.chat.state)
         self.platform = platform
         self.metrics = metrics
         self.lease_seconds = lease_seconds  # ANSWER_LEASE_SECONDS: how long a claimed question waits for a dead holder
