@@ -150,8 +150,10 @@ class KnowledgeBase:
         leases (`bot.chat.lease`). Why: a renewal that queues for a connection of `engine`'s pool behind the very
         work it covers (answers, syncs, a busy pool under load) can wait longer than the lease, which then runs out
         under a live holder: a sweeper takes the question over and the LLM is paid twice. Made on first use (most
-        commands renew nothing), closed with the knowledge base."""
-        return create_engine(self.url, transaction_pooler=self._transaction_pooler, pool_size=1, max_overflow=1)
+        commands renew nothing), closed with the knowledge base. In autocommit: each of its statements is a
+        transaction of its own (no BEGIN and COMMIT round trips)."""
+        return create_engine(self.url, autocommit=True, transaction_pooler=self._transaction_pooler, pool_size=2,
+                             max_overflow=2)
 
     @classmethod
     async def open(

@@ -126,8 +126,8 @@ class FeedbackRecord:
 
 class BotState:
     """The bot tables, over the knowledge base's engine: `BotState(kb.engine)`. A process that answers questions
-    passes `renewals=kb.lease_engine` too: the pool that keeps its answer leases alive (renewed, marked delivered),
-    so that a heartbeat never queues behind the answers' own work for a connection of `engine` (see
+    passes `renewals=kb.lease_engine` too: the pool that keeps its answer leases alive (recorded, renewed, marked
+    delivered), so that a heartbeat never queues behind the answers' own work for a connection of `engine` (see
     `KnowledgeBase.lease_engine`)."""
 
     def __init__(self, engine: AsyncEngine, renewals: AsyncEngine | None = None) -> None:
@@ -195,8 +195,8 @@ class BotState:
         """Store what was asked and where to answer, so a sweeper can answer without the original event, and renew
         the lease for `lease_seconds` from now: the work between the claim and this (the channel's mode, the
         audience) may have used up much of it, and the heartbeat's first renewal comes a round later. False if the
-        claim is no longer this holder's."""
-        async with self.engine.begin() as conn:
+        claim is no longer this holder's. On the renewals' pool, as the renewals it stands for."""
+        async with self.renewals.begin() as conn:
             return (
                 await conn.execute(
                     text(
