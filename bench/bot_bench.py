@@ -307,7 +307,7 @@ async def measure_teams_overhead(mentions: int, warmup: int) -> dict[str, Any]:
                                  anthropic_max_retries=0)
         await kb.sync(await kb.folder_source(HANDBOOK, "handbook"))
         settings = BotSettings(_env_file=None, port=0, answer_sweep_seconds=0)  # type: ignore[call-arg]
-        adapter = TeamsAdapter(BotContext(kb, settings, BotMetrics(), BotState(kb.engine)),
+        adapter = TeamsAdapter(BotContext(kb, settings, BotMetrics(), BotState.answering(kb)),
                                teams=TeamsSettings(_env_file=None, app_id=teams.app_id,  # type: ignore[call-arg]
                                                    app_password=teams.app_password, tenant_id=teams.tenant_id))
         app = BotApp(settings, kb=kb, adapters=[adapter])

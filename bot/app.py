@@ -83,7 +83,7 @@ class BotApp:
             self.kb = await KnowledgeBase.open(self.knowledge_settings, self.database_settings)
             self._owns_kb = True
         kb = self.kb
-        context = BotContext(kb, self.settings, self.metrics, BotState(kb.engine))
+        context = BotContext(kb, self.settings, self.metrics, BotState.answering(kb))
         if self.adapters is None:
             self.adapters = configured_adapters(context)
         routes = [route for adapter in self.adapters for route in adapter.routes()]
@@ -111,6 +111,7 @@ class BotApp:
         # file is built), which loads on first use: warm it too, or the first question pays for it (measured by
         # bench/bot_bench.py: 0.44 s of a first mention's 0.78 s).
         await asyncio.to_thread(kb.embedder.embed, ["warm up"])
+        await kb.prepare_language_check()  # jieba's dictionary: else the first question waits seconds for it
         for service in self.services:  # the scheduler's syncs need the model: they start once it is loaded
             await service.start()
             self._started.append(service)

@@ -199,12 +199,15 @@ TRANSACTION_POOLER = "ragbot.transaction_pooler"
 
 
 def create_engine(url: str, *, autocommit: bool = False, transaction_pooler: bool | None = None,
-                  async_creator: Callable[[], Awaitable[Any]] | None = None) -> AsyncEngine:
+                  async_creator: Callable[[], Awaitable[Any]] | None = None, pool_size: int = 5,
+                  max_overflow: int = 5) -> AsyncEngine:
     """The engine for `url`, every connection set up for pgvector (below). `autocommit` makes a pool for read-only
     statements only, such as the searches': its connections never hold a transaction, and so never roll one back.
     That matters because psycopg's rollback drops every statement the connection had prepared (and with it a
     generic plan, see read_rows): on a pool shared with the bot's read-only transactions (conversation memory,
-    channel grants, identities), a search would seldom find its statements prepared."""
+    channel grants, identities), a search would seldom find its statements prepared. `pool_size` and
+    `max_overflow` size the pool (5 + 5; a small pool of its own serves the leases' renewals, see
+    `KnowledgeBase.lease_engine`)."""
     if transaction_pooler is None:
         transaction_pooler = DatabaseSettings().transaction_pooler
     options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
@@ -214,7 +217,8 @@ def create_engine(url: str, *, autocommit: bool = False, transaction_pooler: boo
         options["connect_args"] = {"prepare_threshold": None}
     if async_creator is not None:
         options["async_creator"] = async_creator
-    engine = create_async_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5, **options)
+    engine = create_async_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=max_overflow,
+                                 **options)
 
     @event.listens_for(engine.sync_engine, "connect")
     def _configure_pgvector(dbapi_connection, connection_record) -> None:

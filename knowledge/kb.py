@@ -9,7 +9,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from knowledge.storage import conversations, identities, usage
 from knowledge.storage import directory as directory_store
 from knowledge.storage import documents as store
 from knowledge.storage.documents import SourceStatus
+from knowledge.storage.search import index_markers
 from knowledge.storage.sources import SyncRun
 
 logger = logging.getLogger(__name__)
@@ -141,6 +142,18 @@ class KnowledgeBase:
                                      cache_seconds=settings.access_cache_seconds,
                                      identity_lookup=partial(identities.identity_principals, engine))
         self._embedding_space_ready = False
+        self._transaction_pooler = db_settings.transaction_pooler
+
+    @cached_property
+    def lease_engine(self) -> AsyncEngine:
+        """A small pool of its own (on the primary) for renewing leases while work runs: the chat bots' answer
+        leases (`bot.chat.lease`). Why: a renewal that queues for a connection of `engine`'s pool behind the very
+        work it covers (answers, syncs, a busy pool under load) can wait longer than the lease, which then runs out
+        under a live holder: a sweeper takes the question over and the LLM is paid twice. Made on first use (most
+        commands renew nothing), closed with the knowledge base. In autocommit: each of its statements is a
+        transaction of its own (no BEGIN and COMMIT round trips)."""
+        return create_engine(self.url, autocommit=True, transaction_pooler=self._transaction_pooler, pool_size=2,
+                             max_overflow=2)
 
     @classmethod
     async def open(
@@ -179,6 +192,8 @@ class KnowledgeBase:
             await self.replicas.close()
         else:
             await self.search_engine.dispose()
+        if "lease_engine" in vars(self):  # made on first use
+            await self.lease_engine.dispose()
         await self.engine.dispose()
 
     @property
@@ -252,6 +267,11 @@ class KnowledgeBase:
         if "model" not in self.embedder.__dict__ or not self.embedder.query_encoder_missing():
             return None  # nothing to build, or torch is not loaded (nothing was embedded) and would cost seconds
         return await asyncio.to_thread(self.embedder.prepare_query_encoder)
+
+    async def prepare_language_check(self) -> None:
+        """Load what the first question's language check needs (jieba's dictionary, for the index's Chinese
+        markers) now, in a thread, instead of making that question wait for it (`ragbot run` calls this at start)."""
+        await asyncio.to_thread(index_markers)
 
     def query_encoder_missing(self) -> bool:
         """True when prepare_query_encoder would build something now (torch loaded, the ONNX file missing)."""

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from conftest import corpus_opener
+from fakes.anthropic_api import FakeAnthropicAPI
 from fakes.discord_gateway import DiscordHarness
 from fakes.slack_api import FakeSlackAPI
 from slack_harness import answer_in, finished, mention, new_ts, running_bot, settle, wait_for
@@ -171,7 +172,7 @@ async def test_concurrent_takeovers_of_one_expired_lease_have_one_winner(lease_k
     claim = await BotState(lease_kb.engine).claim_lease(["slack:event:EvSql", "slack:msg:T:C:1.1"], "dead-holder", 0.1)
     assert claim is not None and not claim.resumed
     assert await BotState(lease_kb.engine).record_lease_question(claim, platform="slack", question=QUESTION, conversation_id="c",
-                                                asker="slack:U", target={"channel": "C"})
+                                                asker="slack:U", target={"channel": "C"}, lease_seconds=0.1)
     await asyncio.sleep(0.2)
     taken = await asyncio.gather(
         *(BotState(lease_kb.engine).take_expired_lease("slack", f"sweeper{i}", 60, max_attempts=3, max_age_seconds=600)
@@ -328,6 +329,43 @@ async def test_a_live_answer_slower_than_the_lease_is_not_taken_over(lease_kb, f
     assert all("ragbot_resumed_answers_total{" not in text for text in metrics)  # never taken over
 
 
+async def test_a_busy_pool_does_not_let_a_live_slow_answer_be_taken_over_and_paid_twice(
+    kb_factory, tmp_path: Path, fake
+) -> None:
+    """Under load every connection of the holder's pool is in use (answers, a sync) while Claude is still writing a
+    long answer. The heartbeat must still renew the lease: else it expires under the live holder, a second replica's
+    sweeper takes the question over and asks Claude again (the fencing keeps the reply single, but the LLM is paid
+    twice). Here the pool is held busy for 2.5 lease lengths while the fake Anthropic server takes 2.6 s to
+    answer: Claude is asked once, the answer is posted once, and nobody took it over."""
+    claude_seconds = 2.6
+    with FakeAnthropicAPI() as claude:
+        reply = "Full-time employees get 25 days of paid vacation per year [1]."
+        claude.default = lambda request: (time.sleep(claude_seconds), reply)[1]  # in the fake's own thread
+        llm = dict(anthropic_api_key="sk-ant-test", anthropic_base_url=claude.url, anthropic_max_retries=0,
+                   anthropic_timeout_seconds=20)
+        holder_kb = await corpus_opener(kb_factory, tmp_path, CORPUS)(**llm)
+        other_kb = await kb_factory(holder_kb.url, **llm)  # a second replica: its own process, so its own pools
+        event = mention(QUESTION, user=ANN, channel=channel())
+        timing = dict(answer_lease_seconds=0.8, answer_heartbeat_seconds=0.2)
+        async with running_bot(other_kb, fake, answer_sweep_seconds=0.1, **timing) as other, \
+                running_bot(holder_kb, fake, answer_sweep_seconds=0, **timing) as holder:
+            assert await holder.send_event(event, event_id="EvBusy1") == 200
+            await wait_for(lambda: claude.requests, what="the holder's request to Claude")
+            pool = holder_kb.engine.pool
+            busy = [await holder_kb.engine.connect() for _ in range(10)]  # db.engine.create_engine: 5 + 5 overflow
+            assert pool.checkedout() == 10  # every connection taken: a checkout now waits for one to come back
+            await asyncio.sleep(2.0)  # two and a half lease lengths, still before Claude's reply
+            for conn in busy:
+                await conn.close()
+            answer = await answer_in(fake, event["channel"], event["ts"])
+            await settle(1.0)
+            metrics = [await (await bot.http.get(f"{bot.url}/metrics")).text() for bot in (holder, other)]
+    assert "25 days" in answer.visible_text
+    assert len(claude.requests) == 1  # Claude asked once: the question was never taken over
+    assert len(fake.thread(event["channel"], event["ts"])) == 1  # one reply in the thread
+    assert all("ragbot_resumed_answers_total{" not in text for text in metrics)
+
+
 async def test_a_private_discord_ask_lost_in_a_crash_is_finished_ephemerally_through_its_interaction(
     lease_kb, discord_api
 ):
@@ -388,7 +426,7 @@ async def test_a_discord_ask_whose_interaction_token_expired_is_dropped_not_answ
                "expires": time.time() - 1}
     assert await state.record_lease_question(
         claim, platform="discord", question=QUESTION, conversation_id="discord:1:2:ask:4242", asker="discord:7",
-        target={"channel": "2", "guild": "1", "audience_channel": None, "interaction": expired},
+        target={"channel": "2", "guild": "1", "audience_channel": None, "interaction": expired}, lease_seconds=0.1,
     )
     await asyncio.sleep(0.2)
     settings = BotSettings(_env_file=None, discord_bot_token=discord_api.token,  # type: ignore[call-arg]

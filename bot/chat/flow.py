@@ -34,7 +34,7 @@ from bot.chat import admin, feedback, lease
 from bot.chat.access import Audience
 from bot.chat.auto import is_answer, looks_like_question, outcome_of
 from bot.chat.channels import ChannelSettings, channel_settings
-from bot.chat.delivery import asks_privately, channel_mode, public_conversation
+from bot.chat.delivery import asks_privately, public_conversation
 from bot.chat.errors import apology, new_error_id
 from bot.chat.guests import OUTSIDER_REPLY, trusted_admin
 from bot.chat.history import ThreadMessage, thread_history
@@ -151,6 +151,11 @@ class _NoAudience(Exception):
     """The answer's audience holds no principal (an outsider under GUEST_ACCESS=none): nothing is answered."""
 
 
+# How long settings read by `answers_privately` may stand in for the answer's own read: the two are steps of one
+# question, milliseconds apart; older than this (a question that never reached its answer), they are read again.
+SETTINGS_HANDOFF_SECONDS = 2.0
+
+
 class ChatFlow:
     """The platform-neutral flow, one per adapter (it counts metrics under the adapter's platform name)."""
 
@@ -160,7 +165,7 @@ class ChatFlow:
                  rule: AudienceRule | None = None, listed_admin: Callable[[str, str], bool] | None = None) -> None:
         self.kb = kb
         self.rule = rule  # who reads an answer (bot.chat.readers): `ask` and `resume` need it
-        self.state = state if state is not None else BotState(kb.engine)  # the bot tables (bot.chat.state)
+        self.state = state if state is not None else BotState.answering(kb)  # the bot tables (bot.chat.state)
         self.platform = platform
         self.metrics = metrics
         self.lease_seconds = lease_seconds  # ANSWER_LEASE_SECONDS: how long a claimed question waits for a dead holder
@@ -169,6 +174,10 @@ class ChatFlow:
         self.holder = lease.new_holder(platform)
         self.listed_admin = listed_admin  # BotSettings.is_listed_admin: ADMIN_USER_IDS (platform, user id) -> bool
         self.tasks: set[asyncio.Task[Any]] = set()  # `/kb` jobs still running (a reindex); `drain` waits for them
+        # The settings `answers_privately` just read, handed to the same question's answer (`_answer`) so that a
+        # question reads its channel's settings once: channel key -> (when read, settings); taken once, and only
+        # within SETTINGS_HANDOFF_SECONDS (else read again).
+        self._settings_read: dict[str, tuple[float, ChannelSettings]] = {}
 
     def count(self, what: str, *labels: str) -> None:
         if self.metrics is not None:
@@ -297,8 +306,27 @@ class ChatFlow:
         if said:
             return True, question
         if said is None or by_word:
-            return await channel_mode(self.state, channel_key) == "private", question
+            return await self._read_mode(channel_key) == "private", question
         return False, question
+
+    async def _read_mode(self, channel_key: str) -> str:
+        """The channel's default mode ("public" unless an admin set it to "private", as
+        `bot.chat.delivery.channel_mode` reads it), its settings kept for this question's answer."""
+        settings = await self.channel_settings(channel_key)
+        now = time.monotonic()
+        for key in [k for k, (at, _) in self._settings_read.items() if now - at >= SETTINGS_HANDOFF_SECONDS]:
+            del self._settings_read[key]  # read for a question that never reached its answer
+        self._settings_read[channel_key] = (now, settings)
+        return "private" if settings.mode == "private" else "public"
+
+    async def _settings_for_answer(self, channel_key: str | None) -> ChannelSettings:
+        """The channel's settings for the answer being started: those `answers_privately` read for this question a
+        moment ago if any (one read per question instead of two: each read is a pooled connection's ping, BEGIN,
+        SELECT and ROLLBACK on the event loop), else read now."""
+        entry = self._settings_read.pop(channel_key, None) if channel_key else None
+        if entry is not None and time.monotonic() - entry[0] < SETTINGS_HANDOFF_SECONDS:
+            return entry[1]
+        return await self.channel_settings(channel_key)
 
     async def claim_share(self, answer_id: int, clicker: str) -> Share | str:
         """"Share in channel" under a private answer: only its asker may share it, and only once (claimed here).
@@ -375,7 +403,7 @@ class ChatFlow:
             self.kb.check_question(ask.question)  # MAX_QUESTION_CHARS: refused before any work
             try:
                 await reply.begin()
-                channel = await self.channel_settings(ask.channel_key)
+                channel = await self._settings_for_answer(ask.channel_key)
                 audience = await ask.audience()
                 if not audience.principals:  # an outsider asks or reads (bot.chat.guests): no answer at all
                     raise _NoAudience()

@@ -63,7 +63,7 @@ class LeaseKeeper:
     async def start(self, platform: str, ask: Ask, target: Mapping[str, Any] | None) -> None:
         recorded = await self.state.record_lease_question(
             self.claim, platform=platform, question=ask.question, conversation_id=ask.conversation_id,
-            asker=ask.asker, target=target or {},
+            asker=ask.asker, target=target or {}, lease_seconds=self.lease_seconds,
         )
         self.lost = not recorded
         self.heartbeat()

@@ -15,13 +15,16 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import knowledge.storage.identities as identities
 from knowledge import InvalidPrincipal, check_principal, identity_kinds
+
+if TYPE_CHECKING:
+    from knowledge import KnowledgeBase
 
 Rating = Literal["up", "down"]
 RATINGS: tuple[Rating, ...] = ("up", "down")
@@ -122,10 +125,19 @@ class FeedbackRecord:
 
 
 class BotState:
-    """The bot tables, over the knowledge base's engine: `BotState(kb.engine)`."""
+    """The bot tables, over the knowledge base's engine: `BotState(kb.engine)`. A process that answers questions
+    passes `renewals=kb.lease_engine` too: the pool that keeps its answer leases alive (recorded, renewed, marked
+    delivered), so that a heartbeat never queues behind the answers' own work for a connection of `engine` (see
+    `KnowledgeBase.lease_engine`)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, renewals: AsyncEngine | None = None) -> None:
         self.engine = engine
+        self.renewals = renewals if renewals is not None else engine
+
+    @classmethod
+    def answering(cls, kb: KnowledgeBase) -> BotState:
+        """The state of a process that answers questions: `kb.engine`, leases kept alive on `kb.lease_engine`."""
+        return cls(kb.engine, kb.lease_engine)
 
     # Exactly once.
 
@@ -150,16 +162,16 @@ class BotState:
         if not keys:
             return None
         *aliases, lease_key = keys
-        async with self.engine.begin() as conn:
-            if aliases:
-                await conn.execute(
-                    text("INSERT INTO bot_events (key) SELECT unnest(CAST(:keys AS text[])) ON CONFLICT DO NOTHING"),
-                    {"keys": list(aliases)},
-                )
+        # One statement (the aliases in a CTE), so one transaction on the renewals' pool (autocommit): a claim is
+        # on every question's path to its answer, and two statements in a transaction cost three more round trips.
+        async with self.renewals.begin() as conn:
             row = (
                 await conn.execute(
                     text(
                         """
+                        WITH aliases AS (
+                            INSERT INTO bot_events (key) SELECT unnest(CAST(:aliases AS text[])) ON CONFLICT DO NOTHING
+                        )
                         INSERT INTO bot_events AS e (key, holder, lease_until, attempts)
                         VALUES (:k, :h, now() + make_interval(secs => :s), 1)
                         ON CONFLICT (key) DO UPDATE
@@ -169,7 +181,7 @@ class BotState:
                         RETURNING (xmax = 0) AS fresh, placeholder, attempts
                         """
                     ),
-                    {"k": lease_key, "h": holder, "s": lease_seconds},
+                    {"aliases": list(aliases), "k": lease_key, "h": holder, "s": lease_seconds},
                 )
             ).first()
         if row is None:
@@ -178,20 +190,22 @@ class BotState:
 
     async def record_lease_question(
         self, claim: LeaseClaim, *, platform: str, question: str, conversation_id: str, asker: str,
-        target: Mapping[str, Any],
+        target: Mapping[str, Any], lease_seconds: float,
     ) -> bool:
-        """Store what was asked and where to answer, so a sweeper can answer without the original event. False if
-        the claim is no longer this holder's."""
-        async with self.engine.begin() as conn:
+        """Store what was asked and where to answer, so a sweeper can answer without the original event, and renew
+        the lease for `lease_seconds` from now: the work between the claim and this (the channel's mode, the
+        audience) may have used up much of it, and the heartbeat's first renewal comes a round later. False if the
+        claim is no longer this holder's. On the renewals' pool, as the renewals it stands for."""
+        async with self.renewals.begin() as conn:
             return (
                 await conn.execute(
                     text(
                         "UPDATE bot_events SET platform = :p, question = :q, conversation_id = :c, asker = :a, "
-                        "target = CAST(:t AS jsonb) WHERE key = :k AND holder = :h AND delivered_at IS NULL "
-                        "RETURNING key"
+                        "target = CAST(:t AS jsonb), lease_until = now() + make_interval(secs => :s) "
+                        "WHERE key = :k AND holder = :h AND delivered_at IS NULL RETURNING key"
                     ),
                     {"k": claim.key, "h": claim.holder, "p": platform, "q": question, "c": conversation_id,
-                     "a": asker, "t": json.dumps(dict(target))},
+                     "a": asker, "t": json.dumps(dict(target)), "s": lease_seconds},
                 )
             ).first() is not None
 
@@ -208,7 +222,7 @@ class BotState:
 
     async def renew_lease(self, claim: LeaseClaim, lease_seconds: float) -> bool:
         """Extend a lease still held and undelivered. False: another holder took it over (or it was delivered)."""
-        async with self.engine.begin() as conn:
+        async with self.renewals.begin() as conn:
             return (
                 await conn.execute(
                     text("UPDATE bot_events SET lease_until = now() + make_interval(secs => :s) "
@@ -219,8 +233,9 @@ class BotState:
 
     async def mark_lease_delivered(self, claim: LeaseClaim) -> bool:
         """The answer (or an apology) reached the platform: never answered again. The stored question and target
-        are dropped (only undelivered questions need them)."""
-        async with self.engine.begin() as conn:
+        are dropped (only undelivered questions need them). On the renewals' pool: an answer posted but not yet
+        marked, waiting for a connection, could otherwise outlive its lease and be answered again."""
+        async with self.renewals.begin() as conn:
             return (
                 await conn.execute(
                     text("UPDATE bot_events SET delivered_at = now(), question = NULL, target = NULL "

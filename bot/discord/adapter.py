@@ -375,7 +375,7 @@ class RagbotDiscord(discord.Client):
         self.kb = kb
         self.settings = settings
         self.metrics = metrics
-        self.rule = AudienceRule(kb, state if state is not None else BotState(kb.engine), self,
+        self.rule = AudienceRule(kb, state if state is not None else BotState.answering(kb), self,
                                  ttl_seconds=settings.channel_audience_ttl,
                                  max_members=settings.channel_audience_max_members,
                                  guest_access=settings.guest_access)

@@ -419,10 +419,8 @@ class Answerer:
         ]
         specific = extractive.specific_words(query)
         async with self.retriever.engine.connect() as conn:
-            config = self.settings.text_search_config
-            stats = await memory_store.term_statistics(conn, extractive.content_text(query), passages, config,
-                                                       words_only=True)
-            named = await memory_store.term_statistics(conn, " ".join(specific), passages, config) if specific else []
+            stats, named = await memory_store.evidence_term_statistics(
+                conn, extractive.content_text(query), " ".join(specific), passages, self.settings.text_search_config)
         not_found = tuple(_surface(lexeme, specific) for lexeme in absent_specific(named, 2))
         return Evidence(best_similarity, support, coverage(stats), margin, agreement, coverage(stats, 1),
                         missing_rare(stats, 1), not_found, coverage(stats, 3), missing_rare(stats, 3),

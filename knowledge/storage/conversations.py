@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from db.engine import read_rows
 from knowledge.storage.words import lexical_text, word_text
 
 
@@ -223,6 +224,35 @@ async def term_statistics(conn: AsyncConnection, question: str, passages: Sequen
         )
     ).all()
     return [TermStat(row[0], int(row[1]), int(row[2]), tuple(row[3])) for row in rows]
+
+
+_EVIDENCE_TERMS = text(
+    "WITH p AS MATERIALIZED ("
+    "    SELECT i, tsvector_to_array(to_tsvector(CAST(:config AS regconfig), p)) AS lex"
+    "    FROM unnest(CAST(:passages AS text[])) WITH ORDINALITY AS t(p, i)), "
+    "q AS (SELECT 0 AS part, lexeme, n"
+    "      FROM unnest(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :question))) WITH ORDINALITY AS t(lexeme, n)"
+    "      UNION ALL "
+    "      SELECT 1, lexeme, n"
+    "      FROM unnest(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :named))) WITH ORDINALITY AS t(lexeme, n)) "
+    "SELECT q.part, q.lexeme, coalesce(l.df, 0) AS df, s.n_chunks, ARRAY(SELECT q.lexeme = ANY(p.lex) FROM p ORDER BY p.i) "
+    "FROM q CROSS JOIN corpus_stats s LEFT JOIN lexemes l ON l.lexeme = q.lexeme WHERE s.id = 1 ORDER BY q.part, q.n"
+)
+
+
+async def evidence_term_statistics(conn: AsyncConnection, question: str, named: str, passages: Sequence[str],
+                                   config: str) -> tuple[list[TermStat], list[TermStat]]:
+    """`term_statistics` of the question's words (`words_only`) and of its named words (`named`; "" for none)
+    against the same passages, in one statement that tokenises each passage once. Why: the answer's evidence asked
+    two statements for them, and in each the passages (whole documents among them) were tokenised again for every
+    term of the question, on the Postgres side of a question's path to the LLM; the rows are the same."""
+    rows = await read_rows(conn, _EVIDENCE_TERMS, {
+        "config": config, "question": word_text(question), "named": lexical_text(named) if named else "",
+        "passages": [lexical_text(p) for p in passages]})
+    stats: tuple[list[TermStat], list[TermStat]] = ([], [])
+    for row in rows:
+        stats[row[0]].append(TermStat(row[1], int(row[2]), int(row[3]), tuple(row[4])))
+    return stats
 
 
 async def best_chunk_coverage(conn: AsyncConnection, question: str, config: str, scan: int = 2000) -> float:

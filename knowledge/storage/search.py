@@ -11,6 +11,7 @@ comments name them in upper case (CANDIDATE_POSTINGS is `candidate_postings`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -468,10 +469,21 @@ async def permitted_count(conn: AsyncConnection, params: Mapping[str, Any]) -> i
     return int(permitted.n)
 
 
+@cache
+def index_markers() -> tuple[tuple[str, str], ...]:
+    """INDEX_MARKERS as the index tokenises them (`lexical_text`). Computed once: the Chinese markers are segmented
+    by jieba, whose first use loads its dictionary (one to three seconds of CPU), which must not happen on the event
+    loop (`indexed_languages` calls this in a thread; `ragbot run` calls it at start through
+    `KnowledgeBase.prepare_language_check`)."""
+    return tuple((language, lexical_text(words)) for language, words in INDEX_MARKERS.items())
+
+
 async def indexed_languages(conn: AsyncConnection, config: str) -> set[str]:
     """The languages the index holds documents in, read from its vocabulary (knowledge.storage.words.INDEX_MARKERS:
-    two marker words of a language, or, for Japanese, Korean and Russian, any word in their script). One statement."""
-    markers = [(language, lexical_text(words)) for language, words in INDEX_MARKERS.items()]
+    two marker words of a language, or, for Japanese, Korean and Russian, any word in their script). One statement.
+    The markers are segmented in a thread: a bot's first question stalled its event loop for seconds while jieba
+    loaded, long enough for the heartbeats of the answers in flight to miss their leases."""
+    markers = list(await asyncio.to_thread(index_markers))
     parts = [f"SELECT CAST(:l{i} AS text) AS language WHERE (SELECT count(*) FROM lexemes WHERE df > 0 AND lexeme = "
              f"ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :w{i})))) >= 2"
              for i in range(len(markers))]
