@@ -70,9 +70,22 @@ WRITE_BATCH_CHUNKS = 2000
 
 
 def regenerate_sample(dimension: int, n_chunks: int) -> tuple[SyntheticCorpus, list[tuple[str, np.ndarray]]]:
-    """The corpus and question sample `load_corpus` produced, generated again without storing (for --reuse)."""
+    """The corpus and question sample `load_corpus` produced, generated again without storing (for --reuse). The
+    questions are drawn from the generator's state after the whole corpus, so the whole corpus is generated again
+    (minutes at a million chunks); the result is kept in a file for the next --reuse run, named after the code that
+    generates it (bench/common.py), so a changed generator never reuses an old one."""
+    import hashlib
+    import pickle
+    import tempfile
+
+    code = hashlib.sha256(Path(__file__).with_name("common.py").read_bytes()).hexdigest()[:12]
+    kept = Path(tempfile.gettempdir()) / f"ragbot-bench-sample-{dimension}-{n_chunks}-{code}.pickle"
+    if kept.exists():
+        corpus, sample = pickle.loads(kept.read_bytes())
+        return corpus, sample
     corpus = SyntheticCorpus(dimension)
     sample = [(d.chunks[0], d.vectors[0]) for d in corpus.documents(n_chunks) if d.number % 7 == 0][:2000]
+    kept.write_bytes(pickle.dumps((corpus, sample)))
     return corpus, sample
 
 
