@@ -73,12 +73,16 @@ def regenerate_sample(dimension: int, n_chunks: int) -> tuple[SyntheticCorpus, l
     """The corpus and question sample `load_corpus` produced, generated again without storing (for --reuse). The
     questions are drawn from the generator's state after the whole corpus, so the whole corpus is generated again
     (minutes at a million chunks); the result is kept in a file for the next --reuse run, named after the code that
-    generates it (bench/common.py), so a changed generator never reuses an old one."""
+    generates it (SyntheticCorpus), so a changed generator never reuses an old one."""
     import hashlib
+    import inspect
     import pickle
     import tempfile
 
-    code = hashlib.sha256(Path(__file__).with_name("common.py").read_bytes()).hexdigest()[:12]
+    import common
+
+    generator = inspect.getsource(common.SyntheticCorpus) + inspect.getsource(common.pseudo_words)
+    code = hashlib.sha256(generator.encode()).hexdigest()[:12]
     kept = Path(tempfile.gettempdir()) / f"ragbot-bench-sample-{dimension}-{n_chunks}-{code}.pickle"
     if kept.exists():
         corpus, sample = pickle.loads(kept.read_bytes())

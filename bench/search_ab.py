@@ -113,6 +113,8 @@ async def main() -> None:
     parser.add_argument("--modes", default="hybrid_filtered,lexical_filtered,dense_filtered")
     parser.add_argument("--variant", action="append", default=[])
     parser.add_argument("--name", default="search-ab")
+    parser.add_argument("--truths-only", action="store_true",
+                        help="only compute the exact answers of the recall questions (untimed; before a locked run)")
     args = parser.parse_args()
     n_chunks = parse_size(args.chunks)
     database = f"ragbot_bench_search_{n_chunks}" + (f"_{args.sources}_sources" if args.sources > 1 else "")
@@ -131,6 +133,8 @@ async def main() -> None:
     vectors = [await first.retriever.query_vector(q) for q in queries]
     exact = await truths(first, database, queries[:args.recall_queries], vectors[:args.recall_queries])
     await first.close()
+    if args.truths_only:
+        return
 
     kbs = {name: await open_variant(database, pg, tuning, embedder) for name, pg, tuning in variants}
     modes = {"hybrid_filtered": ("hybrid", TEN_PERCENT, True), "lexical_filtered": ("lexical", TEN_PERCENT, False),
