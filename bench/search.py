@@ -472,7 +472,7 @@ async def measure(kb, queries: list[str], vectors: list[np.ndarray], recall_quer
 
 async def run_size(
     n_chunks: int, n_queries: int, recall_queries: int, keep: bool, with_levers: bool = False, reuse: bool = False,
-    n_sources: int = 1, layouts: tuple[str, ...] = (),
+    n_sources: int = 1, layouts: tuple[str, ...] = (), searches_of_one_source: bool = True,
 ) -> dict[str, object]:
     database = f"ragbot_bench_search_{n_chunks}" + (f"_{n_sources}_sources" if n_sources > 1 else "")
     if reuse:
@@ -512,7 +512,7 @@ async def run_size(
         }
         print(f"  question tokens: {figures['question_tokens']}")
         vectors = [await kb.retriever.query_vector(q) for q in queries]  # also fills the query cache
-        one_source = source_names(n_sources)[n_sources // 2] if n_sources > 1 else None
+        one_source = source_names(n_sources)[n_sources // 2] if n_sources > 1 and searches_of_one_source else None
         if not layouts:
             figures.update(await measure(kb, queries, vectors, recall_queries, with_levers, one_source))
             return figures
@@ -544,6 +544,8 @@ async def main() -> None:
     parser.add_argument("--layout", default="",
                         help="comma-separated layouts of chunks to measure on one load: single (migration 0018), "
                              "partitioned (0019); default: the schema's own (partitioned)")
+    parser.add_argument("--no-one-source", action="store_true",
+                        help="with --sources: do not also time (and measure the recall of) searches of one source")
     args = parser.parse_args()
     results: dict[str, object] = {}
     versions: dict[str, str] = {}
@@ -551,7 +553,7 @@ async def main() -> None:
         layouts = tuple(x for x in args.layout.split(",") if x)
         assert set(layouts) <= {"single", "partitioned"}, "--layout takes single and/or partitioned"
         results[str(size)] = await run_size(size, args.queries, args.recall_queries, args.keep, args.levers,
-                                            args.reuse, args.sources, layouts)
+                                            args.reuse, args.sources, layouts, not args.no_one_source)
     from db.engine import create_engine, database_url
 
     engine = create_engine(database_url())
