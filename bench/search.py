@@ -314,6 +314,33 @@ GROUP BY c.id ORDER BY score DESC, c.id LIMIT 10
 """)
 
 
+async def exact_answers(kb, query: str, vector: np.ndarray, source: str | None) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
+    """Exact search's top-10 for a question: dense for everyone and for the 10% reader, and BM25 (within `source`).
+    Kept in a file per database and corpus (bench/results/.exact-<database>-<chunks>-<total length>.json): they do
+    not change while a kept database is only searched, and at a million chunks each question costs tens of seconds,
+    so a --reuse run computes them once (`bench/search_ab.py --truths-only` computes them untimed, before a locked
+    run)."""
+    import json
+
+    from common import RESULTS
+
+    async with kb.engine.connect() as conn:
+        stats = (await conn.execute(text("SELECT n_chunks, total_len FROM corpus_stats WHERE id = 1"))).one()
+    path = RESULTS / f".exact-{kb.engine.url.database}-{stats.n_chunks}-{stats.total_len}.json"
+    known: dict[str, dict[str, list[int]]] = json.loads(path.read_text()) if path.exists() else {}
+    key = f"{source}|{query}"
+    if key not in known:
+        entry = {"all": await exact_dense(kb, vector, EVERY_DOCUMENT, source),
+                 "ten": await exact_dense(kb, vector, TEN_PERCENT, source)}
+        async with kb.engine.connect() as conn:
+            entry["lexical"] = [r.id for r in await conn.execute(
+                EXACT_BM25, {"query": query, "config": kb.settings.text_search_config, "source": source})]
+        known = json.loads(path.read_text()) if path.exists() else {}
+        known[key] = entry
+        path.write_text(json.dumps(known))
+    return known[key]
+
+
 async def recall(kb, queries: list[str], source: str | None = None) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """recall@10 of the product's dense and lexical paths against exact search, and how often the dense path's
     best hit is exact search's: on these clustered vectors most of recall@10's misses are near-ties (hits as similar
@@ -323,8 +350,9 @@ async def recall(kb, queries: list[str], source: str | None = None) -> dict[str,
     sources = (source,) if source else None
     for query in queries:
         vector = await kb.retriever.query_vector(query)
+        truth = await exact_answers(kb, query, vector, source)
         for principals, bucket in ((EVERY_DOCUMENT, "all"), (TEN_PERCENT, "ten")):
-            exact = await exact_dense(kb, vector, principals, source)
+            exact = truth[bucket]
             got = [h.chunk_id for h in (await kb.search(query, SearchFilters(principals, sources=sources), k=10,
                                                         mode="dense", max_per_document=10)).hits]
             share = len(set(exact) & set(got)) / max(len(exact), 1)
@@ -335,9 +363,7 @@ async def recall(kb, queries: list[str], source: str | None = None) -> dict[str,
             else:
                 dense_filtered += share
                 top1_filtered += same_best
-        async with kb.engine.connect() as conn:
-            exact_lex = {r.id for r in await conn.execute(
-                EXACT_BM25, {"query": query, "config": kb.settings.text_search_config, "source": source})}
+        exact_lex = set(truth["lexical"])
         got_lex = {h.chunk_id for h in (await kb.search(query, SearchFilters(EVERY_DOCUMENT, sources=sources), k=10,
                                                         mode="lexical", max_per_document=10)).hits}
         lexical += len(exact_lex & got_lex) / max(len(exact_lex), 1)

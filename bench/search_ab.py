@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from dataclasses import fields, replace
@@ -28,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    RESULTS,
     PlantedQueryEmbedder,
     machine_info,
     open_existing_kb,
@@ -40,9 +38,8 @@ from common import (  # noqa: E402
 )
 from search import (  # noqa: E402  (also sets the benchmark's environment)
     EVERY_DOCUMENT,
-    EXACT_BM25,
     TEN_PERCENT,
-    exact_dense,
+    exact_answers,
     regenerate_sample,
 )
 
@@ -86,20 +83,11 @@ async def open_variant(database: str, pg: dict[str, str], tuning: dict[str, obje
     return kb
 
 
-async def truths(kb: Any, database: str, queries: list[str], vectors: list[Any]) -> dict[str, Any]:
-    """Exact answers for the recall questions (kept in a file: each costs tens of seconds at 1M)."""
-    path = RESULTS / f".exact-{database}.json"
-    known: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+async def truths(kb: Any, queries: list[str], vectors: list[Any]) -> dict[str, Any]:
+    """Exact answers for the recall questions (search.exact_answers: kept in a file, tens of seconds each at 1M)."""
+    known = {}
     for query, vector in zip(queries, vectors, strict=True):
-        if query in known:
-            continue
-        entry = {"dense_all": await exact_dense(kb, vector, EVERY_DOCUMENT),
-                 "dense_ten": await exact_dense(kb, vector, TEN_PERCENT)}
-        async with kb.engine.connect() as conn:
-            entry["lexical_all"] = [r.id for r in await conn.execute(
-                EXACT_BM25, {"query": query, "config": kb.settings.text_search_config, "source": None})]
-        known[query] = entry
-        path.write_text(json.dumps(known))
+        known[query] = await exact_answers(kb, query, vector, None)
         print(f"  exact answers: {len(known)}", flush=True)
     return known
 
@@ -131,7 +119,7 @@ async def main() -> None:
     embedder = PlantedQueryEmbedder(first.embedder, planted, real_questions())
     first.retriever.embedder = embedder
     vectors = [await first.retriever.query_vector(q) for q in queries]
-    exact = await truths(first, database, queries[:args.recall_queries], vectors[:args.recall_queries])
+    exact = await truths(first, queries[:args.recall_queries], vectors[:args.recall_queries])
     await first.close()
     if args.truths_only:
         return
@@ -177,17 +165,17 @@ async def main() -> None:
         for query, vector in zip(queries[:args.recall_queries], vectors, strict=False):
             kb.retriever._query_vectors[query] = vector
             truth = exact[query]
-            for principals, bucket in ((EVERY_DOCUMENT, "dense_all"), (TEN_PERCENT, "dense_ten")):
+            for principals, bucket in ((EVERY_DOCUMENT, "all"), (TEN_PERCENT, "ten")):
                 got = {h.chunk_id for h in (await kb.search(query, SearchFilters(principals), k=10, mode="dense",
                                                             max_per_document=10)).hits}
                 share = len(got & set(truth[bucket])) / max(len(truth[bucket]), 1)
-                if bucket == "dense_all":
+                if bucket == "all":
                     dense_all += share
                 else:
                     dense_ten += share
             got = {h.chunk_id for h in (await kb.search(query, SearchFilters(EVERY_DOCUMENT), k=10, mode="lexical",
                                                         max_per_document=10)).hits}
-            lexical += len(got & set(truth["lexical_all"])) / max(len(truth["lexical_all"]), 1)
+            lexical += len(got & set(truth["lexical"])) / max(len(truth["lexical"]), 1)
         n = max(args.recall_queries, 1)
         out.setdefault("recall", {})[name] = {"hnsw_recall@10": round(dense_all / n, 4),
                                               "hnsw_filtered_recall@10": round(dense_ten / n, 4),
