@@ -363,19 +363,34 @@ async def open_fresh_kb(database: str, **settings_overrides: object):  # type: i
 
 
 async def open_existing_kb(database: str, **settings_overrides: object):  # type: ignore[no-untyped-def]
-    """A KnowledgeBase on database `database` of the configured server, as a --keep run left it."""
+    """A KnowledgeBase on database `database` of the configured server, as a --keep run left it: in the layout it
+    was left in. KnowledgeBase.open migrates a database that is not at the head, and the single-table layout
+    (`--layout single`) is the head downgraded to 0018, so opened that way a kept single table would be moved into
+    partitions (at a million chunks, many minutes) before it is searched: a database at 0018 is taken as it is
+    (any other is migrated as the product would)."""
     from sqlalchemy.engine import make_url
 
+    import knowledge.kb as kb_module
     from db.engine import database_url
+    from db.migrate import stored_revisions
     from db.settings import DatabaseSettings
     from knowledge.kb import KnowledgeBase
     from knowledge.settings import KnowledgeSettings
 
+    async def as_it_is(engine) -> bool:  # type: ignore[no-untyped-def]
+        if await stored_revisions(engine) == {"0018_cjk_lexemes"}:
+            return False
+        return await migrate(engine)
+
     url = make_url(database_url()).set(database=database).render_as_string(hide_password=False)
-    return await KnowledgeBase.open(
-        KnowledgeSettings(**settings_overrides),  # type: ignore[arg-type]
-        DatabaseSettings(database_url=url),  # type: ignore[call-arg]
-    )
+    migrate, kb_module.ensure_schema = kb_module.ensure_schema, as_it_is  # type: ignore[assignment]
+    try:
+        return await KnowledgeBase.open(
+            KnowledgeSettings(**settings_overrides),  # type: ignore[arg-type]
+            DatabaseSettings(database_url=url),  # type: ignore[call-arg]
+        )
+    finally:
+        kb_module.ensure_schema = migrate
 
 
 def drop_database(database: str) -> None:

@@ -70,9 +70,26 @@ WRITE_BATCH_CHUNKS = 2000
 
 
 def regenerate_sample(dimension: int, n_chunks: int) -> tuple[SyntheticCorpus, list[tuple[str, np.ndarray]]]:
-    """The corpus and question sample `load_corpus` produced, generated again without storing (for --reuse)."""
+    """The corpus and question sample `load_corpus` produced, generated again without storing (for --reuse). The
+    questions are drawn from the generator's state after the whole corpus, so the whole corpus is generated again
+    (minutes at a million chunks); the result is kept in a file for the next --reuse run, named after the code that
+    generates it (SyntheticCorpus), so a changed generator never reuses an old one."""
+    import hashlib
+    import inspect
+    import pickle
+    import tempfile
+
+    import common
+
+    generator = inspect.getsource(common.SyntheticCorpus) + inspect.getsource(common.pseudo_words)
+    code = hashlib.sha256(generator.encode()).hexdigest()[:12]
+    kept = Path(tempfile.gettempdir()) / f"ragbot-bench-sample-{dimension}-{n_chunks}-{code}.pickle"
+    if kept.exists():
+        corpus, sample = pickle.loads(kept.read_bytes())
+        return corpus, sample
     corpus = SyntheticCorpus(dimension)
     sample = [(d.chunks[0], d.vectors[0]) for d in corpus.documents(n_chunks) if d.number % 7 == 0][:2000]
+    kept.write_bytes(pickle.dumps((corpus, sample)))
     return corpus, sample
 
 
@@ -297,6 +314,33 @@ GROUP BY c.id ORDER BY score DESC, c.id LIMIT 10
 """)
 
 
+async def exact_answers(kb, query: str, vector: np.ndarray, source: str | None) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
+    """Exact search's top-10 for a question: dense for everyone and for the 10% reader, and BM25 (within `source`).
+    Kept in a file per database and corpus (bench/results/.exact-<database>-<chunks>-<total length>.json): they do
+    not change while a kept database is only searched, and at a million chunks each question costs tens of seconds,
+    so a --reuse run computes them once (`bench/search_ab.py --truths-only` computes them untimed, before a locked
+    run)."""
+    import json
+
+    from common import RESULTS
+
+    async with kb.engine.connect() as conn:
+        stats = (await conn.execute(text("SELECT n_chunks, total_len FROM corpus_stats WHERE id = 1"))).one()
+    path = RESULTS / f".exact-{kb.engine.url.database}-{stats.n_chunks}-{stats.total_len}.json"
+    known: dict[str, dict[str, list[int]]] = json.loads(path.read_text()) if path.exists() else {}
+    key = f"{source}|{query}"
+    if key not in known:
+        entry = {"all": await exact_dense(kb, vector, EVERY_DOCUMENT, source),
+                 "ten": await exact_dense(kb, vector, TEN_PERCENT, source)}
+        async with kb.engine.connect() as conn:
+            entry["lexical"] = [r.id for r in await conn.execute(
+                EXACT_BM25, {"query": query, "config": kb.settings.text_search_config, "source": source})]
+        known = json.loads(path.read_text()) if path.exists() else {}
+        known[key] = entry
+        path.write_text(json.dumps(known))
+    return known[key]
+
+
 async def recall(kb, queries: list[str], source: str | None = None) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """recall@10 of the product's dense and lexical paths against exact search, and how often the dense path's
     best hit is exact search's: on these clustered vectors most of recall@10's misses are near-ties (hits as similar
@@ -306,8 +350,9 @@ async def recall(kb, queries: list[str], source: str | None = None) -> dict[str,
     sources = (source,) if source else None
     for query in queries:
         vector = await kb.retriever.query_vector(query)
+        truth = await exact_answers(kb, query, vector, source)
         for principals, bucket in ((EVERY_DOCUMENT, "all"), (TEN_PERCENT, "ten")):
-            exact = await exact_dense(kb, vector, principals, source)
+            exact = truth[bucket]
             got = [h.chunk_id for h in (await kb.search(query, SearchFilters(principals, sources=sources), k=10,
                                                         mode="dense", max_per_document=10)).hits]
             share = len(set(exact) & set(got)) / max(len(exact), 1)
@@ -318,9 +363,7 @@ async def recall(kb, queries: list[str], source: str | None = None) -> dict[str,
             else:
                 dense_filtered += share
                 top1_filtered += same_best
-        async with kb.engine.connect() as conn:
-            exact_lex = {r.id for r in await conn.execute(
-                EXACT_BM25, {"query": query, "config": kb.settings.text_search_config, "source": source})}
+        exact_lex = set(truth["lexical"])
         got_lex = {h.chunk_id for h in (await kb.search(query, SearchFilters(EVERY_DOCUMENT, sources=sources), k=10,
                                                         mode="lexical", max_per_document=10)).hits}
         lexical += len(exact_lex & got_lex) / max(len(exact_lex), 1)
@@ -455,7 +498,7 @@ async def measure(kb, queries: list[str], vectors: list[np.ndarray], recall_quer
 
 async def run_size(
     n_chunks: int, n_queries: int, recall_queries: int, keep: bool, with_levers: bool = False, reuse: bool = False,
-    n_sources: int = 1, layouts: tuple[str, ...] = (),
+    n_sources: int = 1, layouts: tuple[str, ...] = (), searches_of_one_source: bool = True,
 ) -> dict[str, object]:
     database = f"ragbot_bench_search_{n_chunks}" + (f"_{n_sources}_sources" if n_sources > 1 else "")
     if reuse:
@@ -495,7 +538,7 @@ async def run_size(
         }
         print(f"  question tokens: {figures['question_tokens']}")
         vectors = [await kb.retriever.query_vector(q) for q in queries]  # also fills the query cache
-        one_source = source_names(n_sources)[n_sources // 2] if n_sources > 1 else None
+        one_source = source_names(n_sources)[n_sources // 2] if n_sources > 1 and searches_of_one_source else None
         if not layouts:
             figures.update(await measure(kb, queries, vectors, recall_queries, with_levers, one_source))
             return figures
@@ -527,6 +570,8 @@ async def main() -> None:
     parser.add_argument("--layout", default="",
                         help="comma-separated layouts of chunks to measure on one load: single (migration 0018), "
                              "partitioned (0019); default: the schema's own (partitioned)")
+    parser.add_argument("--no-one-source", action="store_true",
+                        help="with --sources: do not also time (and measure the recall of) searches of one source")
     args = parser.parse_args()
     results: dict[str, object] = {}
     versions: dict[str, str] = {}
@@ -534,7 +579,7 @@ async def main() -> None:
         layouts = tuple(x for x in args.layout.split(",") if x)
         assert set(layouts) <= {"single", "partitioned"}, "--layout takes single and/or partitioned"
         results[str(size)] = await run_size(size, args.queries, args.recall_queries, args.keep, args.levers,
-                                            args.reuse, args.sources, layouts)
+                                            args.reuse, args.sources, layouts, not args.no_one_source)
     from db.engine import create_engine, database_url
 
     engine = create_engine(database_url())

@@ -235,3 +235,82 @@ async def test_an_index_built_at_0018_moves_to_partitions_and_back_with_the_same
     back = await _statistics(kb)
     assert back[2] == "r" and back[:2] == stats[:2]
     assert await _answers(kb) == before
+
+
+def _one_chunk(key: str, body: str) -> SourceItem:
+    return SourceItem(external_id=key, filename=f"{key}.md", read=lambda body=body: body.encode(),
+                      access=("everyone",))
+
+
+async def _search_lists_in_the_pool(kb: Any) -> list[tuple[str | None, str]]:
+    """Every pooled search connection's HNSW search list: as the pool remembers it (read_rows SETs it only where
+    that differs) and as Postgres has it."""
+    from contextlib import AsyncExitStack
+
+    async with AsyncExitStack() as stack:  # every connection the searches' pool holds (5, and 5 more it may open)
+        connections = [await stack.enter_async_context(kb.search_engine.connect()) for _ in range(10)]
+        return [(conn.info.get("hnsw.ef_search"),
+                 (await conn.execute(text("SELECT current_setting('hnsw.ef_search')"))).scalar_one())
+                for conn in connections]
+
+
+async def test_the_hnsw_search_list_follows_the_largest_graph_searched(kb_factory, fresh_database):
+    """Each partition has its own HNSW graph, and a search walks each graph it reads with one search list: that
+    list is sized for the largest graph searched (the searched source's partition, or the largest of all), not for
+    the corpus (at a million chunks over ten sources, ten graphs of 100k were each walked with a million-chunk
+    graph's list, 800 instead of 200). One table keeps the corpus's size. The answers stay the same."""
+    from alembic import command
+    from db.migrate import alembic_config
+    from knowledge.search.retrieval import Retriever
+
+    kb = await kb_factory(fresh_database())
+    teams = [_one_chunk(f"team-{i}", f"# Team {i} rituals\n\nTeam {i} holds a planning meeting every March.")
+             for i in range(230)]
+    guilds = [_one_chunk(f"guild-{i}", f"# Guild {i}\n\nGuild {i} meets on Fridays in room {i}.") for i in range(300)]
+    for name, items in (("teams", teams), ("guilds", guilds)):
+        report = await kb.sync(StaticSource(SourceSpec(name, "test"), items))
+        assert not report.failed, report.failed
+    async with kb.engine.connect() as conn:
+        await (await conn.execution_options(isolation_level="AUTOCOMMIT")).execute(text("ANALYZE chunks"))
+        counts = {r.name: str(r.n) for r in await conn.execute(text(
+            "SELECT s.name, count(*) AS n FROM chunks c JOIN sources s ON s.id = c.source_id GROUP BY s.name"))}
+        corpus = str((await conn.execute(text("SELECT n_chunks FROM corpus_stats"))).scalar_one())
+    assert int(counts["teams"]) > 200 and int(counts["guilds"]) > int(counts["teams"])
+    # every chunk counts as a search list entry (no less than db.engine.HNSW_EF_SEARCH, 200), read at every search
+    tuning = SearchTuning(chunks_per_ef_search=1, corpus_size_ttl_s=0.0)
+    retriever = Retriever(kb.search_engine, kb.embedder, kb.settings, tuning)
+    every, only_teams = SearchFilters(), SearchFilters(sources=("teams",))
+
+    async def top(filters: SearchFilters, question: str) -> list[str]:
+        hits = (await retriever.search(question, filters, k=5, mode="dense")).hits
+        return [h.external_id for h in hits]
+
+    before = {(q, f.sources): [h.external_id for h in (await kb.search(q, f, k=5, mode="dense")).hits]
+              for q in ("when does team 7 plan", "where does guild 12 meet") for f in (every, only_teams)}
+
+    assert (await top(every, "where does guild 12 meet"))[0] == "guild-12"
+    pooled = await _search_lists_in_the_pool(kb)
+    assert (counts["guilds"], counts["guilds"]) in pooled
+    assert all(remembered == actual for remembered, actual in pooled)
+    assert not any(actual == corpus for _, actual in pooled)  # the corpus: what it was sized for before
+    assert (await top(only_teams, "when does team 7 plan"))[0] == "team-7"
+    pooled = await _search_lists_in_the_pool(kb)
+    assert (counts["teams"], counts["teams"]) in pooled
+    assert all(remembered == actual for remembered, actual in pooled)
+    # the same answers as with the default search list
+    assert {(q, s): await top(SearchFilters(sources=s), q) for q, s in before} == before
+
+    # one table (the layout before migration 0019): one graph of every chunk, whatever the sources searched
+    def downgrade(sync_connection) -> None:  # type: ignore[no-untyped-def]
+        config = alembic_config()
+        config.attributes["connection"] = sync_connection
+        command.downgrade(config, "0018_cjk_lexemes")
+
+    async with kb.engine.begin() as conn:
+        await conn.run_sync(downgrade)
+    for engine in (kb.engine, kb.search_engine):
+        await engine.dispose()
+    assert (await top(only_teams, "when does team 7 plan"))[0] == "team-7"
+    pooled = await _search_lists_in_the_pool(kb)
+    assert (corpus, corpus) in pooled and all(remembered == actual for remembered, actual in pooled)
+    assert {(q, s): await top(SearchFilters(sources=s), q) for q, s in before} == before

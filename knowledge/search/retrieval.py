@@ -114,8 +114,8 @@ class Retriever:
         self.settings = settings
         self.tuning = tuning or SearchTuning()  # the search statements' knobs (knowledge.storage.search)
         self._query_vectors: dict[str, np.ndarray] = {}
-        self._ef_search = str(HNSW_EF_SEARCH)
-        self._ef_search_until = 0.0  # time.monotonic() when the corpus size is read again
+        self._corpus = search_store.CorpusLayout(0, {})  # the graphs' sizes, read again once it expires:
+        self._corpus_until = 0.0  # time.monotonic() when the corpus size is read again
 
     async def query_vector(self, query: str) -> np.ndarray:
         if query not in self._query_vectors:
@@ -136,7 +136,9 @@ class Retriever:
 
     async def _dense_candidates(self, params: dict[str, object], shown: dict[int, Any]) -> list[Candidate]:
         async with self._reads.connect() as conn:
-            settings = {"hnsw.ef_search": await self._ef_search_for_corpus(conn)}
+            sources = params["sources"]
+            assert sources is None or isinstance(sources, list)
+            settings = {"hnsw.ef_search": await self._ef_search_for_corpus(conn, sources)}
             rows = await search_store.dense_rows(conn, self.embedder.dimension, params, settings=settings)
             if await self._index_scan_fell_short(conn, len(rows), params):
                 # Not reported in the timings: whether the index scan fell short depends on chunks the asker may
@@ -145,13 +147,16 @@ class Retriever:
         shown.update((r.id, r) for r in rows)
         return [Candidate(r.id, r.document_id, float(r.score)) for r in rows]
 
-    async def _ef_search_for_corpus(self, conn: AsyncConnection) -> str:
-        """ef_search_for the corpus's size, read at most once a tuning.corpus_size_ttl_s."""
-        if time.monotonic() >= self._ef_search_until:
-            n_chunks = await search_store.corpus_size(conn)
-            self._ef_search = str(ef_search_for(n_chunks, self.tuning))
-            self._ef_search_until = time.monotonic() + self.tuning.corpus_size_ttl_s
-        return self._ef_search
+    async def _ef_search_for_corpus(self, conn: AsyncConnection, sources: Sequence[str] | None = None) -> str:
+        """ef_search_for the size of the largest HNSW graph a search of `sources` (None: every source) walks: the
+        corpus's when `chunks` is one table; the largest searched partition's when it is partitioned by source, since
+        each partition has its own graph and is searched with the one setting. (From the corpus size, a search of ten
+        partitions of 100k chunks walked each with the search list of a million-chunk graph: 800 instead of 200.)
+        The sizes are read at most once a tuning.corpus_size_ttl_s."""
+        if time.monotonic() >= self._corpus_until:
+            self._corpus = await search_store.corpus_layout(conn)
+            self._corpus_until = time.monotonic() + self.tuning.corpus_size_ttl_s
+        return str(ef_search_for(self._corpus.largest_graph(sources), self.tuning))
 
     async def _index_scan_fell_short(self, conn: AsyncConnection, found: int, params: dict[str, object]) -> bool:
         """Did the HNSW scan return fewer candidates than the asker may see? It can, when the rows it visits first

@@ -12,7 +12,7 @@ comments name them in upper case (CANDIDATE_POSTINGS is `candidate_postings`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -460,6 +460,53 @@ async def corpus_size(conn: AsyncConnection) -> int:
     """The number of chunks (corpus_stats), 0 before the first ingest."""
     rows = await read_rows(conn, _CORPUS_SIZE, {})
     return rows[0].n_chunks if rows else 0
+
+
+# Each partition of `chunks` (migration 0019: `chunks_p<source id>`, and `chunks_default` for strays) with Postgres'
+# own estimate of its rows: the larger of the planner's (reltuples, set by VACUUM and ANALYZE, kept across restarts)
+# and the statistics collector's live count (n_live_tup, which follows every write between ANALYZEs but is reset
+# after a crash). Catalog reads only: no partition is scanned. No rows for a table that is not partitioned.
+_PARTITION_ROWS = text("""
+SELECT s.name AS source, greatest(c.reltuples, st.n_live_tup, 0)::bigint AS estimated_rows
+FROM pg_inherits h
+JOIN pg_class c ON c.oid = h.inhrelid
+LEFT JOIN pg_stat_user_tables st ON st.relid = c.oid
+LEFT JOIN sources s ON c.relname = 'chunks_p' || s.id
+WHERE h.inhparent = 'chunks'::regclass
+""")
+
+
+@dataclass(frozen=True)
+class CorpusLayout:
+    """How many chunks the index holds, and how they are spread over the partitions of `chunks` (by source name;
+    None for the default partition): the size of the HNSW graphs a search walks. `partitions` is empty when `chunks`
+    is one table (one graph of every chunk)."""
+
+    chunks: int
+    partitions: Mapping[str | None, int]
+
+    def largest_graph(self, sources: Sequence[str] | None = None) -> int:
+        """The chunks in the largest HNSW graph a search of `sources` (None: every source) walks. One table: the
+        corpus. Partitioned: each searched partition's share of the corpus by Postgres' estimates (which may lag
+        behind the latest writes), times the exact corpus size, so that one partition holding everything counts
+        exactly the corpus. Without an estimate yet (a partition never analysed), the corpus: the longer search
+        list is the safe side."""
+        if not self.partitions:
+            return self.chunks
+        total = sum(self.partitions.values())
+        wanted = set(sources) if sources is not None else None
+        # the default partition holds a source's chunks only when it has no partition of its own: searched always
+        searched = [rows for source, rows in self.partitions.items()
+                    if wanted is None or source is None or source in wanted]
+        if total <= 0 or not searched:
+            return self.chunks
+        return self.chunks * max(searched) // total
+
+
+async def corpus_layout(conn: AsyncConnection) -> CorpusLayout:
+    """The corpus size and its spread over partitions (CorpusLayout): two small catalog reads."""
+    partitions = {r.source: int(r.estimated_rows) for r in await read_rows(conn, _PARTITION_ROWS, {})}
+    return CorpusLayout(await corpus_size(conn), partitions)
 
 
 async def permitted_count(conn: AsyncConnection, params: Mapping[str, Any]) -> int:
