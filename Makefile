@@ -60,16 +60,11 @@ run: setup-run
 # A warm cache saves most of the rest of the model time: tests/test_first_run.py took 109 s in the suite before, 80 s
 # after (cold); alone with a warm cache, the server's start and the handbook's build included, 35 s. Per file:
 # `-p tests.cpu_report` prints CPU and wall seconds per test file.
-# Whole `make test` at c4958a0-d32b7c8 (687 tests): idle, cold cache, 8 min 26 s wall (9 min 21 s user + 1 min 5 s sys);
-# warm cache with a busy loop holding one of the two cores, 10 min 1 s wall (pytest 9 min 55 s).
-# Again on 2026-11-28 (`/usr/bin/time -v` over ruff, mypy and `pytest -q -n 3 --dist loadfile -p tests.cpu_report`;
-# warm caches; a busy loop holding one core; other engineers' work also running, so wall follows their load):
-#   136a5d4: 12 min 26 s wall at load 2.2-6.7; 561 s user+sys + 216 s in Postgres; 688 passed, 1 skipped.
-#   9ddb07a: 20 min 15 s wall at load 4.1-9.6 (the run got 46 % of a core); 562 s + 198 s in Postgres; 689 passed.
-#   The files it changed fell by 55 CPU-s (test_startup_errors.py 43 -> 12: a `ragbot run` that cannot start no longer
-#   loads the model; test_cli.py 49 -> 40: in-process commands parse in a thread), while torch-heavy files it did not
-#   change rose by as much at the higher load (their thread pools spin). Since then, one torch/BLAS thread per test
-#   process (tests/conftest.py): test_retrieval.py + test_insights_clustering.py at load 5, 62 -> 20 CPU-s.
+# Whole `make test` (ruff, mypy, pytest; warm caches; `/usr/bin/time -v`; a busy loop holding one of the two cores for
+# the whole run, the machine otherwise idle): c4958a0, 687 tests, 10 min 1 s wall; d232a9e, 693 tests, 7 min 31 s wall
+# (334 s user + 42 s sys). Between them: a `ragbot run` that cannot start no longer loads the model, in-process CLI
+# commands parse in a thread, and one torch/BLAS thread per test process (tests/conftest.py: on a loaded machine the
+# thread pools spin; test_retrieval.py + test_insights_clustering.py at load 5 went from 62 to 20 CPU-s).
 TEST_WORKERS ?= 3
 
 test: setup-test test-tools
@@ -78,8 +73,8 @@ test: setup-test test-tools
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The quick tier for development: the flow and unit tests, no servers or subprocesses (tests marked `slow` are left
-# out; see docs/development.md). One process: 195 tests, 33 s CPU, 2 min 08 s wall (`/usr/bin/time`, 2026-11-28,
-# load 6-7 on 2 cores, the full suite running beside it).
+# out; see docs/development.md). One process: 199 tests, 27 s CPU, 35 s wall (`/usr/bin/time`, d232a9e,
+# idle; 2 min 08 s at load 6-7 with a whole suite running beside it).
 test-fast: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
