@@ -62,8 +62,9 @@ class KnowledgeSettings(BaseSettings):
     sync_lease_seconds: float = Field(default=60.0, ge=1.0)
     # A source's first sync is cut into parts by the units its connector lists (a folder's top-level folders,
     # Confluence's spaces, a Drive root's top-level folders), each leased on its own, so several workers index one
-    # big source together; the source is searchable once all parts are done (knowledge.ingest.split). Later syncs are one unit whatever this says. Off by default: on one host the
-    # parts only share its cores, and cost their pipelines' start and drain (bench/sync_workers.py --case big).
+    # big source together; the source is searchable once all parts are done (knowledge.ingest.split). Later syncs
+    # are one unit whatever this says. Off by default: on one host the parts only share its cores, and cost their
+    # pipelines' start and drain (bench/sync_workers.py --case big).
     sync_split_first: bool = False
 
     # Retrieval.
