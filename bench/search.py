@@ -98,8 +98,8 @@ def source_names(n_sources: int) -> list[str]:
 
 
 async def set_layout(kb, layout: str) -> float:  # type: ignore[no-untyped-def]
-    """Move `chunks` to `layout` with the migration itself ("single": 0018's one table, "partitioned": 0019), then
-    VACUUM (ANALYZE) it; returns the migration's seconds."""
+    """Move `chunks` to `layout` with the migration itself ("single": 0018's one table with 0023's lexical index,
+    "partitioned": 0019 and on), then VACUUM (ANALYZE) it; returns the migration's seconds."""
     from alembic import command
     from db.migrate import alembic_config
 
@@ -108,6 +108,9 @@ async def set_layout(kb, layout: str) -> float:  # type: ignore[no-untyped-def]
         config.attributes["connection"] = sync_connection
         if layout == "single":
             command.downgrade(config, "0018_cjk_lexemes")
+            # ... with today's lexical index (migration 0023), so the layouts differ only in partitioning
+            sync_connection.execute(text("CREATE INDEX IF NOT EXISTS chunks_tsv_access ON chunks USING gin (tsv, access)"))
+            sync_connection.execute(text("DROP INDEX IF EXISTS chunks_tsv"))
         else:
             command.upgrade(config, "head")
 

@@ -166,9 +166,9 @@ async def test_a_search_of_some_sources_scans_only_their_partitions(fresh_kb):
     assert dense == wanted
     # BM25's statement as a search of some sources runs it: planned for their ids (a generic plan cannot prune on
     # `= ANY(array)`, so lexical_rows does not ask for one then)
-    lexical = await _explain(fresh_kb, str(search_sql._LEXICAL[False, True].text), some, generic=False)
+    lexical = await _explain(fresh_kb, str(search_sql._LEXICAL[False, False, True].text), some, generic=False)
     assert lexical == wanted
-    permitted = await _explain(fresh_kb, str(search_sql._LEXICAL[True, True].text), some, generic=False)
+    permitted = await _explain(fresh_kb, str(search_sql._LEXICAL[True, False, True].text), some, generic=False)
     assert permitted == wanted
     # without a source limit every partition is read
     assert await _explain(fresh_kb, search_sql.dense_sql(dimension), params, generic=False) == every

@@ -14,11 +14,13 @@ import pytest
 import pytest_asyncio
 from conftest import create_database, drop_database
 from conftest import test_settings as kb_settings
+from sqlalchemy import text
 
 from db.settings import DatabaseSettings
 from knowledge.kb import KnowledgeBase
 from knowledge.search.retrieval import MODES, Retriever, SearchFilters, SearchTuning
 from knowledge.sources.base import SourceItem, SourceSpec, StaticSource
+from knowledge.storage.search import AccessStatistics, CorpusLayout, corpus_layout
 
 PUBLIC = {
     "bands": "# Salary bands\n\nEvery salary band is published on the wiki; a band covers one level.",
@@ -69,12 +71,16 @@ def _seen(results) -> list[tuple[str, float, float | None, float | None]]:  # ty
              None if h.lexical_score is None else round(h.lexical_score, 9)) for h in results.hits]
 
 
-@pytest.mark.parametrize("regime", ["small", "rare", "together", "triples", "common"],
-                         ids=["small-corpus", "large-corpus-candidates", "terms-together", "three-terms-together",
-                              "every-term-common"])
-@pytest.mark.parametrize("mode", MODES)
-async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(twin_kbs, mode, regime):
-    knobs: dict[str, Any] = {}  # the search statements' knobs (SearchTuning)
+REGIMES = ["small", "rare", "together", "triples", "common"]
+REGIME_IDS = ["small-corpus", "large-corpus-candidates", "terms-together", "three-terms-together", "every-term-common"]
+# How the lexical statement checks the asker's access (SearchTuning.narrow_reader_share): each fetched row (a reader
+# of most chunks), or inside the lexical index's scans (a reader of few; migration 0023). -1: never, 1: always.
+ACCESS_CHECKS = {"per-row": -1.0, "in-index": 1.0}
+
+
+def _regime(regime: str) -> tuple[dict[str, Any], str]:
+    """The search knobs (SearchTuning) that make the lexical statement take a regime's path, and its question."""
+    knobs: dict[str, Any] = {}
     if regime != "small":
         # Behave as a large corpus does: candidates come only from the rarest terms.
         knobs["rare_term_corpus_size"] = 0
@@ -99,6 +105,15 @@ async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(tw
         knobs["candidate_scan_cap"] = 1
         knobs["common_index_df"] = 1
         knobs["common_probe_rows"] = 3
+    return knobs, question
+
+
+@pytest.mark.parametrize("access_check", list(ACCESS_CHECKS))
+@pytest.mark.parametrize("regime", REGIMES, ids=REGIME_IDS)
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(twin_kbs, mode, regime, access_check):
+    knobs, question = _regime(regime)
+    knobs["narrow_reader_share"] = ACCESS_CHECKS[access_check]
     with_word, without_word = twin_kbs
     for k in (1, 5):
         a = await tuned(with_word, knobs).search(question, SearchFilters(("user:bob@example.com",)), k=k, mode=mode)
@@ -107,6 +122,35 @@ async def test_a_word_only_in_hidden_documents_changes_nothing_the_asker_sees(tw
         assert a.hits, "the public documents match the question"
         assert "vault" not in {h.external_id for h in a.hits}
         assert a.best_similarity == b.best_similarity
+
+
+@pytest.mark.parametrize("regime", REGIMES, ids=REGIME_IDS)
+async def test_checking_access_inside_the_lexical_index_returns_what_checking_each_row_does(twin_kbs, regime):
+    """A reader of few chunks has access checked in the index's scans, a broad one row by row: the same hits, the
+    same scores, for someone who may not see the vault and for HR who may."""
+    knobs, question = _regime(regime)
+    with_word, _ = twin_kbs
+    for principals in (("user:bob@example.com",), ("group:hr",)):
+        for mode in ("lexical", "hybrid"):
+            seen = {check: _seen(await tuned(with_word, {**knobs, "narrow_reader_share": share}).search(
+                        question, SearchFilters(principals), k=5, mode=mode))
+                    for check, share in ACCESS_CHECKS.items()}
+            assert seen["in-index"] == seen["per-row"], (principals, mode)
+            assert seen["per-row"], "the question matches documents this reader may see"
+
+
+async def test_a_reader_of_few_chunks_is_told_apart_from_a_reader_of_most_by_postgres_statistics(twin_kbs):
+    """The estimate that picks the access check: from ANALYZE's statistics of `access`; unknown before them."""
+    _, kb = twin_kbs
+    async with kb.search_engine.connect() as conn:
+        await conn.execute(text("ANALYZE chunks"))
+        layout = await corpus_layout(conn)
+    hr_only = layout.visible_share(["group:hr"])  # the vault: 1 chunk of 14
+    everyone = layout.visible_share(["everyone", "user:bob@example.com"])
+    assert 0 < hr_only < 0.25 <= everyone, (hr_only, everyone)
+    assert everyone > 0.9
+    never_analysed = CorpusLayout(14, {}, (AccessStatistics(14.0, None, 0.0),))
+    assert never_analysed.visible_share(["group:hr"]) == 1.0
 
 
 async def test_the_hidden_word_does_count_for_someone_who_may_see_it(twin_kbs):

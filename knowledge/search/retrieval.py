@@ -129,7 +129,11 @@ class Retriever:
         self, params: dict[str, object], shown: dict[int, Any], among_permitted: bool = False
     ) -> LexicalCandidates:
         async with self._reads.connect() as conn:
-            rows = await search_store.lexical_rows(conn, params, among_permitted=among_permitted)
+            principals = params["principals"]
+            assert isinstance(principals, list)
+            share = (await self._corpus_layout(conn)).visible_share(principals)
+            rows = await search_store.lexical_rows(conn, params, among_permitted=among_permitted,
+                                                   narrow=share <= self.tuning.narrow_reader_share)
         shown.update((r.id, r) for r in rows)
         return LexicalCandidates([Candidate(r.id, r.document_id, float(r.score)) for r in rows],
                                  float(rows[0].full_match_score) if rows else 0.0)
@@ -153,10 +157,15 @@ class Retriever:
         each partition has its own graph and is searched with the one setting. (From the corpus size, a search of ten
         partitions of 100k chunks walked each with the search list of a million-chunk graph: 800 instead of 200.)
         The sizes are read at most once a tuning.corpus_size_ttl_s."""
+        return str(ef_search_for((await self._corpus_layout(conn)).largest_graph(sources), self.tuning))
+
+    async def _corpus_layout(self, conn: AsyncConnection) -> search_store.CorpusLayout:
+        """The corpus's size, partitions and access statistics, read again once a tuning.corpus_size_ttl_s (the two
+        sides of a search may both read it when it expires: harmless)."""
         if time.monotonic() >= self._corpus_until:
             self._corpus = await search_store.corpus_layout(conn)
             self._corpus_until = time.monotonic() + self.tuning.corpus_size_ttl_s
-        return str(ef_search_for(self._corpus.largest_graph(sources), self.tuning))
+        return self._corpus
 
     async def _index_scan_fell_short(self, conn: AsyncConnection, found: int, params: dict[str, object]) -> bool:
         """Did the HNSW scan return fewer candidates than the asker may see? It can, when the rows it visits first

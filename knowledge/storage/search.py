@@ -111,6 +111,13 @@ class SearchTuning:
     max_ef_search: int = 800
     # How long the corpus size that sets it is trusted before it is read again (one cheap read a minute).
     corpus_size_ttl_s: float = 60.0
+    # A reader who may see at most this share of the chunks (CorpusLayout.visible_share, from Postgres' statistics;
+    # 1 when unknown) has access checked inside the lexical index's scans (lexical_rows' `narrow`); a broader one
+    # row by row. At a million chunks, for a reader of 10%: a common term's 17,704 postings fetched 17,068 rows to
+    # keep 1,794 (40-80 ms), while reading the principal's list inside the scan cost nothing measurable; for a
+    # reader of every chunk it would read a list as long as the table. Measured by `bench/search_ab.py` (README
+    # "Speed"); the statements return the same rows, so this only moves time. 1.0: every reader (tests).
+    narrow_reader_share: float = 0.25
 
     def params(self) -> dict[str, object]:
         """The knobs as the lexical statement's bind parameters."""
@@ -190,7 +197,7 @@ rare_terms AS MATERIALIZED (
       AND CASE WHEN t.df <= :candidate_postings
                THEN EXISTS (SELECT 1 FROM chunks c
                             WHERE c.tsv @@ CAST(t.literal AS tsquery) AND c.tsv @@ CAST(t.literal AS tsquery)
-                              AND {row_filters})
+                              AND {term_filters})
                ELSE {common_term_visible} END
 ),
 candidate_terms AS (
@@ -240,7 +247,7 @@ together AS MATERIALIZED (
     SELECT c.id, c.source_id, c.bm25
     FROM (SELECT * FROM together_groups ORDER BY expected, a, b, c) g
     CROSS JOIN LATERAL (
-        SELECT c.id, c.source_id, c.bm25 FROM chunks c WHERE c.tsv @@ g.terms AND {row_filters} LIMIT :together_cap
+        SELECT c.id, c.source_id, c.bm25 FROM chunks c WHERE c.tsv @@ g.terms AND {term_filters} LIMIT :together_cap
     ) c
     LIMIT :together_cap
 ),
@@ -357,9 +364,13 @@ _HOLDS_T = "('{' || t.id || ':' || '1}/{sparse_dim}')::sparsevec"
 _TIERS_OF_C = "coalesce(c.tf_tiers, bm25_tf_tiers(c.tsv))"
 
 
-def _lexical_search_ctes(candidate_filters: str = _FILTERS_PER_ROW) -> str:
+def _lexical_search_ctes(candidate_filters: str = _FILTERS_PER_ROW, term_filters: str = _FILTERS_PER_ROW) -> str:
+    """The lexical statement's CTEs. `candidate_filters` is the asker's filter in the scan of the candidate terms'
+    postings, `term_filters` in the rare terms' visibility probes and the groups' intersections: the scans of the
+    lexical index (`chunks_tsv_access`). Open (_FILTERS) for a narrow reader, per row otherwise (see `narrow` in
+    lexical_rows)."""
     return (_LEXICAL_CTES.replace("{common_term_visible}", _COMMON_TERM_VISIBLE).replace("{tiers_of_c}", _TIERS_OF_C)
-            .replace("{candidate_filters}", candidate_filters)
+            .replace("{candidate_filters}", candidate_filters).replace("{term_filters}", term_filters)
             .replace("{filters}", _FILTERS).replace("{row_filters}", _FILTERS_PER_ROW)
             .replace("{holds_t}", _HOLDS_T).replace("{sparse_dim}", str(BM25_SPARSE_DIM)))
 
@@ -384,12 +395,14 @@ LEXICAL_SQL_AMONG_PERMITTED = _with_sources("WITH RECURSIVE " + _lexical_search_
                                             False)
 # Built once: SQLAlchemy finds a statement's parameters with a regular expression over its text, which for
 # BM25's 15,000 characters is a measurable share of a search's Python time.
-# Keyed by (among_permitted, by_source).
+# Keyed by (among_permitted, narrow, by_source).
 _LEXICAL = {
-    (among_permitted, by_source): text(_with_sources(
-        "WITH RECURSIVE " + _lexical_search_ctes(_FILTERS if among_permitted else _FILTERS_PER_ROW) + _LEXICAL_SELECT,
-        by_source))
-    for among_permitted in (False, True) for by_source in (False, True)
+    (among_permitted, narrow, by_source): text(_with_sources(
+        "WITH RECURSIVE "
+        + _lexical_search_ctes(_FILTERS if among_permitted or narrow else _FILTERS_PER_ROW,
+                               _FILTERS if narrow else _FILTERS_PER_ROW)
+        + _LEXICAL_SELECT, by_source))
+    for among_permitted in (False, True) for narrow in (False, True) for by_source in (False, True)
 }
 
 
@@ -435,17 +448,24 @@ async def _source_ids(conn: AsyncConnection, params: Mapping[str, Any]) -> tuple
     return {**params, "source_ids": list(row.ids)}, True
 
 
-async def lexical_rows(conn: AsyncConnection, params: Mapping[str, Any], *, among_permitted: bool = False) -> list[Any]:
-    """BM25's candidates, best first, each with what its hit shows and the full-match score. `among_permitted`: the
-    statement with the asker's filters open to the indexes (LEXICAL_SQL_AMONG_PERMITTED). The question is tokenised
-    as the chunks were (`lexical_text`: Chinese and Japanese split into words and bigrams)."""
+async def lexical_rows(conn: AsyncConnection, params: Mapping[str, Any], *, among_permitted: bool = False,
+                       narrow: bool = False) -> list[Any]:
+    """BM25's candidates, best first, each with what its hit shows and the full-match score. The question is
+    tokenised as the chunks were (`lexical_text`: Chinese and Japanese split into words and bigrams).
+
+    `among_permitted`: the statement with the asker's filters open to the indexes in the candidates' scan
+    (LEXICAL_SQL_AMONG_PERMITTED). `narrow`: the asker may see a small share of the chunks (CorpusLayout.
+    visible_share), so every scan of the lexical index checks access inside the index (migration 0023: GIN over
+    tsv and access), and only the asker's own rows are fetched; for a reader of most chunks the principals' lists
+    are nearly the whole table, and checking each fetched row is cheaper. Either statement returns the same rows."""
     params, by_source = await _source_ids(conn, {**params, "query": lexical_text(str(params["query"]))})
+    statement = _LEXICAL[among_permitted, narrow, by_source]
     if among_permitted:
-        return await read_rows(conn, _LEXICAL[True, by_source], params)
+        return await read_rows(conn, statement, params)
     # Its plan cannot use the question (its terms are found while it runs) and barely the asker: the same rows
     # either way, and 2-2.7 ms less a search than planning it at every run. Not for a search of some sources: only a
     # plan made for their ids leaves the other sources' partitions out (see _SOURCE_FILTER).
-    return await read_rows(conn, _LEXICAL[False, by_source], params, generic_plan=not by_source)
+    return await read_rows(conn, statement, params, generic_plan=not by_source)
 
 
 async def dense_rows(conn: AsyncConnection, dimension: int, params: Mapping[str, Any], *, exact: bool = False,
@@ -476,14 +496,56 @@ WHERE h.inhparent = 'chunks'::regclass
 """)
 
 
+# Postgres' statistics of `access` in each table holding chunks (`chunks`, or each of its partitions): its rows,
+# and ANALYZE's most common elements (principals) with the share of rows holding each; the frequencies end with the
+# lowest of them (every unlisted principal is rarer). No statistics row for a table never analysed. Catalog reads
+# only.
+_ACCESS_STATISTICS = text("""
+SELECT greatest(c.reltuples, 0)::float8 AS estimated_rows, s.attname IS NOT NULL AS analysed,
+       s.most_common_elems::text::text[] AS principals, s.most_common_elem_freqs AS shares
+FROM pg_class c
+LEFT JOIN pg_stats s ON s.schemaname = current_schema() AND s.tablename = c.relname AND s.attname = 'access'
+                     AND NOT s.inherited
+WHERE c.relkind = 'r'
+  AND (c.oid = to_regclass('chunks')
+       OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass('chunks')))
+""")
+
+
+@dataclass(frozen=True)
+class AccessStatistics:
+    """One table's statistics of `access` (_ACCESS_STATISTICS): `shares` None when it was never analysed."""
+
+    rows: float
+    shares: Mapping[str, float] | None
+    unlisted: float  # the share taken for a principal not listed (Postgres' own estimate for one)
+
+    def visible_share(self, principals: Sequence[str]) -> float:
+        """At most what share of this table's rows a reader of `principals` may see (the sum of theirs, so a chunk
+        open to two of them counts twice): 1 when unknown."""
+        if self.shares is None:
+            return 1.0
+        return min(1.0, sum(self.shares.get(p, self.unlisted) for p in principals))
+
+
 @dataclass(frozen=True)
 class CorpusLayout:
     """How many chunks the index holds, and how they are spread over the partitions of `chunks` (by source name;
     None for the default partition): the size of the HNSW graphs a search walks. `partitions` is empty when `chunks`
-    is one table (one graph of every chunk)."""
+    is one table (one graph of every chunk). `access`: each table's statistics of who may see its chunks."""
 
     chunks: int
     partitions: Mapping[str | None, int]
+    access: Sequence[AccessStatistics] = ()
+
+    def visible_share(self, principals: Sequence[str]) -> float:
+        """Roughly what share of the chunks a reader of `principals` may see, from Postgres' statistics (an upper
+        estimate; 1 where a table was never analysed). Decides only how a search checks access (lexical_rows'
+        `narrow`), never what it returns."""
+        rows = sum(t.rows for t in self.access)
+        if rows <= 0:
+            return 1.0
+        return sum(t.rows * t.visible_share(principals) for t in self.access) / rows
 
     def largest_graph(self, sources: Sequence[str] | None = None) -> int:
         """The chunks in the largest HNSW graph a search of `sources` (None: every source) walks. One table: the
@@ -504,9 +566,19 @@ class CorpusLayout:
 
 
 async def corpus_layout(conn: AsyncConnection) -> CorpusLayout:
-    """The corpus size and its spread over partitions (CorpusLayout): two small catalog reads."""
+    """The corpus size, its spread over partitions and the statistics of its access lists (CorpusLayout): three
+    small catalog reads."""
     partitions = {r.source: int(r.estimated_rows) for r in await read_rows(conn, _PARTITION_ROWS, {})}
-    return CorpusLayout(await corpus_size(conn), partitions)
+    access = []
+    for r in await read_rows(conn, _ACCESS_STATISTICS, {}):
+        listed = list(r.principals or [])
+        shares = [float(x) for x in (r.shares or [])]
+        access.append(AccessStatistics(
+            float(r.estimated_rows),
+            dict(zip(listed, shares, strict=False)) if r.analysed else None,
+            # as Postgres' own estimate for an unlisted element: half the lowest listed share, at most 0.5%
+            min(shares[len(listed)] / 2, 0.005) if len(shares) > len(listed) else 0.005))
+    return CorpusLayout(await corpus_size(conn), partitions, tuple(access))
 
 
 async def permitted_count(conn: AsyncConnection, params: Mapping[str, Any]) -> int:
