@@ -170,6 +170,9 @@ async def test_a_search_of_some_sources_scans_only_their_partitions(fresh_kb):
     assert lexical == wanted
     permitted = await _explain(fresh_kb, str(search_sql._LEXICAL[True, False, True].text), some, generic=False)
     assert permitted == wanted
+    # ... and as a reader of few chunks runs it (access checked inside the lexical index)
+    narrow = await _explain(fresh_kb, str(search_sql._LEXICAL[False, True, True].text), some, generic=False)
+    assert narrow == wanted
     # without a source limit every partition is read
     assert await _explain(fresh_kb, search_sql.dense_sql(dimension), params, generic=False) == every
 
