@@ -113,11 +113,13 @@ class SearchTuning:
     corpus_size_ttl_s: float = 60.0
     # A reader who may see at most this share of the chunks (CorpusLayout.visible_share, from Postgres' statistics;
     # 1 when unknown) has access checked inside the lexical index's scans (lexical_rows' `narrow`); a broader one
-    # row by row. At a million chunks, for a reader of 10%: a common term's 17,704 postings fetched 17,068 rows to
-    # keep 1,794 (40-80 ms), while reading the principal's list inside the scan cost nothing measurable; for a
-    # reader of every chunk it would read a list as long as the table. Measured by `bench/search_ab.py` (README
-    # "Speed"); the statements return the same rows, so this only moves time. 1.0: every reader (tests).
-    narrow_reader_share: float = 0.25
+    # row by row. At a million chunks, for a reader of 10%, a common term's 17,704 postings fetched 17,068 rows to
+    # keep 1,794 (40-80 ms); inside the scan only the reader's rows are fetched, but the principals' lists are read
+    # too, which costs more than it saves as they grow. The lexical statement alone, both ways alternating, 100
+    # questions, p50 / p95 ms per row -> in the index (docs/performance.md, "Lexical candidates"): 10% 14.7 / 44.1
+    # -> 15.2 / 35.0, 20% 15.2 / 42.7 -> 17.3 / 48.8, 30% 20.8 / 52.0 -> 29.9 / 61.7, 50% 19.0 / 45.4 -> 35.5 / 84.3.
+    # The statements return the same rows, so this only moves time. -1: never; 1.0: every reader (tests).
+    narrow_reader_share: float = 0.15
 
     def params(self) -> dict[str, object]:
         """The knobs as the lexical statement's bind parameters."""
