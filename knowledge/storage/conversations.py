@@ -204,29 +204,9 @@ class TermStat:
     in_passages: tuple[bool, ...]  # for each passage asked about, whether it holds the term
 
 
-async def term_statistics(conn: AsyncConnection, question: str, passages: Sequence[str], config: str, *,
-                          words_only: bool = False) -> list[TermStat]:
-    """For each (stemmed) term of the question: how many indexed chunks hold it and, for each passage, whether the
-    passage holds it. One round trip; the answer's evidence and the follow-up
-    decision read the index's own statistics instead of word lists. `words_only`: a Chinese or Japanese question's
-    terms are its words, not also its character bigrams (`words.word_text`)."""
-    rows = (
-        await conn.execute(
-            text(
-                "SELECT q.lexeme, coalesce(l.df, 0), s.n_chunks, "
-                "       ARRAY(SELECT q.lexeme = ANY(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), p)))"
-                "             FROM unnest(CAST(:passages AS text[])) WITH ORDINALITY AS t(p, i) ORDER BY i) "
-                "FROM unnest(tsvector_to_array(to_tsvector(CAST(:config AS regconfig), :question))) AS q(lexeme) "
-                "CROSS JOIN corpus_stats s LEFT JOIN lexemes l ON l.lexeme = q.lexeme WHERE s.id = 1"
-            ),
-            {"config": config, "question": word_text(question) if words_only else lexical_text(question),
-             "passages": [lexical_text(p) for p in passages]},
-        )
-    ).all()
-    return [TermStat(row[0], int(row[1]), int(row[2]), tuple(row[3])) for row in rows]
-
-
-_EVIDENCE_TERMS = text(
+# For each (stemmed) term of the question, then of the named words: how many indexed chunks hold it, and for each
+# passage whether it holds it. Each passage is tokenised once (MATERIALIZED), not once per term.
+_TERM_STATISTICS = text(
     "WITH p AS MATERIALIZED ("
     "    SELECT i, tsvector_to_array(to_tsvector(CAST(:config AS regconfig), p)) AS lex"
     "    FROM unnest(CAST(:passages AS text[])) WITH ORDINALITY AS t(p, i)), "
@@ -240,19 +220,34 @@ _EVIDENCE_TERMS = text(
 )
 
 
-async def evidence_term_statistics(conn: AsyncConnection, question: str, named: str, passages: Sequence[str],
-                                   config: str) -> tuple[list[TermStat], list[TermStat]]:
-    """`term_statistics` of the question's words (`words_only`) and of its named words (`named`; "" for none)
-    against the same passages, in one statement that tokenises each passage once. Why: the answer's evidence asked
-    two statements for them, and in each the passages (whole documents among them) were tokenised again for every
-    term of the question, on the Postgres side of a question's path to the LLM; the rows are the same."""
-    rows = await read_rows(conn, _EVIDENCE_TERMS, {
-        "config": config, "question": word_text(question), "named": lexical_text(named) if named else "",
-        "passages": [lexical_text(p) for p in passages]})
+async def _term_statistics(conn: AsyncConnection, question: str, named: str, passages: Sequence[str],
+                           config: str) -> tuple[list[TermStat], list[TermStat]]:
+    """The rows of _TERM_STATISTICS for an already tokenised question and named words, split by part."""
+    rows = await read_rows(conn, _TERM_STATISTICS, {
+        "config": config, "question": question, "named": named, "passages": [lexical_text(p) for p in passages]})
     stats: tuple[list[TermStat], list[TermStat]] = ([], [])
     for row in rows:
         stats[row[0]].append(TermStat(row[1], int(row[2]), int(row[3]), tuple(row[4])))
     return stats
+
+
+async def term_statistics(conn: AsyncConnection, question: str, passages: Sequence[str], config: str, *,
+                          words_only: bool = False) -> list[TermStat]:
+    """For each (stemmed) term of the question: how many indexed chunks hold it and, for each passage, whether the
+    passage holds it. One round trip; the follow-up decision reads the index's own statistics instead of word
+    lists. `words_only`: a Chinese or Japanese question's terms are its words, not also its character bigrams
+    (`words.word_text`)."""
+    stats, _ = await _term_statistics(conn, word_text(question) if words_only else lexical_text(question), "",
+                                      passages, config)
+    return stats
+
+
+async def evidence_term_statistics(conn: AsyncConnection, question: str, named: str, passages: Sequence[str],
+                                   config: str) -> tuple[list[TermStat], list[TermStat]]:
+    """`term_statistics` of the question's words (`words_only`) and of its named words (`named`; "" for none)
+    against the same passages, in one statement: the answer's evidence needs both, and the passages (whole
+    documents among them) are tokenised once for the two."""
+    return await _term_statistics(conn, word_text(question), lexical_text(named) if named else "", passages, config)
 
 
 async def best_chunk_coverage(conn: AsyncConnection, question: str, config: str, scan: int = 2000) -> float:
