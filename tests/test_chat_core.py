@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 import test_answer_lease as lease_tests
 import test_chat_permissions as perms
+from conftest import write
 from fakes.discord_api import FakeDiscordAPI, user_payload
 from fakes.discord_gateway import MANAGE_GUILD, MEMBER_PERMISSIONS, message_payload
-from fakes.slack_api import FakeSlackAPI
+from fakes.slack_api import TEAM_ID, FakeSlackAPI
 from fakes.teams_connector import Member as TeamsUser
 from fakes.teams_harness import ask_in_channel, finished, new_id, running_teams_bot
 from fakes.teams_harness import reachable_connector as teams_connector
@@ -33,13 +34,14 @@ from slack_harness import finished as finished_slack
 
 import bot.platforms as registry
 from bot.app import configured_adapters
-from bot.chat.channels import set_auto
+from bot.chat.channels import set_auto, set_mode, set_sources
 from bot.chat.feedback import THANKS
 from bot.chat.state import BotState
 from bot.context import BotContext
 from bot.platforms import PlatformSpec
 from bot.settings import BotSettings, known_settings
 from knowledge import InvalidPrincipal, check_as_principal
+from knowledge.sources.folder import FolderSource
 
 QUESTION, SECRET = perms.DOCUMENTS["group"]  # a document only group:docs/finance (∋ fin@example.com) may see
 
@@ -591,3 +593,56 @@ async def test_a_teams_help_channel_answers_unaddressed_questions_in_their_threa
             [answer] = [m for m in fake.thread(channel, question["id"]) if finished(m)]
             assert "25 days" in answer.text
             assert fake.thread(channel, chatter["id"]) == []  # not a question: nothing posted
+
+
+async def test_each_question_reads_its_channel_settings_once_and_answers_by_what_its_own_decision_read(
+        kb_factory, tmp_path) -> None:
+    """Two questions in one channel, the second asked after an admin changed the channel's mode and sources while the
+    first was between its privacy decision and its answer: each is answered by the settings its own decision read
+    (the first publicly from every source, the second privately from `it` only), and each read them once. Before,
+    the settings went from the decision to the answer through a per-channel cache: the second decision replaced the
+    first's there, the first answer read them again (a third read) and so answered from `it` only."""
+    for source, name, content in (("hr", "vacation.md", "# Vacation policy\n\nFull-time employees get 25 days of "
+                                                        "paid vacation per year.\n"),
+                                  ("it", "vpn.md", "# VPN setup\n\nInstall the WireGuard client and import the "
+                                                   "configuration file from the IT portal.\n")):
+        write(tmp_path / source, name, content)
+    kb = await kb_factory()
+    for source in ("hr", "it"):
+        assert not (await kb.sync(FolderSource(tmp_path / source, source))).failed
+    with FakeSlackAPI() as fake:
+        fake.add_user("UANN", email="ann@example.com")
+        channel = perms.new_channel("C")
+        fake.add_channel(channel, private=False, members=["UANN"])
+        key = f"slack:{TEAM_ID}:{channel}"
+        async with running_bot(kb, fake) as bot:
+            flow = bot.app.adapters[0].flow
+            read_settings, answer = flow.channel_settings, flow.answer
+            reads: list[str | None] = []
+            decided, resume = asyncio.Event(), asyncio.Event()
+
+            async def counted(channel_key: str | None) -> Any:
+                reads.append(channel_key)
+                return await read_settings(channel_key)
+
+            async def first_waits(*args: Any, **kwargs: Any) -> Any:  # the first question pauses after its decision
+                if not decided.is_set():
+                    decided.set()
+                    await resume.wait()
+                return await answer(*args, **kwargs)
+
+            flow.channel_settings, flow.answer = counted, first_waits  # on this instance only
+            first = mention(PUBLIC_QUESTION, user="UANN", channel=channel)
+            assert await bot.send_event(first) == 200
+            await asyncio.wait_for(decided.wait(), 30)
+            state = BotState(kb.engine)
+            await set_mode(state, key, "private", "test")
+            await set_sources(state, key, ["it"], "test")
+            second = mention(PUBLIC_QUESTION, user="UANN", channel=channel)
+            assert await bot.send_event(second) == 200
+            [private] = await wait_for(lambda: perms.ephemeral_done(fake, "UANN", channel), what="the private answer")
+            resume.set()
+            public = await answer_in(fake, channel, first["ts"])
+    assert "25 days" in public.visible_text  # the first question's settings: public, every source
+    assert "25 days" not in private.visible_text  # the second's: private, `it` only
+    assert reads == [key, key]  # one read per question

@@ -11,8 +11,9 @@ for its message API; the rest is shared. Its interface with the core (docs/teams
 chat core calls"):
 - `ChatFlow(kb, name, metrics, state=..., rule=AudienceRule(kb, state, directory, ...))`: the adapter is the
   `Directory` (bot.chat.readers: a person's email and standing, a channel's members);
-- `flow.ask(question, conversation_id, asker, target, history=, auto=, person=)`: the `Ask`, whose audience comes
-  from `target.readers` by the one rule; `flow.answer(ask, reply, claim=, target=target.to_json())` answers it;
+- `flow.ask(question, conversation_id, asker, target, history=, auto=, person=, settings=)`: the `Ask`, whose
+  audience comes from `target.readers` by the one rule (`settings`: what `flow.answers_privately` read, if it
+  did); `flow.answer(ask, reply, claim=, target=target.to_json())` answers it;
 - `flow.resume(pending, reply_for)`: a crashed holder's question rebuilt from its stored `AnswerTarget`, the adapter
   giving only the `Reply` for the stored place (`reply_for(post, placeholder)`): live and resumed answers have the
   same readers by construction;
@@ -119,6 +120,21 @@ class Ask:
     history: Callable[[], Awaitable[Sequence[ChatMessage] | None]] | None = None  # earlier thread messages
     channel_key: str | None = None  # the channel asked in ("slack:T1:C2"): its settings apply; None in a DM
     auto: bool = False  # a help-channel question nobody addressed to the bot: posted only if it is an answer
+    # The channel's settings as this question's privacy decision read them (`Privacy.settings`), so that its answer
+    # uses those and does not read them again; None: the answer reads them (a DM, a resumed question).
+    settings: ChannelSettings | None = None
+
+
+@dataclass(frozen=True)
+class Privacy:
+    """What `ChatFlow.answers_privately` decided for one question: answered privately or not, the question without
+    the word "privately" if the asker said it, and the channel's settings it read to decide (None when it read none:
+    a DM, or the asker chose). The adapter passes `settings` on to `ChatFlow.ask`, so the question's answer uses the
+    same settings its decision saw, read once."""
+
+    private: bool
+    question: str
+    settings: ChannelSettings | None = None
 
 
 Respond = Callable[[str], Awaitable[None]]  # posts a text only the caller sees (an ephemeral, a targeted message)
@@ -151,11 +167,6 @@ class _NoAudience(Exception):
     """The answer's audience holds no principal (an outsider under GUEST_ACCESS=none): nothing is answered."""
 
 
-# How long settings read by `answers_privately` may stand in for the answer's own read: the two are steps of one
-# question, milliseconds apart; older than this (a question that never reached its answer), they are read again.
-SETTINGS_HANDOFF_SECONDS = 2.0
-
-
 class ChatFlow:
     """The platform-neutral flow, one per adapter (it counts metrics under the adapter's platform name)."""
 
@@ -174,10 +185,6 @@ class ChatFlow:
         self.holder = lease.new_holder(platform)
         self.listed_admin = listed_admin  # BotSettings.is_listed_admin: ADMIN_USER_IDS (platform, user id) -> bool
         self.tasks: set[asyncio.Task[Any]] = set()  # `/kb` jobs still running (a reindex); `drain` waits for them
-        # The settings `answers_privately` just read, handed to the same question's answer (`_answer`) so that a
-        # question reads its channel's settings once: channel key -> (when read, settings); taken once, and only
-        # within SETTINGS_HANDOFF_SECONDS (else read again).
-        self._settings_read: dict[str, tuple[float, ChannelSettings]] = {}
 
     def count(self, what: str, *labels: str) -> None:
         if self.metrics is not None:
@@ -194,16 +201,18 @@ class ChatFlow:
 
     def ask(self, question: str, conversation_id: str, asker: str, target: AnswerTarget, *,
             history: Callable[[], Awaitable[Sequence[ChatMessage] | None]] | None = None, auto: bool = False,
-            person: PersonInfo | None = None) -> Ask:
+            person: PersonInfo | None = None, settings: ChannelSettings | None = None) -> Ask:
         """The `Ask` for a question answered at `target`: its audience by the one rule (`AudienceRule`) from
         `target.readers`, its channel settings from `target.settings`. A resumed question is rebuilt by the same
         call from the stored target, so a live answer and a resumed one always have the same readers. `person`:
-        what the live event told of the asker (their email and standing), else asked of the adapter."""
+        what the live event told of the asker (their email and standing), else asked of the adapter. `settings`:
+        the channel's settings this question's privacy decision read (`Privacy.settings`), used by its answer
+        instead of a second read; a resumed question has none and reads them."""
         rule = self.rule
         if rule is None:
             raise RuntimeError("ChatFlow.ask needs the adapter's AudienceRule: pass rule= to ChatFlow")
         return Ask(question, conversation_id, asker, lambda: rule.audience(asker, target.readers, person), history,
-                   channel_key=target.settings, auto=auto)
+                   channel_key=target.settings, auto=auto, settings=settings)
 
     async def resume(self, pending: PendingQuestion, reply_for: ReplyFor) -> tuple[Ask, Reply] | None:
         """A question whose holder died (`bot.chat.lease`), rebuilt from its stored `AnswerTarget`: the Ask here,
@@ -295,38 +304,22 @@ class ChatFlow:
             return None
 
     async def answers_privately(self, question: str, channel_key: str | None, *, said: bool | None = None,
-                                by_word: bool = True) -> tuple[bool, str]:
+                                by_word: bool = True) -> Privacy:
         """Is a question in a channel answered privately (an answer only the asker sees, from their own access,
         with "Share in channel")? As the asker said (`said`; or, `by_word`, the word "privately" in the question,
-        which is then removed), else the channel's mode (bot.chat.delivery). Never in a DM (`channel_key` None)."""
+        which is then removed), else the channel's mode (bot.chat.delivery). Never in a DM (`channel_key` None).
+        The settings read for the mode come back with the decision: they belong to this question, and its answer
+        uses them (`ask(settings=...)`) rather than reading them a second time."""
         if channel_key is None:
-            return False, question
+            return Privacy(False, question)
         if said is None and by_word:
             said, question = asks_privately(question)
         if said:
-            return True, question
+            return Privacy(True, question)
         if said is None or by_word:
-            return await self._read_mode(channel_key) == "private", question
-        return False, question
-
-    async def _read_mode(self, channel_key: str) -> str:
-        """The channel's default mode ("public" unless an admin set it to "private", as
-        `bot.chat.delivery.channel_mode` reads it), its settings kept for this question's answer."""
-        settings = await self.channel_settings(channel_key)
-        now = time.monotonic()
-        for key in [k for k, (at, _) in self._settings_read.items() if now - at >= SETTINGS_HANDOFF_SECONDS]:
-            del self._settings_read[key]  # read for a question that never reached its answer
-        self._settings_read[channel_key] = (now, settings)
-        return "private" if settings.mode == "private" else "public"
-
-    async def _settings_for_answer(self, channel_key: str | None) -> ChannelSettings:
-        """The channel's settings for the answer being started: those `answers_privately` read for this question a
-        moment ago if any (one read per question instead of two: each read is a pooled connection's ping, BEGIN,
-        SELECT and ROLLBACK on the event loop), else read now."""
-        entry = self._settings_read.pop(channel_key, None) if channel_key else None
-        if entry is not None and time.monotonic() - entry[0] < SETTINGS_HANDOFF_SECONDS:
-            return entry[1]
-        return await self.channel_settings(channel_key)
+            settings = await self.channel_settings(channel_key)
+            return Privacy(settings.mode == "private", question, settings)
+        return Privacy(False, question)
 
     async def claim_share(self, answer_id: int, clicker: str) -> Share | str:
         """"Share in channel" under a private answer: only its asker may share it, and only once (claimed here).
@@ -403,7 +396,7 @@ class ChatFlow:
             self.kb.check_question(ask.question)  # MAX_QUESTION_CHARS: refused before any work
             try:
                 await reply.begin()
-                channel = await self._settings_for_answer(ask.channel_key)
+                channel = await self._settings_of(ask)
                 audience = await ask.audience()
                 if not audience.principals:  # an outsider asks or reads (bot.chat.guests): no answer at all
                     raise _NoAudience()
@@ -470,6 +463,13 @@ class ChatFlow:
             if first_text_at is not None:
                 self.metrics.stage_seconds.labels("first_text").observe(first_text_at - started)
         return answer
+
+    async def _settings_of(self, ask: Ask) -> ChannelSettings:
+        """The channel's settings for this question's answer: those its privacy decision read (`Ask.settings`), if
+        they are its own channel's; else read now (a DM, a resumed question, an `Ask` built without them)."""
+        if ask.settings is not None and ask.channel_key and ask.settings.channel_key == ask.channel_key:
+            return ask.settings
+        return await self.channel_settings(ask.channel_key)
 
     async def _auto_answer(self, ask: Ask, reply: Reply) -> Answer | None:
         """A help-channel question nobody addressed to the bot: answered without any placeholder or streaming, and

@@ -56,6 +56,7 @@ from knowledge import ChatMessage
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from bot.chat.channels import ChannelSettings
     from bot.chat.flow import Reply
     from bot.chat.state import LeaseClaim, PendingQuestion, Rating
     from bot.context import BotContext
@@ -527,14 +528,15 @@ class RagbotDiscord(discord.Client):
                           conversation_id: str,
                           history: Callable[[], Awaitable[Sequence[ChatMessage] | None]] | None = None,
                           private: bool = False, *, auto: bool = False, claim: LeaseClaim | None = None,
-                          ) -> Answer | None:
+                          settings: ChannelSettings | None = None) -> Answer | None:
         """Answer `question` through the shared chat flow and post it through `send`: progressively while Claude
         writes, then the final answer split within Discord's limits, its sources and 👍/👎 buttons. A failure
         anywhere becomes a short message with an error id (the same id is in the log with the traceback). A private
-        answer in a server carries "Share in channel". Who reads it is `target.readers`, by the core's rule."""
+        answer in a server carries "Share in channel". Who reads it is `target.readers`, by the core's rule.
+        `settings`: the channel's settings the privacy decision read (`ChatFlow.answers_privately`): read once."""
         reply = (PrivateReply if private else ProgressiveReply)(send, self.settings.discord_edit_interval_seconds)
         ask = self.flow.ask(question, conversation_id, self.identity(user), target, history=history, auto=auto,
-                            person=self.person_of(user))
+                            person=self.person_of(user), settings=settings)
         return await self.flow.answer(ask, reply, claim=claim, target=target.to_json() if claim is not None else None)
 
     async def resume(self, pending: PendingQuestion) -> tuple[Ask, Reply] | None:
@@ -774,8 +776,10 @@ def _register_commands(bot: RagbotDiscord) -> None:
                            private="Only you see the answer, and it may also use documents shared with you "
                                    "(default: the channel's mode)")
     async def ask(interaction: discord.Interaction, question: str, private: bool | None = None) -> None:
+        settings = None  # the channel's settings, when its mode was read: the answer uses them (`ChatFlow.ask`)
         if private is None:  # the channel's mode decides (never private in a DM)
-            private, _ = await bot.flow.answers_privately(question, _interaction_channel_key(interaction), by_word=False)
+            privacy = await bot.flow.answers_privately(question, _interaction_channel_key(interaction), by_word=False)
+            private, settings = privacy.private, privacy.settings
         # Claimed like a message (a lease): if this process dies mid-answer, a sweeper finishes it (`resume`).
         claim = await bot.flow.claim_question(f"{PLATFORM}:interaction:{interaction.id}")
         if claim is None:
@@ -788,7 +792,8 @@ def _register_commands(bot: RagbotDiscord) -> None:
         share = bool(private and interaction.guild_id is not None)
         audience_channel = None if private or interaction.guild_id is None else interaction.channel_id
         target = _interaction_target(interaction, audience_channel, ephemeral=bool(private), share=share)
-        await bot.answer_into(send, question, interaction.user, target, conversation, private=share, claim=claim)
+        await bot.answer_into(send, question, interaction.user, target, conversation, private=share, claim=claim,
+                              settings=settings)
 
     kb = app_commands.Group(name="kb", description="Knowledge base administration (admins)",
                             default_permissions=discord.Permissions(manage_guild=True))

@@ -482,13 +482,14 @@ class SlackAdapter:
         identity = f"slack:{where.user}"
         conversation = where.conversation_id
         answer_reply: SlackReply | SlackEphemeralReply = reply
-        privately, question = await self.flow.answers_privately(question, None if where.private else where.channel_key)
-        if privately:
+        privacy = await self.flow.answers_privately(question, None if where.private else where.channel_key)
+        question = privacy.question
+        if privacy.private:
             where = replace(where, ephemeral=True)
             answer_reply = SlackEphemeralReply(self, where)
             conversation = private_conversation(conversation, identity)
         target = self._target(where)
-        ask = self.flow.ask(question, conversation, identity, target, history=history)
+        ask = self.flow.ask(question, conversation, identity, target, history=history, settings=privacy.settings)
         # Claimed like every question (a private one too): if this process dies, a retry or the sweeper finishes it
         # from the stored target (`resume`), ephemerally when it was private.
         await self.flow.answer(ask, answer_reply, claim=claim, target=target.to_json())

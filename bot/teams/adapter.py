@@ -274,13 +274,14 @@ class TeamsAdapter:
         # never received cannot be read back: the Bot Connector has no API for them (Microsoft Graph has).
         conversation = where.conversation_key
         answer_reply: Reply = reply
-        privately, question = await self.flow.answers_privately(question, None if where.personal else where.channel_key)
-        if privately:
+        privacy = await self.flow.answers_privately(question, None if where.personal else where.channel_key)
+        question = privacy.question
+        if privacy.private:
             where = replace(where, private=True)
             answer_reply = TeamsPrivateReply(self, where)
             conversation = private_conversation(conversation, where.identity)
         target = self._target(where)
-        ask = self.flow.ask(question, conversation, where.identity, target)
+        ask = self.flow.ask(question, conversation, where.identity, target, settings=privacy.settings)
         await self.flow.answer(ask, answer_reply, claim=claim, target=target.to_json())
 
     @staticmethod
