@@ -27,7 +27,8 @@ from knowledge.storage.words import INDEX_MARKERS, INDEX_SCRIPTS, lexical_text
 # The posting budget (SearchTuning.candidate_postings) counts postings in every chunk, also ones the asker may not
 # see, so a reader of few documents can find fewer than k candidates among the rarest terms' chunks although more of
 # theirs hold the other terms. A lexical-only search that comes back short then looks once more with every question
-# term, among the chunks the asker may see (LEXICAL_SQL_AMONG_PERMITTED; hybrid searches fill k from the dense side).
+# term, among the chunks the asker may see (`among_permitted` in lexical_rows; hybrid searches fill k from the
+# dense side).
 EVERY_TERM = 2**62  # as SearchTuning.rare_term_corpus_size: every term brings candidates
 
 
@@ -389,15 +390,11 @@ SELECT l.id, l.score, l.full_match_score, {_SHOWN_COLUMNS}
 FROM lexical l
 JOIN chunks c ON c.id = l.id AND c.source_id = l.source_id
 {{source_filter}}{_SHOWN_JOINS}"""
-LEXICAL_SQL = _with_sources("WITH RECURSIVE " + _lexical_search_ctes() + _LEXICAL_SELECT, False)
-# The same with the asker's filters open to the indexes (the access index's bitmap ANDed with the terms'), for a
-# search with every term (rare_corpus = EVERY_TERM): candidates are then only chunks the asker may see, however few
-# of a term's postings those are.
-LEXICAL_SQL_AMONG_PERMITTED = _with_sources("WITH RECURSIVE " + _lexical_search_ctes(_FILTERS) + _LEXICAL_SELECT,
-                                            False)
-# Built once: SQLAlchemy finds a statement's parameters with a regular expression over its text, which for
-# BM25's 15,000 characters is a measurable share of a search's Python time.
-# Keyed by (among_permitted, narrow, by_source).
+# The statement in each of its forms, built once: SQLAlchemy finds a statement's parameters with a regular expression
+# over its text, which for BM25's 15,000 characters is a measurable share of a search's Python time.
+# Keyed by (among_permitted, narrow, by_source). `among_permitted`: the asker's filters open to the indexes in the
+# candidates' scan, for a search with every term (rare_corpus = EVERY_TERM): candidates are then only chunks the
+# asker may see, however few of a term's postings those are. `narrow`: see lexical_rows.
 _LEXICAL = {
     (among_permitted, narrow, by_source): text(_with_sources(
         "WITH RECURSIVE "
@@ -455,8 +452,8 @@ async def lexical_rows(conn: AsyncConnection, params: Mapping[str, Any], *, amon
     """BM25's candidates, best first, each with what its hit shows and the full-match score. The question is
     tokenised as the chunks were (`lexical_text`: Chinese and Japanese split into words and bigrams).
 
-    `among_permitted`: the statement with the asker's filters open to the indexes in the candidates' scan
-    (LEXICAL_SQL_AMONG_PERMITTED). `narrow`: the asker may see a small share of the chunks (CorpusLayout.
+    `among_permitted`: the statement with the asker's filters open to the indexes in the candidates' scan (see
+    _LEXICAL). `narrow`: the asker may see a small share of the chunks (CorpusLayout.
     visible_share), so every scan of the lexical index checks access inside the index (migration 0023: GIN over
     tsv and access), and only the asker's own rows are fetched; for a reader of most chunks the principals' lists
     are nearly the whole table, and checking each fetched row is cheaper. Either statement returns the same rows."""
